@@ -1,0 +1,137 @@
+"""One node's Docker engine (local socket or ssh://), through docker-py, every call bounded in time."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import docker
+import docker.errors
+from docker.types import DeviceRequest
+
+from ..commands import ContainerSpec
+from ..model import Container
+from . import AdapterError
+
+
+def _reason(e: Exception) -> AdapterError:
+    if isinstance(e, AdapterError):
+        return e
+    if isinstance(e, docker.errors.ImageNotFound):
+        return AdapterError("ImageMissing", str(getattr(e, "explanation", "") or e))
+    if isinstance(e, docker.errors.NotFound):
+        return AdapterError("NotFound", str(getattr(e, "explanation", "") or e))
+    if isinstance(e, docker.errors.APIError):
+        return AdapterError("DockerError", str(getattr(e, "explanation", "") or e))
+    return AdapterError("DockerUnreachable", f"{type(e).__name__}: {e}"[:300])
+
+
+class DockerEngine:
+    def __init__(self, node: str, url: str, *, timeout: float):
+        self.node, self.url, self.timeout = node, url, timeout
+        self._client: docker.DockerClient | None = None
+        self._lock = threading.Lock()
+
+    def client(self) -> docker.DockerClient:
+        with self._lock:
+            if self._client is None:
+                try:
+                    if self.url == "local":
+                        self._client = docker.DockerClient(base_url="unix:///var/run/docker.sock",
+                                                           timeout=int(self.timeout))
+                    else:
+                        self._client = docker.DockerClient(base_url=self.url, timeout=int(self.timeout),
+                                                           max_pool_size=4)
+                except Exception as e:  # docker-py raises DockerException, paramiko's, OSError...
+                    raise _reason(e) from None
+            return self._client
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None
+
+    def reset(self) -> None:
+        """Drop the connection after a failure; the next call reconnects."""
+        with self._lock:
+            c, self._client = self._client, None
+        if c is not None:
+            try:
+                c.close()
+            except Exception:
+                pass
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except docker.errors.NotFound as e:
+            raise _reason(e) from None
+        except docker.errors.APIError as e:
+            raise _reason(e) from None
+        except Exception as e:
+            self.reset()
+            raise _reason(e) from None
+
+    def version(self) -> str:
+        return str(self._call(lambda: self.client().version().get("Version", "")))
+
+    def containers(self) -> list[Container]:
+        raw = self._call(lambda: self.client().api.containers(all=True))
+        return [Container(id=c["Id"][:12], name=(c.get("Names") or ["/?"])[0].lstrip("/"),
+                          image=c.get("Image", ""), state=c.get("State", ""), labels=c.get("Labels") or {})
+                for c in raw]
+
+    def remove(self, name: str) -> bool:
+        """Force-remove; True if it existed."""
+        try:
+            self._call(lambda: self.client().api.remove_container(name, force=True, v=True))
+            return True
+        except AdapterError as e:
+            if e.reason == "NotFound":
+                return False
+            raise
+
+    def has_image(self, image: str) -> bool:
+        try:
+            self._call(lambda: self.client().api.inspect_image(image))
+            return True
+        except AdapterError as e:
+            if e.reason in ("NotFound", "ImageMissing"):
+                return False
+            raise
+
+    def pull(self, image: str) -> None:
+        repo, _, tag = image.rpartition(":") if ":" in image.split("/")[-1] else (image, "", "latest")
+        self._call(lambda: self.client().api.pull(repo, tag=tag))
+
+    def run(self, spec: ContainerSpec) -> str:
+        """Create and start without docker-py's silent auto-pull; a failed start leaves nothing behind."""
+        opts = dict(spec.options)
+        if opts.pop("gpus_all", False):
+            opts["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        opts.pop("detach", None)
+        if "ulimits" in opts:
+            from docker.types import Ulimit
+            opts["ulimits"] = [Ulimit(name=k, soft=v, hard=v) for k, v in opts["ulimits"].items()]
+
+        def create() -> Any:
+            return self.client().containers.create(spec.image, spec.command, name=spec.name,
+                                                   environment=spec.environment, labels=spec.labels, **opts)
+        container = self._call(create)
+        try:
+            self._call(container.start)
+        except AdapterError:
+            self.remove(spec.name)
+            raise
+        return str(container.id)[:12]
+
+    def exec(self, container: str, argv: list[str], *, env: dict[str, str] | None = None,
+             detach: bool = False) -> tuple[int, str]:
+        def go() -> tuple[int, str]:
+            api = self.client().api
+            ex = api.exec_create(container, argv, environment=env or None)
+            out = api.exec_start(ex["Id"], detach=detach)
+            if detach:
+                return 0, ""
+            code = api.exec_inspect(ex["Id"]).get("ExitCode")
+            return int(code if code is not None else -1), (out or b"").decode(errors="replace")
+        return self._call(go)  # type: ignore[no-any-return]

@@ -1,0 +1,58 @@
+"""Run an argument list on a node: locally on the head, over SSH on workers. Always with a timeout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+
+from ..commands import ssh_argv
+from . import AdapterError
+
+
+@dataclass(frozen=True)
+class Result:
+    rc: int
+    out: str
+    err: str
+
+
+def ssh_config_file() -> str:
+    """ssh(1) reads the passwd home, not $HOME; pass $HOME's config explicitly so that ssh and
+    docker-py's paramiko transport (which does read $HOME) agree on hosts, keys and known_hosts."""
+    path = os.path.join(os.path.expanduser("~"), ".ssh", "config")
+    return path if os.path.exists(path) else ""
+
+
+def run_local(argv: list[str], timeout: float) -> Result:
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise AdapterError("CommandNotFound", f"{argv[0]} is not installed") from None
+    except subprocess.TimeoutExpired:
+        raise AdapterError("CommandTimeout", f"{argv[0]} did not finish within {timeout:.0f}s") from None
+    return Result(p.returncode, p.stdout, p.stderr)
+
+
+class NodeShell:
+    def __init__(self, node_name: str, ssh_target: str, *, timeout: float, connect_timeout: float,
+                 control_dir: str = ""):
+        self.node, self.target = node_name, ssh_target
+        self.timeout, self.connect_timeout, self.control_dir = timeout, connect_timeout, control_dir
+
+    def argv(self, argv: list[str]) -> list[str]:
+        if not self.target:
+            return argv
+        return ssh_argv(self.target, argv, connect_timeout=self.connect_timeout,
+                        control_dir=self.control_dir, config_file=ssh_config_file())
+
+    def run(self, argv: list[str], timeout: float | None = None) -> Result:
+        r = run_local(self.argv(argv), timeout or self.timeout)
+        if self.target and r.rc == 255:
+            raise AdapterError("SshUnreachable", f"ssh {self.target}: {r.err.strip()[-200:] or 'failed'}")
+        return r
+
+    def check(self) -> None:
+        """Raise SshUnreachable unless the node answers over SSH (a no-op on the head)."""
+        if self.target:
+            self.run(["true"], timeout=self.connect_timeout + 5)

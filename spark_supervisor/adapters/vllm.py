@@ -1,0 +1,44 @@
+"""vLLM's OpenAI-compatible API: reachability, served models, and one real completion."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from ..model import EndpointObservation, Verdict
+from ..probes import chat_request, judge_completion
+
+
+class VllmApi:
+    def __init__(self, client: httpx.Client, url: str, *, api_key: str, timeout: float):
+        self.http, self.url, self.timeout = client, url.rstrip("/"), timeout
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def observe(self) -> EndpointObservation:
+        """Connection refused is a load in progress (vLLM listens only once loaded), not a failure."""
+        try:
+            health = self.http.get(f"{self.url}/health", timeout=self.timeout).status_code
+        except httpx.ConnectError:
+            return EndpointObservation("refused")
+        except httpx.HTTPError as e:
+            return EndpointObservation("error", f"/health: {type(e).__name__}")
+        try:
+            r = self.http.get(f"{self.url}/v1/models", headers=self.headers, timeout=self.timeout)
+            if r.status_code != 200:
+                return EndpointObservation("error", f"/v1/models answered HTTP {r.status_code}", health)
+            models = tuple(str(m.get("id")) for m in r.json().get("data", []))
+        except (httpx.HTTPError, ValueError, AttributeError) as e:
+            return EndpointObservation("error", f"/v1/models: {type(e).__name__}", health)
+        return EndpointObservation("up", "", health, models)
+
+    def sanity(self, model: str, prompt: str, max_tokens: int, timeout: float, serve_pid: int) -> Verdict:
+        t0 = time.monotonic()
+        try:
+            r = self.http.post(f"{self.url}/v1/chat/completions", headers=self.headers, timeout=timeout,
+                               json=chat_request(model, prompt, max_tokens))
+        except httpx.TimeoutException:
+            return Verdict(False, f"no answer within {timeout:.0f}s", serve_pid, round(time.monotonic() - t0, 3))
+        except httpx.HTTPError as e:
+            return Verdict(False, f"{type(e).__name__}: {e}"[:200], serve_pid)
+        return judge_completion(r.status_code, r.content, serve_pid=serve_pid, latency_s=time.monotonic() - t0)

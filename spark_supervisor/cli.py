@@ -1,0 +1,182 @@
+"""Composition root: parse arguments, wire the real adapters, run a command.
+
+Heavy modules (docker, httpx) are imported only by the commands that need them, so `status` and
+`check` answer fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+DEFAULT_CONFIG = os.environ.get("SPARK_SUPERVISOR_CONFIG", "/etc/spark-supervisor/spark-supervisor.toml")
+EXIT_CONFIG = 2
+
+
+def _load(path: str) -> Any:
+    from . import config
+    try:
+        return config.load(path)
+    except config.ConfigError as e:
+        for line in e.problems:
+            print(line, file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    cfg = _load(args.config)
+    dep = cfg.deployment
+    from .config import ray_hash, serve_hash
+    print(f"{args.config}: OK: deployment {dep.name!r} ({dep.serve.name}, TP {dep.serve.tensor_parallel_size}) "
+          f"on {', '.join(n.name for n in cfg.members(dep))}; ray {ray_hash(cfg, dep)} serve {serve_hash(cfg, dep)}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from . import logs
+    cfg = _load(args.config)
+    logs.setup()
+    from .daemon import AlreadyRunning, Daemon, lock_state_dir
+    try:
+        lock_state_dir(cfg.supervisor.state_dir)
+    except (AlreadyRunning, OSError) as e:
+        print(f"spark-supervisor: {e}", file=sys.stderr)
+        return 1
+    return Daemon(args.config, cfg, log=logs.get()).run()
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .model import Phase, Status, describe
+    from .observe import Observer, World
+    from .plan import plan
+    cfg = _load(args.config)
+    world = World(cfg)
+    try:
+        obs = Observer(world).observe(full=True)
+    finally:
+        world.close()
+    decision = plan(obs, Status(phase=Phase.DETECTING), cfg, obs.at)
+    out = {"phase": decision.phase.value, "reason": decision.reason, "failure": decision.failure,
+           "actions": [describe(a) for a in decision.actions]}
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        print(f"{decision.phase.value}: {decision.reason or '-'}")
+        for a in out["actions"]:
+            rest = ", ".join(f"{k}={v}" for k, v in a.items() if k != "action")
+            print(f"  would {a['action']}({rest})")
+        if not decision.actions:
+            print("  no action")
+    return 0
+
+
+def cmd_teardown(args: argparse.Namespace) -> int:
+    from . import logs
+    from .act import ActionFailed
+    from .daemon import teardown
+    from .observe import World
+    cfg = _load(args.config)
+    logs.setup()
+    world = World(cfg)
+    try:
+        removed = teardown(world, logs.get())
+    except ActionFailed as e:
+        print(e.reason, file=sys.stderr)
+        return 1
+    finally:
+        world.close()
+    print(f"removed {len(removed)} containers: {', '.join(removed) or '-'}")
+    return 0
+
+
+def _ago(iso: str) -> str:
+    from datetime import datetime
+    if not iso:
+        return "?"
+    s = max(0, int(time.time() - datetime.fromisoformat(iso).timestamp()))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from . import statefile
+    state_dir = args.state_dir
+    if not state_dir:
+        cfg = _load(args.config)
+        state_dir = cfg.supervisor.state_dir
+    try:
+        doc = statefile.read(state_dir)
+    except FileNotFoundError:
+        print(f"no status in {state_dir}: is spark-supervisor running?", file=sys.stderr)
+        return 3
+    except (OSError, ValueError) as e:
+        print(f"cannot read the status in {state_dir}: {e}", file=sys.stderr)
+        return 3
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    dep = doc["deployment"]
+    print(f"{doc['phase']} for {_ago(doc['since'])}" + (f": {doc['reason']}" if doc["reason"] else ""))
+    if doc.get("progress"):
+        print(f"  load: {doc['progress']}")
+    print(f"goal: {dep['served_model_name']} (TP {dep['tensor_parallel_size']}) on {', '.join(dep['nodes'])} "
+          f"at {dep['endpoint']}")
+    for name, n in doc["nodes"].items():
+        gpu = n.get("gpu") or {}
+        mem = n.get("memory") or {}
+        cs = ", ".join(f"{c['name']} ({c['state']})" for c in n.get("containers", [])) or "none"
+        print(f"node {name} [{n['role']}] {n['fabric_ip']}: "
+              + (f"UNREACHABLE {n['error']}" if n.get("error") else
+                 f"docker {n.get('docker_version') or '?'}, {gpu.get('name') or 'GPU ?'} "
+                 f"driver {gpu.get('driver') or '?'}, mem avail {mem.get('available_mib', '?')}/"
+                 f"{mem.get('total_mib', '?')} MiB, owned: {cs}"))
+    ray = doc.get("ray")
+    if ray:
+        print(f"ray: {'up' if ray['reachable'] else 'down'}, {ray['nodes_alive']} nodes alive, {ray['gpus']} GPUs"
+              + (f" ({ray['error']})" if ray.get("error") else ""))
+    serve = doc.get("serve")
+    if serve:
+        state = "running" if serve["running"] else f"exited {serve['exit_code']}"
+        print(f"serve: pid {serve['pid']} {state} since {serve['started_at'] or '?'}")
+    v = doc.get("verdict")
+    if v:
+        print(f"sanity: {'passed' if v['passed'] else 'FAILED'}: {v['why']} ({v['latency_s']}s)")
+    print(f"failures in a row: {doc['failures']}" + (f", next try {doc['backoff_until']}" if doc["backoff_until"] else ""))
+    print("history:")
+    for h in doc["history"][-8:]:
+        print(f"  {h['at']} {h['phase']}" + (f": {h['reason']}" if h["reason"] else ""))
+    print(f"config: {doc['config']['path']} ({doc['config']['hash']}); updated {doc['daemon']['updated']}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="spark-supervisor", description=__doc__.splitlines()[0] if __doc__ else "")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name: str, fn: Any, help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help)
+        sp.add_argument("--config", "-c", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
+        sp.set_defaults(fn=fn)
+        return sp
+
+    add("run", cmd_run, "run the supervisor in the foreground (what the systemd unit runs)")
+    add("check", cmd_check, "validate the config: exit 0, or 2 with one line per problem")
+    add("plan", cmd_plan, "observe once and print what would be done; change nothing").add_argument(
+        "--json", action="store_true")
+    add("teardown", cmd_teardown, "remove what the supervisor owns, on every node")
+    st = add("status", cmd_status, "what the daemon last wrote: phase, nodes, Ray, serve, history")
+    st.add_argument("--json", action="store_true")
+    st.add_argument("--state-dir", default="", help="read the status from here instead of the config's")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

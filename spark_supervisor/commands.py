@@ -1,0 +1,159 @@
+"""Pure builders for every command and container spec the supervisor runs.
+
+Commands are argument lists. The only shell used is a fixed script (``SERVE_WRAPPER``) that receives
+its inputs as positional parameters, never interpolated.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import HASH_LABEL, NODE_LABEL, OWNER_LABEL, ROLE_LABEL, Config, Deployment, Node, ray_hash
+
+
+def ray_container_name(dep: Deployment, node: Node) -> str:
+    return f"{dep.name}-ray-{node.name}"
+
+
+def node_env(node: Node) -> dict[str, str]:
+    """The per-node fabric environment; never copied from one node to another (sparkrun #135)."""
+    env = {"VLLM_HOST_IP": node.fabric_ip, "RAY_NODE_IP_ADDRESS": node.fabric_ip}
+    if node.fabric_interface:
+        for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
+                    "OMPI_MCA_btl_tcp_if_include"):
+            env[key] = node.fabric_interface
+    return env
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    name: str
+    image: str
+    command: list[str]
+    environment: dict[str, str]
+    labels: dict[str, str]
+    options: dict[str, Any] = field(default_factory=dict)  # docker-py create() keyword arguments
+
+
+def ray_container(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
+    ray, head = dep.ray, cfg.head
+    if node.role == "head":
+        args = ["--head", f"--port={ray.port}", f"--dashboard-host={node.fabric_ip}",
+                f"--dashboard-port={ray.dashboard_port}", "--include-dashboard=True"]
+    else:
+        args = [f"--address={head.fabric_ip}:{ray.port}"]
+    command = [*ray.command, "--block", *args, f"--node-ip-address={node.fabric_ip}",
+               f"--num-gpus={node.gpus}", "--disable-usage-stats", *ray.extra_args]
+    env = {**ray.env, **(ray.head_env if node.role == "head" else {}), **node_env(node), **node.env,
+           "RAY_USAGE_STATS_ENABLED": "0"}
+    volumes: dict[str, dict[str, str]] = {}
+    for v in ray.volumes:
+        src, dst, *mode = v.split(":")
+        volumes[src] = {"bind": dst, "mode": mode[0] if mode else "rw"}
+    options: dict[str, Any] = {
+        "network_mode": "host", "shm_size": ray.shm_size, "init": ray.init, "privileged": ray.privileged,
+        "volumes": volumes, "detach": True,
+    }
+    if ray.ipc_host:
+        options["ipc_mode"] = "host"
+    if ray.gpus:
+        options["gpus_all"] = True
+    if ray.ulimits:
+        options["ulimits"] = dict(ray.ulimits)
+    labels = {OWNER_LABEL: dep.name, HASH_LABEL: ray_hash(cfg, dep), NODE_LABEL: node.name,
+              ROLE_LABEL: f"ray-{node.role}"}
+    return ContainerSpec(ray_container_name(dep, node), ray.image, command, env, labels, options)
+
+
+def serve_argv(dep: Deployment) -> list[str]:
+    s = dep.serve
+    argv = [*s.command, s.model, "--host", s.host, "--port", str(s.port),
+            "--tensor-parallel-size", str(s.tensor_parallel_size),
+            "--gpu-memory-utilization", str(s.gpu_memory_utilization),
+            "--distributed-executor-backend", s.distributed_executor_backend]
+    if s.pipeline_parallel_size > 1:
+        argv += ["--pipeline-parallel-size", str(s.pipeline_parallel_size)]
+    if s.served_model_name:
+        argv += ["--served-model-name", s.served_model_name]
+    if s.reasoning_parser:
+        argv += ["--reasoning-parser", s.reasoning_parser]
+    if s.tool_call_parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
+    if dep.readiness.api_key:
+        argv += ["--api-key", dep.readiness.api_key]
+    return argv + list(s.extra_args)
+
+
+def serve_env(cfg: Config, dep: Deployment) -> dict[str, str]:
+    env = {**dep.ray.env, **node_env(cfg.head), **cfg.head.env, **dep.serve.env}
+    if dep.serve.placement_strategy:
+        env.setdefault("VLLM_DISTRIBUTED_EXECUTOR_CONFIG",
+                       json.dumps({"placement_group_options": {"strategy": dep.serve.placement_strategy}}))
+    return env
+
+
+def serve_dir(dep: Deployment) -> str:
+    return f"{dep.serve.log_dir}/{dep.name}"
+
+
+# Runs the serve in the background inside the Ray head container and records, in directory $1:
+# pid, spec (hash), started (UTC), log (stdout+stderr) and, once it ends, exit (its exit code).
+# $2 is the spec hash; the rest is the serve's argv. Nothing from config is interpolated into it.
+SERVE_WRAPPER = (
+    'd=$1; h=$2; shift 2; mkdir -p "$d" && cd "$d" || exit 1; '
+    'rm -f exit; [ -f log ] && mv -f log log.prev; echo "$h" >spec; date -u +%FT%TZ >started; '
+    '"$@" >log 2>&1 </dev/null & echo $! >pid; wait $!; echo $? >exit'
+)
+
+# Prints the state the wrapper recorded: "pid spec started running exit", then the log tail.
+SERVE_STATE = (
+    'cd "$1" 2>/dev/null || exit 3; p=$(cat pid 2>/dev/null); r=0; '
+    '[ -n "$p" ] && [ ! -f exit ] && kill -0 "$p" 2>/dev/null && r=1; '
+    'echo "${p:-0} $(cat spec 2>/dev/null) $(cat started 2>/dev/null) $r $(cat exit 2>/dev/null)"; '
+    'tail -c "$2" log 2>/dev/null'
+)
+
+# Signals the serve (TERM, then KILL after $3 seconds) and forgets it, keeping its log as log.prev.
+SERVE_STOP = (
+    'cd "$1" 2>/dev/null || exit 0; p=$(cat pid 2>/dev/null); '
+    'if [ -n "$p" ] && kill -TERM "$p" 2>/dev/null; then i=0; '
+    'while kill -0 "$p" 2>/dev/null && [ $i -lt $(($2*10)) ]; do sleep 0.1; i=$((i+1)); done; '
+    'kill -KILL "$p" 2>/dev/null; fi; rm -f pid exit spec started; [ -f log ] && mv -f log log.prev; exit 0'
+)
+
+
+def serve_launch(cfg: Config, dep: Deployment, spec_hash: str) -> list[str]:
+    return ["sh", "-c", SERVE_WRAPPER, "spark-serve", serve_dir(dep), spec_hash, *serve_argv(dep)]
+
+
+def serve_state(dep: Deployment, tail_bytes: int = 65536) -> list[str]:
+    return ["sh", "-c", SERVE_STATE, "spark-serve", serve_dir(dep), str(tail_bytes)]
+
+
+def serve_stop(dep: Deployment) -> list[str]:
+    return ["sh", "-c", SERVE_STOP, "spark-serve", serve_dir(dep), str(int(dep.serve.stop_timeout))]
+
+
+def ssh_argv(target: str, argv: list[str], *, connect_timeout: float, control_dir: str = "",
+             config_file: str = "") -> list[str]:
+    """ssh runs the remote command through the remote shell, so quote each argument exactly once."""
+    opts = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(connect_timeout))}",
+            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=2"]
+    if config_file:
+        opts = ["-F", config_file, *opts]
+    if control_dir:
+        opts += ["-o", "ControlMaster=auto", "-o", f"ControlPath={control_dir}/ssh-%C",
+                 "-o", "ControlPersist=120"]
+    return ["ssh", *opts, target, "--", shlex.join(argv)]
+
+
+def systemctl_show(units: list[str]) -> list[str]:
+    return ["systemctl", "show", "--no-pager", "--property=Id,LoadState,ActiveState,UnitFileState",
+            *[u if "." in u else f"{u}.service" for u in units]]
+
+
+def systemctl(verb: str, units: list[str]) -> list[str]:
+    return ["systemctl", verb, *[u if "." in u else f"{u}.service" for u in units]]

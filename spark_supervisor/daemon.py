@@ -1,0 +1,265 @@
+"""The reconcile loop: observe -> plan -> act, signals, reload, shutdown, notify, status file.
+
+Signal handlers only record the signal and wake the loop; the loop dispatches them between ticks.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import fcntl
+import json
+import os
+import random
+import signal
+import threading
+import time
+from typing import Any, Callable
+
+from . import config as config_mod
+from . import logscan, statefile
+from .act import ActionFailed, Actor
+from .adapters import AdapterError
+from .config import Config
+from .model import Decision, Observation, Phase, Status, describe
+from .notify import Notifier
+from .observe import Observer, World
+from .plan import plan
+
+# Phases during which a full observation (units, nvidia-smi, meminfo) is needed every tick.
+_FULL_PHASES = {Phase.DETECTING, Phase.CLEANING, Phase.BACKOFF, Phase.FAILED, Phase.DEGRADED}
+
+
+def backoff_delay(failures: int, base: float, cap: float, rnd: float) -> float:
+    """Jittered exponential backoff: the n-th consecutive failure waits up to base * 2^(n-1), capped."""
+    return min(cap, base * 2 ** max(0, failures - 1)) * (0.5 + 0.5 * rnd)
+
+
+class Daemon:
+    def __init__(self, config_path: str, cfg: Config, *, log: Any,
+                 world_factory: Callable[[Config], World] | None = None,
+                 notifier: Notifier | None = None,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 rng: Callable[[], float] = random.random):
+        self.config_path, self.cfg, self.log = config_path, cfg, log
+        self.config_hash = config_mod.file_hash(config_path)
+        self._world_factory = world_factory or (lambda c: World(c, control_dir=c.supervisor.state_dir))
+        self.notifier = notifier or Notifier()
+        self.clock, self.wall, self.rng = clock, wall, rng
+        self.status = Status()
+        self.world = self._world_factory(cfg)
+        self.observer, self.actor = Observer(self.world, clock), Actor(self.world, log)
+        self.last_obs: Observation | None = None
+        self.last_full: Observation | None = None
+        self._last_doc = ""
+        self._signals: collections.deque[int] = collections.deque()
+        self._wake = threading.Event()
+        self._milestone = ""
+        self.stopped = False
+
+    # ------------------------------------------------------------------------------------ one tick
+    def _want_full(self, now: float) -> bool:
+        return (self.last_full is None or self.status.phase in _FULL_PHASES
+                or now - self.last_full.at >= self.cfg.supervisor.full_observe_interval)
+
+    def tick(self) -> float:
+        """One reconcile pass; returns the seconds until the next one."""
+        st, cfg, now = self.status, self.cfg, self.clock()
+        obs = self.observer.observe(self._want_full(now))
+        self.last_obs = obs
+        if obs.full:
+            self.last_full = obs
+        decision = plan(obs, st, cfg, now)
+        failure = decision.reason if decision.failure else ""
+        for action in decision.actions:
+            self.log.info("action.started", **describe(action))
+            try:
+                verdict = self.actor.run(action)
+            except ActionFailed as e:
+                self.log.warning("action.failed", action=type(action).__name__, reason=e.reason)
+                failure = e.reason
+                break
+            if verdict is not None:
+                st.verdict = verdict
+        self._progress(obs, decision)
+        self._advance(decision, failure, now)
+        self._write_status(now)
+        if st.phase == Phase.SERVING:
+            return cfg.supervisor.interval
+        if st.phase == Phase.BACKOFF:
+            return max(0.05, min(st.backoff_until - self.clock(), cfg.supervisor.interval))
+        if st.phase == Phase.LOADING:
+            return min(cfg.deployment.readiness.poll_interval, cfg.supervisor.interval)
+        return cfg.supervisor.transition_interval
+
+    def _progress(self, obs: Observation, decision: Decision) -> None:
+        st = self.status
+        if obs.serve is None or not obs.serve.present:
+            st.progress, self._milestone = "", ""
+            return
+        p = logscan.scan(obs.serve.log_tail)
+        st.progress = p.summary()
+        if p.milestone != self._milestone:
+            self._milestone = p.milestone
+            self.log.info("load.progress", milestone=p.milestone, progress=st.progress, version=p.version)
+
+    def _advance(self, decision: Decision, failure: str, now: float) -> None:
+        st, sup = self.status, self.cfg.supervisor
+        phase, reason = decision.phase, decision.reason
+        if failure:
+            st.failures += 1
+            delay = backoff_delay(st.failures, sup.backoff_base, sup.backoff_max, self.rng())
+            st.backoff_until = now + delay
+            phase, reason = Phase.BACKOFF, failure
+            self.log.warning("reconcile.retry_scheduled", attempt=st.failures, in_s=round(delay, 1), reason=failure)
+        elif phase == Phase.SERVING:
+            st.failures = 0
+        before = st.phase
+        if st.advance(phase, reason, now, self.wall()):
+            if before != phase:
+                log = self.log.warning if phase == Phase.BACKOFF else self.log.info
+                log("phase.changed", **{"from": before.value}, to=phase.value, reason=reason)
+            else:
+                self.log.info("phase.progress", phase=phase.value, reason=reason)
+        self.notifier.status(self.status_line())
+        if not st.ready_sent and (phase == Phase.SERVING or self.cfg.supervisor.ready_when == "started"):
+            st.ready_sent = True
+            self.notifier.ready(self.status_line())
+            self.log.info("daemon.ready", phase=phase.value)
+
+    def status_line(self) -> str:
+        st, dep = self.status, self.cfg.deployment
+        if st.phase == Phase.SERVING:
+            return f"SERVING {dep.serve.name} on {len(self.cfg.members(dep))} nodes"
+        if st.phase == Phase.BACKOFF:
+            wait = max(0, st.backoff_until - self.clock())
+            return f"BACKOFF retry {st.failures} in {wait:.0f}s: {st.reason}"
+        if st.phase == Phase.LOADING:
+            return f"LOADING {st.progress}" + (f" ({st.reason})" if st.reason else "")
+        return f"{st.phase.value} {st.reason}".strip()
+
+    def _write_status(self, now: float) -> None:
+        obs = self.last_obs
+        if obs is not None and self.last_full is not None and not obs.full:
+            # Keep the slow facts (GPU, memory, units) from the last full observation.
+            full = self.last_full.nodes
+            nodes = {k: dataclasses.replace(full[k], containers=v.containers, error=v.error) if k in full else v
+                     for k, v in obs.nodes.items()}
+            obs = Observation(obs.at, obs.full, nodes, obs.ray, obs.serve, obs.endpoint)
+        doc = statefile.document(self.status, obs, self.cfg, self.config_path, self.config_hash,
+                                 self.wall(), self.wall() - now)
+        key = json.dumps({k: v for k, v in doc.items() if k != "daemon"}, sort_keys=True)
+        if key != self._last_doc:
+            self._last_doc = key
+            try:
+                statefile.write(self.cfg.supervisor.state_dir, doc)
+            except OSError as e:
+                self.log.error("status.write_failed", error=str(e), state_dir=self.cfg.supervisor.state_dir)
+
+    # --------------------------------------------------------------------------- signals and loop
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if signum == signal.SIGTERM and signal.SIGTERM in self._signals:
+            raise SystemExit(1)  # a second SIGTERM: leave at once
+        self._signals.append(signum)
+        self._wake.set()
+
+    def reload(self) -> None:
+        self.notifier.reloading()
+        try:
+            new = config_mod.load(self.config_path)
+        except config_mod.ConfigError as e:
+            self.log.error("config.invalid", path=self.config_path, problems=e.problems, kept="previous config")
+            self.notifier.send("READY=1", f"STATUS={self.status_line()} (reload failed: {e.problems[0]})"[:240])
+            return
+        changed = new != self.cfg
+        self.log.info("config.reloaded", path=self.config_path, changed=changed,
+                      ray_hash=config_mod.ray_hash(new, new.deployment),
+                      serve_hash=config_mod.serve_hash(new, new.deployment))
+        if changed:
+            self.world.close()
+            self.cfg, self.config_hash = new, config_mod.file_hash(self.config_path)
+            self.world = self._world_factory(new)
+            self.observer, self.actor = Observer(self.world, self.clock), Actor(self.world, self.log)
+            self.status.backoff_until = 0.0
+            self._last_doc = ""
+        self.notifier.send("READY=1", f"STATUS={self.status_line()}")
+
+    def shutdown(self) -> None:
+        self.notifier.stopping(f"STOPPING on_stop={self.cfg.supervisor.on_stop}")
+        self.log.info("daemon.stopping", on_stop=self.cfg.supervisor.on_stop)
+        if self.cfg.supervisor.on_stop == "teardown":
+            teardown(self.world, self.log)
+        self.status.advance(Phase.STOPPING, f"on_stop={self.cfg.supervisor.on_stop}", self.clock(), self.wall())
+        self._last_doc = ""
+        self._write_status(self.clock())
+        self.world.close()
+        self.stopped = True
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        self.log.info("daemon.started", config=self.config_path, config_hash=self.config_hash,
+                      deployment=self.cfg.deployment.name, nodes=[n.name for n in self.cfg.nodes],
+                      state_dir=self.cfg.supervisor.state_dir)
+        while True:
+            while self._signals:
+                sig = self._signals.popleft()
+                if sig == signal.SIGHUP:
+                    self.reload()
+                else:
+                    self.shutdown()
+                    return 0
+            try:
+                wait = self.tick()
+            except Exception as e:  # a bug must not kill the supervisor: report it, back off, go on
+                self.log.exception("reconcile.crashed", error=f"{type(e).__name__}: {e}")
+                self.status.failures += 1
+                wait = backoff_delay(self.status.failures, self.cfg.supervisor.backoff_base,
+                                     self.cfg.supervisor.backoff_max, self.rng())
+            self.notifier.watchdog(self.clock())
+            if self.notifier.watchdog_interval:
+                wait = min(wait, self.notifier.watchdog_interval)
+            self._wake.wait(wait)
+            self._wake.clear()
+
+
+class AlreadyRunning(Exception):
+    pass
+
+
+def lock_state_dir(state_dir: str) -> int:
+    """Hold an exclusive lock for the process lifetime: two supervisors would fight over one cluster."""
+    os.makedirs(state_dir, exist_ok=True)
+    fd = os.open(os.path.join(state_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise AlreadyRunning(f"another spark-supervisor (pid {other}) holds {state_dir}/lock") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def teardown(world: World, log: Any) -> list[str]:
+    """Remove every container this deployment owns, on every node, workers first."""
+    from .commands import ray_container_name
+    cfg = world.cfg
+    dep = cfg.deployment
+    removed, errors = [], []
+    for node in reversed(cfg.members(dep)):
+        a = world.nodes[node.name]
+        try:
+            names = [c.name for c in a.docker.containers()
+                     if c.labels.get(config_mod.OWNER_LABEL) == dep.name or c.name == ray_container_name(dep, node)]
+            for name in names:
+                if a.docker.remove(name):
+                    removed.append(f"{node.name}/{name}")
+                    log.info("teardown.container_removed", node=node.name, container=name)
+        except AdapterError as e:
+            errors.append(f"{node.name}: {e}")
+            log.error("teardown.failed", node=node.name, error=str(e))
+    if errors:
+        raise ActionFailed("TeardownIncomplete: " + "; ".join(errors))
+    return removed

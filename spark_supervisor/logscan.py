@@ -1,0 +1,145 @@
+"""vLLM serve log -> how far the load got, and why it failed. Pure.
+
+Works across vLLM versions: ANSI colour codes are stripped, lines are split on both ``\\r`` (tqdm
+updates) and ``\\n``, and every pattern is an unanchored search (see wire-formats.md section 2).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_SPLIT = re.compile(r"[\r\n]+")
+
+# (milestone, regex) in load order; the furthest one seen is the load phase.
+MILESTONES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(rx))
+    for name, rx in (
+        ("api", r"vLLM (?:API )?server version ([^\s,]+)"),
+        ("engine", r"Initializing a V1 LLM engine"),
+        ("placement_group", r"Waiting for creating a placement group of specs for (\d+) seconds"),
+        ("workers", r"vLLM is using nccl=="),
+        ("load", r"Starting to load model (\S+?)\.\.\."),
+        ("shards", r"(Loading (?:safetensors|pt|np_cache) checkpoint shards|Multi-thread loading shards|"
+                   r"Loading safetensors using Runai Model Streamer)(?: \(eager\))?:\s*(\d+)% Completed \| "
+                   r"(\d+)/(\d+)"),
+        ("loaded", r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds"),
+        ("kv_cache", r"KV cache size: ([\d,]+) tokens"),
+        ("graphs", r"Capturing CUDA graphs \(([^,]+), (\w+)\):\s*(\d+)%"),
+        ("graphs_done", r"Graph capturing finished in (\d+) secs"),
+        ("engine_ready", r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
+        ("api_starting", r"Starting vLLM (?:API )?server(?: \d+)? on (\S+)"),
+        ("ready", r"Application startup complete\."),
+    )
+)
+_ORDER = {name: i for i, (name, _) in enumerate(MILESTONES)}
+
+
+@dataclass(frozen=True)
+class Failure:
+    reason: str  # CamelCase
+    deterministic: bool
+    hint: str
+    line: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.line}" if self.line else self.reason
+
+
+# (reason, deterministic, hint, patterns): first match wins, so the more specific come first.
+FAILURES: tuple[tuple[str, bool, str, tuple[str, ...]], ...] = (
+    ("FreeMemoryBelowUtilization", True,
+     "other processes or page cache hold memory: free it (drop caches) or lower --gpu-memory-utilization",
+     (r"Free memory on device.*is less than desired GPU memory utilization",)),
+    ("NoMemoryForKvCache", True, "lower --max-model-len or raise --gpu-memory-utilization",
+     (r"No available memory for the cache blocks", r"KV cache is needed, which is larger than the available")),
+    ("OutOfMemory", True, "the model does not fit: lower --gpu-memory-utilization or --max-model-len",
+     (r"Failed to load model - not enough GPU memory", r"CUDA out of memory\. Tried to allocate",
+      r"OutOfMemoryError", r"cudaErrorMemoryAllocation", r"NV_ERR_NO_MEMORY")),
+    ("MissingRayBackend", True, "pass --distributed-executor-backend ray for multi-node tensor parallelism",
+     (r"World size \(\d+\) is larger than the number of available GPUs",)),
+    ("PlacementGroupTimeout", True, "node IPs do not match VLLM_HOST_IP or GPUs are missing: check `ray status`",
+     (r"Cannot provide a placement group .*within (\d+) seconds",)),
+    ("NoNodeCanFulfill", True, "set VLLM_HOST_IP per node to its fabric IP; check GPUs per node",
+     (r"No available node types can fulfill (?:resource requests?|placement group requests)",)),
+    ("NcclError", False, "check NCCL_SOCKET_IFNAME / NCCL_IB_HCA on every node",
+     (r"NCCL error: ", r"DistBackendError: NCCL error in:")),
+    ("EngineReadyTimeout", False, "raise VLLM_ENGINE_READY_TIMEOUT_S above the load time (e.g. 1800)",
+     (r"Timed out waiting for engine core processes to start",)),
+    ("RayOomKill", False, "set RAY_memory_monitor_refresh_ms=0 on every node",
+     (r"killed due to memory pressure \(OOM\)", r"Task was killed due to the node running low on memory")),
+    ("EngineDied", False, "a worker or node died; the whole stack is restarted",
+     (r"RayWorkerProc rank=\S+ died unexpectedly", r"Engine core proc \S+ died unexpectedly",
+      r"EngineCore encountered a fatal error", r"EngineCore encountered an issue")),
+    ("EngineStartFailed", False, "see the lines above it in the serve log",
+     (r"Engine core initialization failed", r"EngineCore failed to start")),
+)
+_FAILURES = tuple((r, d, h, tuple(re.compile(p) for p in ps)) for r, d, h, ps in FAILURES)
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    milestone: str = ""  # furthest milestone reached
+    shards_done: int = 0
+    shards_total: int = 0
+    graphs_percent: int = 0
+    version: str = ""
+    ready: bool = False
+    pg_wait_s: int = 0
+    failure: Failure | None = None
+
+    @property
+    def fraction(self) -> float:
+        """Rough overall fraction: shards dominate a load, graph capture is the tail."""
+        if self.ready:
+            return 1.0
+        if self.shards_total and _ORDER.get(self.milestone, 0) <= _ORDER["shards"]:
+            return 0.9 * self.shards_done / self.shards_total
+        if _ORDER.get(self.milestone, 0) > _ORDER["shards"]:
+            return 0.9 + 0.1 * (_ORDER[self.milestone] - _ORDER["shards"]) / (len(MILESTONES) - _ORDER["shards"])
+        return 0.0
+
+    def summary(self) -> str:
+        if self.ready:
+            return "startup complete"
+        if self.milestone == "shards":
+            return f"{self.shards_done}/{self.shards_total} shards"
+        if self.milestone == "graphs":
+            return f"capturing CUDA graphs {self.graphs_percent}%"
+        if self.milestone == "placement_group":
+            return f"waiting {self.pg_wait_s}s for a Ray placement group"
+        return self.milestone.replace("_", " ") if self.milestone else "starting"
+
+
+def lines(text: str) -> list[str]:
+    return [ln for ln in _SPLIT.split(_ANSI.sub("", text)) if ln.strip()]
+
+
+def classify(text: str) -> Failure | None:
+    """The first known failure signature in the log, if any."""
+    for line in lines(text):
+        for reason, det, hint, pats in _FAILURES:
+            if any(p.search(line) for p in pats):
+                return Failure(reason, det, hint, line.strip()[-300:])
+    return None
+
+
+def scan(text: str) -> LoadProgress:
+    milestone, done, total, graphs, version, pg = "", 0, 0, 0, "", 0
+    for line in lines(text):
+        for name, rx in MILESTONES:
+            m = rx.search(line)
+            if not m:
+                continue
+            if _ORDER[name] >= _ORDER.get(milestone, -1):
+                milestone = name
+            if name == "api":
+                version = m.group(1)
+            elif name == "shards":
+                done, total = int(m.group(3)), int(m.group(4))
+            elif name == "graphs":
+                graphs = int(m.group(3))
+            elif name == "placement_group":
+                pg = int(m.group(1))
+    return LoadProgress(milestone, done, total, graphs, version, milestone == "ready", pg, classify(text))

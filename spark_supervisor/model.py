@@ -1,0 +1,237 @@
+"""Data only: phases, what was observed, what to do, and the status the daemon reports."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Phase(StrEnum):
+    DETECTING = "DETECTING"
+    CLEANING = "CLEANING"
+    STARTING_RAY = "STARTING_RAY"
+    STARTING_VLLM = "STARTING_VLLM"
+    LOADING = "LOADING"
+    VERIFYING = "VERIFYING"
+    SERVING = "SERVING"
+    DEGRADED = "DEGRADED"
+    BACKOFF = "BACKOFF"
+    FAILED = "FAILED"
+    STOPPING = "STOPPING"
+
+
+# ---------------------------------------------------------------------------------------- observations
+@dataclass(frozen=True)
+class Container:
+    id: str
+    name: str
+    image: str
+    state: str  # docker's State.Status: created, running, exited, ...
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str
+    active: str  # ActiveState: active, inactive, failed, activating, ...
+    enabled: str  # UnitFileState: enabled, disabled, masked, ...
+    loaded: str = "loaded"  # LoadState: loaded, not-found, masked
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    name: str
+    used_mib: int
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str = ""
+    driver: str = ""
+    total_mib: int | None = None  # None: N/A (GB10 unified memory)
+    used_mib: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class Memory:
+    total_mib: int
+    available_mib: int
+
+
+@dataclass(frozen=True)
+class NodeObservation:
+    name: str
+    error: str = ""  # reason the node could not be observed (unreachable SSH, Docker engine down)
+    containers: tuple[Container, ...] = ()
+    docker_version: str = ""
+    units: tuple[Unit, ...] | None = None  # None: not looked at this tick
+    gpu: Gpu | None = None
+    memory: Memory | None = None
+    probe_errors: tuple[str, ...] = ()  # non-fatal: a probe (units, nvidia-smi) could not run
+
+
+@dataclass(frozen=True)
+class RayNode:
+    node_id: str
+    ip: str
+    alive: bool
+    gpus: float
+    is_head: bool = False
+
+
+@dataclass(frozen=True)
+class RayObservation:
+    reachable: bool
+    error: str = ""
+    version: str = ""
+    nodes: tuple[RayNode, ...] = ()
+
+    @property
+    def alive(self) -> tuple[RayNode, ...]:
+        return tuple(n for n in self.nodes if n.alive)
+
+    @property
+    def gpus(self) -> float:
+        return sum(n.gpus for n in self.alive)
+
+
+@dataclass(frozen=True)
+class ServeObservation:
+    """The serve process inside the Ray head container, as its wrapper recorded it."""
+
+    present: bool
+    pid: int = 0
+    running: bool = False
+    exit_code: int | None = None
+    spec_hash: str = ""
+    started_at: str = ""
+    log_tail: str = ""
+
+
+@dataclass(frozen=True)
+class EndpointObservation:
+    state: str  # "refused" | "up" | "error" | "unknown"
+    detail: str = ""
+    health: int | None = None
+    models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Observation:
+    at: float
+    full: bool
+    nodes: dict[str, NodeObservation]
+    ray: RayObservation | None = None
+    serve: ServeObservation | None = None
+    endpoint: EndpointObservation | None = None
+
+
+# ---------------------------------------------------------------------------------------------- actions
+@dataclass(frozen=True)
+class StopUnits:
+    node: str
+    units: tuple[str, ...]
+    disable: bool = False
+    mask: bool = False
+
+
+@dataclass(frozen=True)
+class RemoveContainers:
+    node: str
+    containers: tuple[str, ...]  # names
+    why: str = "stale"
+
+
+@dataclass(frozen=True)
+class StartRay:
+    node: str
+
+
+@dataclass(frozen=True)
+class StopServe:
+    why: str
+
+
+@dataclass(frozen=True)
+class StartServe:
+    pass
+
+
+@dataclass(frozen=True)
+class Verify:
+    serve_pid: int = 0
+
+
+Action = StopUnits | RemoveContainers | StartRay | StopServe | StartServe | Verify
+
+
+def describe(action: Action) -> dict[str, Any]:
+    return {"action": type(action).__name__, **dataclasses.asdict(action)}
+
+
+@dataclass(frozen=True)
+class Decision:
+    phase: Phase
+    reason: str = ""  # CamelCase tag, optionally ": detail"
+    actions: tuple[Action, ...] = ()
+    failure: bool = False  # the reason is an error: back off before the next attempt
+
+
+# ----------------------------------------------------------------------------------------------- status
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    why: str
+    serve_pid: int = 0
+    latency_s: float = 0.0
+    finish_reason: str = ""
+    field: str = ""  # which field carried the text: content, reasoning, reasoning_content
+
+
+@dataclass(frozen=True)
+class Transition:
+    phase: Phase
+    reason: str
+    at: float  # monotonic
+    wall: float
+
+
+@dataclass
+class Status:
+    """What the daemon knows beyond the observation: the phase clock, failures, the last verdict.
+
+    ``advance`` is the only place the phase changes.
+    """
+
+    phase: Phase = Phase.DETECTING
+    reason: str = ""
+    since: float = 0.0
+    since_wall: float = 0.0
+    history: list[Transition] = field(default_factory=list)
+    failures: int = 0  # consecutive, reset on SERVING
+    backoff_until: float = 0.0
+    verdict: Verdict | None = None
+    progress: str = ""
+    ready_sent: bool = False
+
+    def advance(self, phase: Phase, reason: str, now: float, wall: float) -> bool:
+        """Set the phase; return True when it (or its reason) changed."""
+        if phase == self.phase and reason == self.reason and self.history:
+            return False
+        if phase != self.phase or not self.history:
+            self.since, self.since_wall = now, wall
+        self.phase, self.reason = phase, reason
+        self.history.append(Transition(phase, reason, now, wall))
+        del self.history[:-50]
+        return True
+
+    def in_phase(self, now: float) -> float:
+        return now - self.since

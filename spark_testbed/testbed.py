@@ -1,0 +1,233 @@
+"""The local two-node testbed: two Docker engines, SSH to the "worker", images, GPU state files.
+
+    spark-testbed up      start (idempotent): dockerd per node, sshd on 127.0.0.1:2222, images
+    spark-testbed env     print the variables etc/testbed.toml needs (eval "$(spark-testbed env)")
+    spark-testbed down    remove the testbed's containers and stop its daemons
+
+Node spark-1 (head, 127.0.0.2) has the engine at <dir>/spark-1/docker.sock, used directly.
+Node spark-2 (worker, 127.0.0.3) has its own engine at <dir>/spark-2/docker.sock, reached only over
+SSH: sshd sets DOCKER_HOST for its sessions, so `ssh spark-2 docker ...` and docker-py's ssh://spark-2
+both land on it. Both engines get a fake nvidia-container-runtime-hook so `--gpus all` is accepted.
+Nothing under /etc, /var/run/docker.sock or root's ~/.ssh is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Callable
+
+DIR = Path(os.environ.get("SPARK_TESTBED_DIR", "/var/tmp/spark-testbed"))
+SRC = Path(__file__).resolve().parent.parent
+PYTHON = Path(sys.base_prefix)
+NODES = {"spark-1": "127.0.0.2", "spark-2": "127.0.0.3"}
+SSH_PORT = 2222
+HOSTFS = "spark-testbed/hostfs:latest"
+BUSYBOX = "spark-testbed/busybox:latest"
+
+
+def until(cond: Callable[[], object], timeout: float, what: str, every: float = 0.1) -> object:
+    """Wait for a condition with a deadline (never a bare sleep)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+def sock(node: str) -> Path:
+    return DIR / node / "docker.sock"
+
+
+def docker(node: str, *args: str, check: bool = True, timeout: float = 60,
+           input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["docker", "-H", f"unix://{sock(node)}", *args], capture_output=True,
+                          check=check, timeout=timeout, input=input)
+
+
+def env() -> dict[str, str]:
+    return {"SPARK_TESTBED_DIR": str(DIR), "SPARK_TESTBED_SRC": str(SRC), "SPARK_TESTBED_PYTHON": str(PYTHON),
+            "HOME": str(DIR / "home")}
+
+
+def _alive(pidfile: Path) -> int:
+    try:
+        pid = int(pidfile.read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return 0
+
+
+def start_dockerd(node: str) -> None:
+    d = DIR / node
+    d.mkdir(parents=True, exist_ok=True)
+    if _alive(d / "dockerd.pid") and docker(node, "version", check=False).returncode == 0:
+        return
+    fakebin = DIR / "fakebin"
+    fakebin.mkdir(exist_ok=True)
+    hook = fakebin / "nvidia-container-runtime-hook"
+    hook.write_text("#!/bin/sh\ncat >/dev/null\nexit 0\n")
+    hook.chmod(0o755)
+    (DIR / "daemon.json").write_text(json.dumps({"runtimes": {"nvidia": {"path": "runc"}}}))
+    args = ["dockerd", "--config-file", str(DIR / "daemon.json"), "-H", f"unix://{sock(node)}",
+            "--data-root", str(d / "data"), "--exec-root", str(d / "exec"), "--pidfile", str(d / "dockerd.pid")]
+    # Every testbed container uses host networking, as on the Sparks: no bridge, no iptables changes.
+    args += ["--bridge", "none", "--iptables=false", "--ip-masq=false"]
+    penv = {**os.environ, "PATH": f"{fakebin}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    with open(d / "dockerd.log", "ab") as logf:
+        subprocess.Popen(args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, env=penv, start_new_session=True)
+    until(lambda: docker(node, "version", check=False).returncode == 0, 30, f"dockerd of {node}")
+
+
+IMAGE_VERSION = "2"  # bump when an image's content changes
+
+
+def _import(node: str, image: str, build: Callable[[Path], None]) -> None:
+    r = docker(node, "image", "inspect", "--format", "{{index .Config.Labels \"v\"}}", image, check=False)
+    if r.returncode == 0 and r.stdout.decode().strip() == IMAGE_VERSION:
+        return
+    root = DIR / "rootfs" / f"{image.split('/')[1].split(':')[0]}-{IMAGE_VERSION}"
+    if not root.exists():
+        build(root)
+    tarball = root.with_suffix(".tar")
+    with tarfile.open(tarball, "w") as t:
+        for p in sorted(root.iterdir()):
+            t.add(p, arcname=p.name)
+    docker(node, "import", "-c", "ENV PATH=/usr/local/bin:/usr/bin:/bin", "-c", f"LABEL v={IMAGE_VERSION}",
+           str(tarball), image)
+
+
+def _hostfs(root: Path) -> None:
+    """An empty image that runs the host's /usr, Python and venv, bind-mounted read-only."""
+    # sbin stays a real directory: docker --init bind-mounts /sbin/docker-init, which cannot land in /usr (ro).
+    for d in ("usr", "sbin", "tmp", "etc", "proc", "sys", "dev", "root", "run", "var/tmp", str(PYTHON).lstrip("/"),
+              str(SRC).lstrip("/")):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "tmp").chmod(0o1777)
+    for link in ("bin", "lib", "lib64"):
+        (root / link).symlink_to(f"usr/{link}")
+    for f in ("passwd", "group", "nsswitch.conf"):
+        if Path("/etc", f).exists():
+            shutil.copy(Path("/etc", f), root / "etc" / f)
+
+
+def _busybox(root: Path) -> None:
+    (root / "bin").mkdir(parents=True)
+    for d in ("tmp", "etc", "proc", "sys", "dev"):
+        (root / d).mkdir()
+    shutil.copy("/bin/busybox", root / "bin" / "busybox")
+    for applet in ("sh", "sleep", "cat", "echo", "true"):
+        (root / "bin" / applet).symlink_to("busybox")
+
+
+def start_sshd() -> None:
+    d = DIR / "ssh"
+    home = DIR / "home" / ".ssh"
+    d.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
+    Path("/run/sshd").mkdir(exist_ok=True)
+    for key in ("host_ed25519", "client_key"):
+        if not (d / key).exists():
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
+    shutil.copy(d / "client_key.pub", d / "authorized_keys")
+    (d / "sshd_config").write_text("\n".join([
+        f"Port {SSH_PORT}", "ListenAddress 127.0.0.1", f"HostKey {d / 'host_ed25519'}",
+        f"PidFile {d / 'sshd.pid'}", "PermitRootLogin prohibit-password", "PubkeyAuthentication yes",
+        "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
+        f"AuthorizedKeysFile {d / 'authorized_keys'}", "LogLevel VERBOSE", "MaxStartups 50:30:100",
+        "MaxSessions 50", f"SetEnv DOCKER_HOST=unix://{sock('spark-2')}", ""]))
+    hostkey = (d / "host_ed25519.pub").read_text().split()
+    (home / "known_hosts").write_text(f"[127.0.0.1]:{SSH_PORT} {hostkey[0]} {hostkey[1]}\n")
+    (home / "config").write_text("\n".join([
+        "Host spark-2", "  HostName 127.0.0.1", f"  Port {SSH_PORT}", "  User root",
+        f"  IdentityFile {d / 'client_key'}", "  IdentitiesOnly yes", "  StrictHostKeyChecking yes",
+        f"  UserKnownHostsFile {home / 'known_hosts'}", ""]))
+    if _alive(d / "sshd.pid"):
+        return
+    subprocess.run(["/usr/sbin/sshd", "-t", "-f", str(d / "sshd_config")], check=True)
+    subprocess.run(["/usr/sbin/sshd", "-f", str(d / "sshd_config"), "-E", str(d / "sshd.log")], check=True)
+    until(lambda: _alive(d / "sshd.pid"), 10, "sshd")
+
+
+def stop_sshd() -> None:
+    pid = _alive(DIR / "ssh" / "sshd.pid")
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        until(lambda: not _alive(DIR / "ssh" / "sshd.pid"), 10, "sshd to stop")
+
+
+def write_gpu(node: str, processes: list[dict[str, object]] | None = None,
+              meminfo: dict[str, int] | None = None) -> None:
+    """The GPU as nvidia-smi will report it: GB10, unified memory, Xorg always present (as on a desktop)."""
+    procs = [{"pid": 1, "name": "/usr/lib/xorg/Xorg", "used_mib": 40, "type": "G"}, *(processes or [])]
+    state: dict[str, object] = {"name": "NVIDIA GB10", "driver": "580.95.05", "total_mib": None, "processes": procs}
+    if meminfo:
+        state["meminfo"] = meminfo
+    path = DIR / node / "gpu.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(path)
+
+
+def up() -> None:
+    DIR.mkdir(parents=True, exist_ok=True)
+    for node in NODES:
+        start_dockerd(node)
+        _import(node, HOSTFS, _hostfs)
+        _import(node, BUSYBOX, _busybox)
+        if not (DIR / node / "gpu.json").exists():
+            write_gpu(node)
+    start_sshd()
+    (DIR / "supervisor").mkdir(exist_ok=True)
+
+
+def clean_containers() -> None:
+    for node in NODES:
+        if docker(node, "version", check=False).returncode != 0:
+            continue
+        ids = docker(node, "ps", "-aq").stdout.decode().split()
+        if ids:
+            docker(node, "rm", "-f", *ids, check=False)
+
+
+def down() -> None:
+    clean_containers()
+    stop_sshd()
+    for node in NODES:
+        pid = _alive(DIR / node / "dockerd.pid")
+        if pid:
+            os.kill(pid, signal.SIGTERM)
+            until(lambda: not _alive(DIR / node / "dockerd.pid"), 30, f"dockerd of {node} to stop")
+
+
+def main(argv: list[str] | None = None) -> int:
+    cmd = (argv if argv is not None else sys.argv[1:]) or ["up"]
+    if cmd[0] == "up":
+        up()
+        print(f"testbed up in {DIR}: nodes {', '.join(f'{n}={ip}' for n, ip in NODES.items())}")
+    elif cmd[0] == "env":
+        for k, v in env().items():
+            print(f"export {k}={v}")
+    elif cmd[0] == "down":
+        down()
+    elif cmd[0] == "clean":
+        clean_containers()
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
