@@ -74,9 +74,9 @@ class Actor:
                 container = commands.ray_container_name(dep, cfg.head)
                 w.head().docker.exec(container, commands.serve_stop(dep))
                 self.log.info("serve.stopped", container=container, why=why)
-            case Verify(serve_pid=pid):
+            case Verify(serve=serve):
                 r = dep.readiness
-                v = w.api.sanity(dep.serve.name, r.sanity_prompt, r.sanity_max_tokens, r.request_timeout, pid)
+                v = w.api.sanity(dep.serve.name, r.sanity_prompt, r.sanity_max_tokens, r.request_timeout, serve)
                 event = "probe.sanity_passed" if v.passed else "probe.sanity_failed"
                 (self.log.info if v.passed else self.log.warning)(
                     event, why=v.why, finish_reason=v.finish_reason, field=v.field, latency_s=v.latency_s)

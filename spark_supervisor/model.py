@@ -109,11 +109,17 @@ class ServeObservation:
 
     present: bool
     pid: int = 0
+    container_id: str = ""
     running: bool = False
     exit_code: int | None = None
     spec_hash: str = ""
     started_at: str = ""
     log_tail: str = ""
+
+    @property
+    def identity(self) -> str:
+        """One serve instance: pids repeat across containers, so include the container and start."""
+        return f"{self.container_id}:{self.pid}:{self.started_at}"
 
 
 @dataclass(frozen=True)
@@ -167,7 +173,7 @@ class StartServe:
 
 @dataclass(frozen=True)
 class Verify:
-    serve_pid: int = 0
+    serve: str = ""
 
 
 Action = StopUnits | RemoveContainers | StartRay | StopServe | StartServe | Verify
@@ -190,7 +196,7 @@ class Decision:
 class Verdict:
     passed: bool
     why: str
-    serve_pid: int = 0
+    serve: str = ""  # ServeObservation.identity it was judged on
     latency_s: float = 0.0
     finish_reason: str = ""
     field: str = ""  # which field carried the text: content, reasoning, reasoning_content

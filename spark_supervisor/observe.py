@@ -117,7 +117,7 @@ def observe_node(a: NodeAdapters, cfg: Config, full: bool) -> NodeObservation:
                            memory=memory, probe_errors=tuple(errors))
 
 
-def parse_serve_state(out: str) -> ServeObservation:
+def parse_serve_state(out: str, container_id: str = "") -> ServeObservation:
     head, _, tail = out.partition("\n")
     parts = head.split()
     if len(parts) < 2 or parts[0] == "0":
@@ -126,7 +126,7 @@ def parse_serve_state(out: str) -> ServeObservation:
     started = parts[2] if len(parts) > 2 else ""
     running = len(parts) > 3 and parts[3] == "1"
     code = int(parts[4]) if len(parts) > 4 and parts[4].lstrip("-").isdigit() else None
-    return ServeObservation(True, pid, running, code, spec, started, tail)
+    return ServeObservation(True, pid, container_id, running, code, spec, started, tail)
 
 
 def observe_serve(world: World, head_container: Container | None) -> ServeObservation | None:
@@ -139,7 +139,7 @@ def observe_serve(world: World, head_container: Container | None) -> ServeObserv
         return None
     if code == 3:
         return ServeObservation(False)
-    return parse_serve_state(out)
+    return parse_serve_state(out, head_container.id)
 
 
 class Observer:

@@ -222,6 +222,6 @@ def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
         return Decision(Phase.BACKOFF, f"ServeUnhealthy: /health answered {ep.health}",
                         (StopServe("unhealthy"),), failure=True)
     v = st.verdict
-    if v is not None and v.passed and v.serve_pid == s.pid:
+    if v is not None and v.passed and v.serve == s.identity:
         return Decision(Phase.SERVING, f"{name} on {len(members)} nodes")
-    return Decision(Phase.VERIFYING, "sanity completion", (Verify(s.pid),))
+    return Decision(Phase.VERIFYING, "sanity completion", (Verify(s.identity),))

@@ -18,10 +18,10 @@ def chat_request(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
             "max_tokens": max_tokens, "temperature": 0, "stream": False}
 
 
-def judge_completion(status_code: int, body: bytes | str, *, serve_pid: int = 0,
+def judge_completion(status_code: int, body: bytes | str, *, serve: str = "",
                      latency_s: float = 0.0) -> Verdict:
     def verdict(passed: bool, why: str, finish: str = "", field: str = "") -> Verdict:
-        return Verdict(passed, why, serve_pid, round(latency_s, 3), finish, field)
+        return Verdict(passed, why, serve, round(latency_s, 3), finish, field)
 
     if status_code != 200:
         text = body.decode(errors="replace") if isinstance(body, bytes) else body

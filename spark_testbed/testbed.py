@@ -180,6 +180,58 @@ def write_gpu(node: str, processes: list[dict[str, object]] | None = None,
     tmp.replace(path)
 
 
+STALE = ("vllm_node", "reranker", "vllm_embeddings")
+
+
+def container_pid(node: str, name: str) -> int:
+    return int(docker(node, "inspect", "--format", "{{.State.Pid}}", name).stdout.decode().strip())
+
+
+def plant_stale(node: str, names: tuple[str, ...] = STALE) -> list[int]:
+    """What a reboot leaves: the old stack's containers running, vllm_node holding the GPU."""
+    pids = []
+    for name in names:
+        docker(node, "rm", "-f", name, check=False)
+        docker(node, "run", "-d", "--name", name, "--network", "host", "--label", "com.example.stack=old-vllm",
+               BUSYBOX, "sleep", "1000000")
+        pids.append(container_pid(node, name))
+    write_gpu(node, [{"pid": pids[0], "name": "VLLM::Worker_TP0", "used_mib": 19135}])
+    return pids
+
+
+def demo() -> int:
+    """`make demo`: plant the post-reboot mess on both nodes, then run the daemon until it serves."""
+    up()
+    clean_containers()
+    for node in NODES:
+        plant_stale(node)
+        print(f"{node}: planted stale containers {', '.join(STALE)} (vllm_node holds 19135 MiB of GPU memory)")
+    cfg = str(SRC / "etc" / "testbed.toml")
+    status = DIR / "supervisor" / "status.json"
+    status.unlink(missing_ok=True)
+    bindir = Path(sys.executable).parent
+    daemon = subprocess.Popen([str(bindir / "spark-supervisor"), "run", "--config", cfg], env={**os.environ, **env()})
+    t0 = time.monotonic()
+
+    def serving() -> bool:
+        if daemon.poll() is not None:
+            raise RuntimeError(f"the daemon exited with {daemon.returncode}")
+        try:
+            return json.loads(status.read_text()).get("phase") == "SERVING"
+        except (OSError, ValueError):
+            return False
+    try:
+        until(serving, 600, "SERVING", every=0.5)
+        print(f"\nSERVING after {time.monotonic() - t0:.1f}s. `spark-supervisor status`:\n", flush=True)
+        subprocess.run([str(bindir / "spark-supervisor"), "status", "--config", cfg], env={**os.environ, **env()})
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=60)
+    print("\nThe daemon stopped with on_stop = \"leave\": the deployment keeps serving at http://127.0.0.2:8000."
+          "\n`make demo-down` removes it and stops the testbed.")
+    return 0
+
+
 def up() -> None:
     DIR.mkdir(parents=True, exist_ok=True)
     for node in NODES:
@@ -223,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         down()
     elif cmd[0] == "clean":
         clean_containers()
+    elif cmd[0] == "demo":
+        return demo()
     else:
         print(__doc__, file=sys.stderr)
         return 2

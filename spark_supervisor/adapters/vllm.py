@@ -32,13 +32,13 @@ class VllmApi:
             return EndpointObservation("error", f"/v1/models: {type(e).__name__}", health)
         return EndpointObservation("up", "", health, models)
 
-    def sanity(self, model: str, prompt: str, max_tokens: int, timeout: float, serve_pid: int) -> Verdict:
+    def sanity(self, model: str, prompt: str, max_tokens: int, timeout: float, serve: str) -> Verdict:
         t0 = time.monotonic()
         try:
             r = self.http.post(f"{self.url}/v1/chat/completions", headers=self.headers, timeout=timeout,
                                json=chat_request(model, prompt, max_tokens))
         except httpx.TimeoutException:
-            return Verdict(False, f"no answer within {timeout:.0f}s", serve_pid, round(time.monotonic() - t0, 3))
+            return Verdict(False, f"no answer within {timeout:.0f}s", serve, round(time.monotonic() - t0, 3))
         except httpx.HTTPError as e:
-            return Verdict(False, f"{type(e).__name__}: {e}"[:200], serve_pid)
-        return judge_completion(r.status_code, r.content, serve_pid=serve_pid, latency_s=time.monotonic() - t0)
+            return Verdict(False, f"{type(e).__name__}: {e}"[:200], serve)
+        return judge_completion(r.status_code, r.content, serve=serve, latency_s=time.monotonic() - t0)

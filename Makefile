@@ -1,0 +1,53 @@
+# `make demo` and `make test` each do all set-up on a fresh Debian/Ubuntu machine (as root).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := $(CURDIR)/.venv
+BIN := $(VENV)/bin
+APT_PACKAGES := docker.io containerd runc iptables busybox-static openssh-server openssh-client iproute2
+TESTBED_ENV = eval "$$($(BIN)/spark-testbed env)"
+PYTEST_ARGS ?=
+
+.PHONY: all deps venv testbed test unit integration demo demo-down lint bench clean
+
+all: test
+
+deps:  ## Debian packages: Docker engine, sshd, busybox (only what is missing)
+	@missing=""; for c in dockerd:docker.io runc:runc sshd:openssh-server busybox:busybox-static ssh:openssh-client ip:iproute2; do \
+	  command -v $${c%%:*} >/dev/null 2>&1 || [ -x /usr/sbin/$${c%%:*} ] || missing="$$missing $${c##*:}"; done; \
+	$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) $$missing >/dev/null; fi
+
+$(BIN)/spark-supervisor: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip >/dev/null
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/spark-supervisor
+
+testbed: deps venv  ## two Docker engines, sshd on 127.0.0.1:2222, images
+	$(TESTBED_ENV) && $(BIN)/spark-testbed up
+
+test: testbed  ## the whole suite: unit tests, then the real two-node testbed
+	$(TESTBED_ENV) && $(BIN)/pytest $(PYTEST_ARGS)
+
+unit: venv
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+integration: testbed
+	$(TESTBED_ENV) && $(BIN)/pytest tests/integration $(PYTEST_ARGS)
+
+demo: testbed  ## plant a post-reboot mess, run the daemon until it serves
+	$(TESTBED_ENV) && $(BIN)/spark-testbed demo
+
+demo-down:
+	$(TESTBED_ENV) && $(BIN)/spark-supervisor teardown -c etc/testbed.toml && $(BIN)/spark-testbed down
+
+lint: venv
+	$(BIN)/ruff check spark_supervisor spark_testbed tests
+	$(BIN)/mypy spark_supervisor
+
+clean:
+	-$(TESTBED_ENV) && $(BIN)/spark-testbed down
+	rm -rf $(VENV) *.egg-info

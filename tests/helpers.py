@@ -1,0 +1,82 @@
+"""Builders for configs and observations used by the unit tests (no I/O)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from spark_supervisor import config
+from spark_supervisor.commands import ray_container_name
+from spark_supervisor.config import HASH_LABEL, NODE_LABEL, OWNER_LABEL, ray_hash
+from spark_supervisor.model import (
+    Container,
+    EndpointObservation,
+    Gpu,
+    GpuProcess,
+    Memory,
+    NodeObservation,
+    Observation,
+    RayNode,
+    RayObservation,
+    ServeObservation,
+)
+
+BASE: dict[str, Any] = {
+    "supervisor": {"state_dir": "/tmp/x"},
+    "nodes": [
+        {"name": "spark-1", "role": "head", "fabric_ip": "192.168.200.12", "fabric_interface": "enp1s0f1np1"},
+        {"name": "spark-2", "role": "worker", "fabric_ip": "192.168.200.13", "fabric_interface": "enp1s0f1np1",
+         "ssh": "root@spark-2", "docker": "ssh://root@spark-2"},
+    ],
+    "stale": {"units": ["vllm-proxy", "vllm-cluster"], "disable": True},
+    "deployments": [{"name": "qwen", "serve": {"model": "Qwen/Qwen3.5-122B-A10B-FP8",
+                                              "served_model_name": "Qwen3.5", "tensor_parallel_size": 2}}],
+}
+
+
+def data(**patch: Any) -> dict[str, Any]:
+    d = copy.deepcopy(BASE)
+    d.update(patch)
+    return d
+
+
+def cfg(d: dict[str, Any] | None = None) -> config.Config:
+    return config.parse(d or data(), "test.toml", env={})
+
+
+def ray_container(c: config.Config, node: str, *, state: str = "running", spec: str | None = None) -> Container:
+    n = next(x for x in c.nodes if x.name == node)
+    dep = c.deployment
+    return Container(f"id-{node}", ray_container_name(dep, n), dep.ray.image, state,
+                     {OWNER_LABEL: dep.name, HASH_LABEL: spec or ray_hash(c, dep), NODE_LABEL: node})
+
+
+def free_gpu() -> Gpu:
+    return Gpu("NVIDIA GB10", "580.95.05", None, None, (GpuProcess(2001, "/usr/lib/xorg/Xorg", 40),))
+
+
+def node_obs(name: str, containers: tuple[Container, ...] = (), **kw: Any) -> NodeObservation:
+    kw.setdefault("units", ())
+    kw.setdefault("gpu", free_gpu())
+    kw.setdefault("memory", Memory(122880, 118000))
+    return NodeObservation(name, containers=containers, **kw)
+
+
+def ray_ok(c: config.Config) -> RayObservation:
+    return RayObservation(True, nodes=tuple(RayNode(f"n{i}", n.fabric_ip, True, 1.0, n.role == "head")
+                                            for i, n in enumerate(c.nodes)))
+
+
+def obs(c: config.Config, *, deployed: bool = False, nodes: dict[str, NodeObservation] | None = None,
+        ray: RayObservation | None = None, serve: ServeObservation | None = None,
+        endpoint: EndpointObservation | None = None, at: float = 100.0, full: bool = True) -> Observation:
+    if nodes is None:
+        nodes = {n.name: node_obs(n.name, (ray_container(c, n.name),) if deployed else ()) for n in c.nodes}
+    if deployed and ray is None:
+        ray = ray_ok(c)
+    return Observation(at, full, nodes, ray, serve, endpoint)
+
+
+def serve_running(c: config.Config, log: str = "", pid: int = 77) -> ServeObservation:
+    return ServeObservation(True, pid, "id-spark-1", True, None, config.serve_hash(c, c.deployment),
+                            "2026-12-02T10:00:00Z", log)

@@ -1,0 +1,107 @@
+from pathlib import Path
+
+import pytest
+
+from spark_supervisor import config
+from spark_supervisor.cli import main
+from tests.helpers import BASE, cfg, data
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def problems(d: dict, env: dict | None = None) -> list[str]:
+    with pytest.raises(config.ConfigError) as e:
+        config.parse(d, "/etc/spark-supervisor/x.toml", env=env or {})
+    return e.value.problems
+
+
+def test_story_config_is_valid_and_describes_the_two_sparks() -> None:
+    c = config.load(ROOT / "etc" / "spark-supervisor.toml")
+    assert c.head.fabric_ip == "192.168.200.12"
+    assert c.deployment.serve.tensor_parallel_size == 2
+    assert c.deployment.serve.model == "Qwen/Qwen3.5-122B-A10B-FP8"
+    assert [n.name for n in c.members(c.deployment)] == ["spark-1", "spark-2"]
+
+
+def test_testbed_config_expands_environment_variables() -> None:
+    env = {"SPARK_TESTBED_DIR": "/tb", "SPARK_TESTBED_SRC": "/src", "SPARK_TESTBED_PYTHON": "/py"}
+    c = config.load(ROOT / "etc" / "testbed.toml", env=env)
+    assert c.supervisor.state_dir == "/tb/supervisor"
+    assert c.deployment.ray.command[0] == "/src/.venv/bin/ray"
+
+
+def test_missing_environment_variable_names_file_and_key() -> None:
+    d = data(supervisor={"state_dir": "${NOPE}/x"})
+    assert problems(d) == ["/etc/spark-supervisor/x.toml: supervisor.state_dir: environment variable NOPE is not set"]
+
+
+def test_dollar_dollar_is_a_literal_dollar() -> None:
+    d = data(supervisor={"state_dir": "/a$$b"})
+    assert config.parse(d, "t", env={}).supervisor.state_dir == "/a$b"
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda d: d["nodes"][0].update(colour="red"), "nodes[0].colour: unknown key"),
+    (lambda d: d["supervisor"].update(interval="fast"), "supervisor.interval: Input should be a valid number"),
+    (lambda d: d["nodes"][1].update(fabric_ip="192.168.200.300"), "nodes[1].fabric_ip: not an IP address"),
+    (lambda d: d["deployments"][0]["serve"].update(tensor_parallel_size=4),
+     "deployments[0].serve.tensor_parallel_size: TP x PP = 4 is larger than the 2 GPUs configured"),
+    (lambda d: d["nodes"][0].update(role="worker", ssh="x", docker="ssh://x"), "nodes: no node has role"),
+    (lambda d: d["nodes"][1].update(name="spark-1"), "nodes[1].name: duplicate node 'spark-1'"),
+    (lambda d: d["nodes"][1].update(ssh=""), "nodes[1].ssh: a worker needs an SSH target"),
+    (lambda d: d["nodes"][1].update(docker="local"), "nodes[1].docker: a worker's engine is remote"),
+    (lambda d: d["deployments"][0]["serve"].update(extra_args="--x 'unclosed"),
+     "deployments[0].serve.extra_args: cannot split into arguments"),
+    (lambda d: d["deployments"][0]["serve"].pop("model"), "deployments[0].serve.model: required key is missing"),
+    (lambda d: d["deployments"].append(d["deployments"][0]), "deployments: exactly one deployment is supported"),
+])
+def test_each_problem_names_file_and_key(mutate, expected) -> None:
+    d = data()
+    mutate(d)
+    found = problems(d)
+    assert any(p.startswith(f"/etc/spark-supervisor/x.toml: {expected}") for p in found), found
+
+
+def test_extra_args_are_split_once_at_load() -> None:
+    d = data()
+    d["deployments"][0]["serve"]["extra_args"] = "--max-model-len 65536 --chat-template '/a b.jinja'"
+    assert cfg(d).deployment.serve.extra_args == ["--max-model-len", "65536", "--chat-template", "/a b.jinja"]
+
+
+def test_spec_hashes_separate_ray_from_serve_and_ignore_probe_settings() -> None:
+    a = cfg()
+    d = data()
+    d["deployments"][0]["readiness"] = {"poll_interval": 2}
+    d["supervisor"]["interval"] = 1
+    b = cfg(d)
+    assert config.ray_hash(a, a.deployment) == config.ray_hash(b, b.deployment)
+    assert config.serve_hash(a, a.deployment) == config.serve_hash(b, b.deployment)
+    d["deployments"][0]["serve"]["gpu_memory_utilization"] = 0.8
+    c = cfg(d)
+    assert config.ray_hash(a, a.deployment) == config.ray_hash(c, c.deployment)
+    assert config.serve_hash(a, a.deployment) != config.serve_hash(c, c.deployment)
+
+
+def test_check_command_exit_codes(tmp_path, capsys) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text((ROOT / "etc" / "spark-supervisor.toml").read_text())
+    assert main(["check", "--config", str(good)]) == 0
+    bad = tmp_path / "bad.toml"
+    bad.write_text((ROOT / "etc" / "spark-supervisor.toml").read_text().replace("interval = 5", "intervall = 5"))
+    with pytest.raises(SystemExit) as e:
+        main(["check", "--config", str(bad)])
+    assert e.value.code == 2
+    assert f"{bad}: supervisor.intervall: unknown key" in capsys.readouterr().err
+
+
+def test_unreadable_and_invalid_toml(tmp_path) -> None:
+    with pytest.raises(config.ConfigError, match="cannot read"):
+        config.load(tmp_path / "missing.toml")
+    p = tmp_path / "broken.toml"
+    p.write_text("[nodes\n")
+    with pytest.raises(config.ConfigError, match=f"{p}: not valid TOML"):
+        config.load(p)
+
+
+def test_base_is_untouched_by_builders() -> None:
+    assert BASE["nodes"][1]["ssh"] == "root@spark-2"

@@ -1,0 +1,70 @@
+"""Captured-format vLLM logs: 0.11-style ANSI tags, 0.15-style, 0.33-style."""
+
+from spark_supervisor import logscan
+
+ESC = "\x1b[1;36m"
+RST = "\x1b[0;0m"
+
+V011 = (
+    f"{ESC}(APIServer pid=1){RST} INFO 12-02 10:00:00 [api_server.py:1] vLLM API server version 0.11.0\n"
+    f"{ESC}(EngineCore_DP0 pid=2){RST} INFO 12-02 10:00:01 [core.py:77] Initializing a V1 LLM engine (v0.11.0) with config: x\n"
+    f"{ESC}(EngineCore_DP0 pid=2){RST} INFO 12-02 10:00:02 [ray_utils.py:300] Connecting to existing Ray cluster at address: 10.0.0.1:6379...\n"
+    f"{ESC}(RayWorkerWrapper pid=3, ip=10.0.0.2){RST} INFO 12-02 10:00:09 [pynccl.py:70] vLLM is using nccl==2.27.3\n"
+    f"{ESC}(RayWorkerWrapper pid=3){RST} INFO 12-02 10:00:10 [gpu_model_runner.py:2] Starting to load model Qwen/Qwen3...\n"
+    "Loading safetensors checkpoint shards:   0% Completed | 0/39 [00:00<?, ?it/s]\r"
+    "Loading safetensors checkpoint shards:   3% Completed | 1/39 [00:18<11:24, 18.01s/it]\r"
+    "Loading safetensors checkpoint shards:  31% Completed | 12/39 [03:36<08:06, 18.02s/it]\r"
+)
+V015 = (
+    "(APIServer pid=1) INFO 12-02 10:00:00 [api_server.py:1] vLLM API server version 0.15.1\n"
+    "(EngineCore_DP0 pid=2) INFO 12-02 10:00:01 [core.py:77] Initializing a V1 LLM engine (v0.15.1) with config: x\n"
+    "(RayWorkerProc pid=3) INFO 12-02 10:05:00 [default_loader.py:1] Loading weights took 700.12 seconds\n"
+    "(RayWorkerProc pid=3) INFO 12-02 10:05:01 [gpu_model_runner.py:2] Model loading took 58.42 GiB memory and 702.1 seconds\n"
+    "(EngineCore_DP0 pid=2) INFO 12-02 10:05:05 [kv_cache_utils.py:1] GPU KV cache size: 409,856 tokens\n"
+    "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  45%|####5     | 30/67 [00:10<00:12]\r"
+)
+V033 = (
+    "(APIServer pid=1) INFO 12-02 10:00:00 [utils.py:233] vLLM server version 0.33.0, serving model Qwen/Qwen3\n"
+    "(EngineCore pid=2) INFO 12-02 10:06:00 [gpu_model_runner.py:3] Graph capturing finished in 41 secs, took 0.52 GiB\n"
+    "(EngineCore pid=2) INFO 12-02 10:06:01 [core.py:240] init engine (profile, create kv cache, warmup model) took 61.20 s (compilation: 20.10 s)\n"
+    "(APIServer pid=1) INFO 12-02 10:06:02 [api_server.py:9] Starting vLLM server on http://0.0.0.0:8000\n"
+    "(APIServer pid=1) INFO:     Started server process [1]\n(APIServer pid=1) INFO:     Waiting for application startup.\n"
+    "(APIServer pid=1) INFO:     Application startup complete.\n"
+)
+
+
+def test_011_ansi_tags_and_tqdm_carriage_returns() -> None:
+    p = logscan.scan(V011)
+    assert (p.version, p.milestone, p.shards_done, p.shards_total) == ("0.11.0", "shards", 12, 39)
+    assert p.summary() == "12/39 shards" and not p.ready and p.failure is None
+    assert 0.2 < p.fraction < 0.3
+
+
+def test_015_graph_capture() -> None:
+    p = logscan.scan(V015)
+    assert (p.version, p.milestone, p.graphs_percent) == ("0.15.1", "graphs", 45)
+    assert p.summary() == "capturing CUDA graphs 45%"
+
+
+def test_033_ready() -> None:
+    p = logscan.scan(V033)
+    assert p.version == "0.33.0" and p.ready and p.fraction == 1.0
+
+
+def test_placement_group_wait() -> None:
+    line = ("(EngineCore_DP0 pid=2) WARNING 12-02 10:00:40 [ray_utils.py:1] Waiting for creating a placement "
+            "group of specs for 30 seconds. specs=[{'GPU': 1.0}, {'GPU': 1.0}].\n")
+    head = "".join(V011.splitlines(keepends=True)[:3])  # api, engine, connecting to Ray
+    p = logscan.scan(head + line)
+    assert p.summary() == "waiting 30s for a Ray placement group"
+
+
+def test_failures_are_classified_with_hints() -> None:
+    f = logscan.classify("ERROR ... ValueError: Free memory on device cuda:0 (20.1/119.7 GiB) on startup is less "
+                         "than desired GPU memory utilization (0.85, 101.7 GiB).")
+    assert f is not None and f.reason == "FreeMemoryBelowUtilization" and f.deterministic
+    f = logscan.classify("(EngineCore_DP0 pid=2) ERROR NCCL error: unhandled system error (run with NCCL_DEBUG=INFO)")
+    assert f is not None and f.reason == "NcclError" and not f.deterministic
+    f = logscan.classify("(autoscaler +44s) Error: No available node types can fulfill resource request {'GPU': 2.0}")
+    assert f is not None and f.reason == "NoNodeCanFulfill"
+    assert logscan.classify(V033) is None
