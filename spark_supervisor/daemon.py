@@ -14,14 +14,15 @@ import random
 import signal
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from . import config as config_mod
 from . import logscan, statefile
 from .act import ActionFailed, Actor
 from .adapters import AdapterError
+from .adapters.shell import control_dir
 from .config import Config
-from .model import Decision, Observation, Phase, Status, describe
+from .model import Action, Decision, Observation, Phase, Status, Verdict, describe
 from .notify import Notifier
 from .observe import Observer, World
 from .plan import plan
@@ -35,20 +36,46 @@ def backoff_delay(failures: int, base: float, cap: float, rnd: float) -> float:
     return min(cap, base * 2 ** max(0, failures - 1)) * (0.5 + 0.5 * rnd)
 
 
+class Backend(Protocol):
+    """What the loop needs from the world; RealBackend in production, a fake in unit tests."""
+
+    def observe(self, full: bool) -> Observation: ...
+    def run(self, action: Action) -> Verdict | None: ...
+    def teardown(self) -> list[str]: ...
+    def close(self) -> None: ...
+
+
+class RealBackend:
+    def __init__(self, cfg: Config, log: Any):
+        self.world = World(cfg, control_dir=control_dir(cfg.supervisor.state_dir))
+        self.observer, self.actor, self.log = Observer(self.world), Actor(self.world, log), log
+
+    def observe(self, full: bool) -> Observation:
+        return self.observer.observe(full)
+
+    def run(self, action: Action) -> Verdict | None:
+        return self.actor.run(action)
+
+    def teardown(self) -> list[str]:
+        return teardown(self.world, self.log)
+
+    def close(self) -> None:
+        self.world.close()
+
+
 class Daemon:
     def __init__(self, config_path: str, cfg: Config, *, log: Any,
-                 world_factory: Callable[[Config], World] | None = None,
+                 backend_factory: Callable[[Config], Backend] | None = None,
                  notifier: Notifier | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
                  rng: Callable[[], float] = random.random):
         self.config_path, self.cfg, self.log = config_path, cfg, log
         self.config_hash = config_mod.file_hash(config_path)
-        self._world_factory = world_factory or (lambda c: World(c, control_dir=c.supervisor.state_dir))
+        self._backend_factory = backend_factory or (lambda c: RealBackend(c, log))
         self.notifier = notifier or Notifier()
         self.clock, self.wall, self.rng = clock, wall, rng
         self.status = Status()
-        self.world = self._world_factory(cfg)
-        self.observer, self.actor = Observer(self.world, clock), Actor(self.world, log)
+        self.backend = self._backend_factory(cfg)
         self.last_obs: Observation | None = None
         self.last_full: Observation | None = None
         self._last_doc = ""
@@ -65,7 +92,7 @@ class Daemon:
     def tick(self) -> float:
         """One reconcile pass; returns the seconds until the next one."""
         st, cfg, now = self.status, self.cfg, self.clock()
-        obs = self.observer.observe(self._want_full(now))
+        obs = self.backend.observe(self._want_full(now))
         self.last_obs = obs
         if obs.full:
             self.last_full = obs
@@ -74,7 +101,7 @@ class Daemon:
         for action in decision.actions:
             self.log.info("action.started", **describe(action))
             try:
-                verdict = self.actor.run(action)
+                verdict = self.backend.run(action)
             except ActionFailed as e:
                 self.log.warning("action.failed", action=type(action).__name__, reason=e.reason)
                 failure = e.reason
@@ -176,10 +203,9 @@ class Daemon:
                       ray_hash=config_mod.ray_hash(new, new.deployment),
                       serve_hash=config_mod.serve_hash(new, new.deployment))
         if changed:
-            self.world.close()
+            self.backend.close()
             self.cfg, self.config_hash = new, config_mod.file_hash(self.config_path)
-            self.world = self._world_factory(new)
-            self.observer, self.actor = Observer(self.world, self.clock), Actor(self.world, self.log)
+            self.backend = self._backend_factory(new)
             self.status.backoff_until = 0.0
             self._last_doc = ""
         self.notifier.send("READY=1", f"STATUS={self.status_line()}")
@@ -188,11 +214,14 @@ class Daemon:
         self.notifier.stopping(f"STOPPING on_stop={self.cfg.supervisor.on_stop}")
         self.log.info("daemon.stopping", on_stop=self.cfg.supervisor.on_stop)
         if self.cfg.supervisor.on_stop == "teardown":
-            teardown(self.world, self.log)
+            try:
+                self.backend.teardown()
+            except ActionFailed as e:
+                self.log.error("teardown.incomplete", reason=e.reason)
         self.status.advance(Phase.STOPPING, f"on_stop={self.cfg.supervisor.on_stop}", self.clock(), self.wall())
         self._last_doc = ""
         self._write_status(self.clock())
-        self.world.close()
+        self.backend.close()
         self.stopped = True
 
     def run(self) -> int:

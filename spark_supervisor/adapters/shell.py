@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from dataclasses import dataclass
@@ -22,6 +23,19 @@ def ssh_config_file() -> str:
     docker-py's paramiko transport (which does read $HOME) agree on hosts, keys and known_hosts."""
     path = os.path.join(os.path.expanduser("~"), ".ssh", "config")
     return path if os.path.exists(path) else ""
+
+
+def control_dir(state_dir: str) -> str:
+    """A short private directory for ssh ControlMaster sockets (unix socket paths max out at 108 bytes)."""
+    path = f"/tmp/spark-supervisor-ssh-{hashlib.sha256(state_dir.encode()).hexdigest()[:10]}"
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            return ""  # not ours: go without connection sharing
+    except OSError:
+        return ""
+    return path
 
 
 def run_local(argv: list[str], timeout: float) -> Result:

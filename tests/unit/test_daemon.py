@@ -1,0 +1,182 @@
+"""The loop stepped one tick at a time: fake backend, fake clock, recorded notifications."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import structlog
+import tomli_w
+
+from spark_supervisor.act import ActionFailed
+from spark_supervisor.daemon import Daemon, backoff_delay
+from spark_supervisor.model import (
+    Action,
+    EndpointObservation,
+    Observation,
+    Phase,
+    StartRay,
+    StartServe,
+    Verdict,
+    Verify,
+)
+from tests.helpers import cfg, data, obs, serve_running
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Notes:
+    enabled, watchdog_interval = True, 0.0
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send(self, *fields: str) -> None:
+        self.sent.append("\n".join(fields))
+
+    def status(self, text: str) -> None:
+        self.send(f"STATUS={text}")
+
+    def ready(self, status: str) -> None:
+        self.send("READY=1", f"STATUS={status}")
+
+    def reloading(self) -> None:
+        self.send("RELOADING=1")
+
+    def stopping(self, status: str) -> None:
+        self.send("STOPPING=1")
+
+    def watchdog(self, now: float) -> None:
+        self.send("WATCHDOG=1")
+
+
+class FakeBackend:
+    """Scripted observations; records actions; fails the ones told to."""
+
+    def __init__(self) -> None:
+        self.next: Observation | None = None
+        self.ran: list[Action] = []
+        self.fail: dict[type, str] = {}
+        self.closed = False
+
+    def observe(self, full: bool) -> Observation:
+        assert self.next is not None
+        return self.next
+
+    def run(self, action: Action) -> Verdict | None:
+        self.ran.append(action)
+        if type(action) in self.fail:
+            raise ActionFailed(self.fail[type(action)])
+        if isinstance(action, Verify):
+            return Verdict(True, "content answered", action.serve)
+        return None
+
+    def teardown(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def make(tmp_path: Path, d: dict | None = None) -> tuple[Daemon, FakeBackend, Clock, Notes, Path]:
+    d = d or data()
+    d["supervisor"]["state_dir"] = str(tmp_path / "state")
+    path = tmp_path / "c.toml"
+    path.write_text(tomli_w.dumps(d))
+    backend, clock, notes = FakeBackend(), Clock(), Notes()
+    daemon = Daemon(str(path), cfg(d), log=structlog.get_logger(), backend_factory=lambda c: backend,
+                    notifier=notes, clock=clock, wall=lambda: 1.7e9 + clock.t, rng=lambda: 1.0)
+    return daemon, backend, clock, notes, path
+
+
+def test_cold_start_to_serving_sends_ready_once(tmp_path) -> None:
+    daemon, be, clock, notes, _ = make(tmp_path)
+    c = daemon.cfg
+    be.next = obs(c)
+    daemon.tick()
+    assert be.ran == [StartRay("spark-1"), StartRay("spark-2")] and daemon.status.phase == Phase.STARTING_RAY
+    be.next = obs(c, deployed=True)
+    daemon.tick()
+    assert be.ran[-1] == StartServe()
+    s = serve_running(c)
+    be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation("refused"))
+    daemon.tick()
+    assert daemon.status.phase == Phase.LOADING
+    assert not any(n.startswith("READY=1") for n in notes.sent)
+    be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation("up", health=200, models=("Qwen3.5",)))
+    daemon.tick()
+    assert daemon.status.phase == Phase.VERIFYING and daemon.status.verdict is not None
+    daemon.tick()
+    assert daemon.status.phase == Phase.SERVING
+    daemon.tick()
+    assert [n for n in notes.sent if n.startswith("READY=1")] == ["READY=1\nSTATUS=SERVING Qwen3.5 on 2 nodes"]
+    doc = json.loads((tmp_path / "state" / "status.json").read_text())
+    assert doc["phase"] == "SERVING" and doc["verdict"]["passed"]
+    assert [h["phase"] for h in doc["history"]] == ["STARTING_RAY", "STARTING_VLLM", "LOADING", "VERIFYING", "SERVING"]
+
+
+def test_failures_back_off_exponentially_and_the_status_says_why(tmp_path) -> None:
+    daemon, be, clock, notes, _ = make(tmp_path)
+    be.next = obs(daemon.cfg)
+    be.fail[StartRay] = "ImageMissing: vllm/vllm-openai:latest is not on spark-1"
+    waits = []
+    for _ in range(4):
+        daemon.tick()
+        assert daemon.status.phase == Phase.BACKOFF
+        waits.append(daemon.status.backoff_until - clock.t)
+        # Nothing is retried before its time.
+        n = len(be.ran)
+        clock.t += waits[-1] / 2
+        daemon.tick()
+        assert len(be.ran) == n
+        clock.t = daemon.status.backoff_until
+    assert waits == [5, 10, 20, 40]
+    assert notes.sent[-1].startswith("STATUS=BACKOFF retry 4 in ")
+    assert "ImageMissing" in notes.sent[-1]
+
+
+def test_backoff_delay_is_capped_and_jittered() -> None:
+    assert backoff_delay(1, 5, 300, 1.0) == 5
+    assert backoff_delay(20, 5, 300, 1.0) == 300
+    assert backoff_delay(3, 5, 300, 0.0) == 10
+
+
+def test_reload_with_a_broken_file_keeps_the_old_config(tmp_path) -> None:
+    daemon, be, clock, notes, path = make(tmp_path)
+    old = daemon.cfg
+    path.write_text("[nodes\n")
+    daemon.reload()
+    assert daemon.cfg is old and not be.closed
+    assert notes.sent[0] == "RELOADING=1" and "reload failed" in notes.sent[-1] and "READY=1" in notes.sent[-1]
+
+
+def test_reload_with_a_changed_interval_applies_in_place(tmp_path) -> None:
+    daemon, be, clock, notes, path = make(tmp_path)
+    d = data()
+    d["supervisor"] = {"state_dir": str(tmp_path / "state"), "interval": 2}
+    path.write_text(tomli_w.dumps(d))
+    daemon.reload()
+    assert daemon.cfg.supervisor.interval == 2 and be.closed
+
+
+def test_a_second_sigterm_exits_at_once(tmp_path) -> None:
+    daemon, *_ = make(tmp_path)
+    daemon._on_signal(signal.SIGTERM, None)
+    try:
+        daemon._on_signal(signal.SIGTERM, None)
+    except SystemExit as e:
+        assert e.code == 1
+    else:
+        raise AssertionError("no exit")
+
+
+def test_status_lines_are_ascii(tmp_path) -> None:
+    from spark_supervisor.notify import ascii_status
+    assert ascii_status("LOADING 12/39 shards \u2014 ETA 8m\n") == "LOADING 12/39 shards ? ETA 8m "
