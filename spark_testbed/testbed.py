@@ -45,6 +45,9 @@ def until(cond: Callable[[], object], timeout: float, what: str, every: float = 
         time.sleep(every)
 
 
+_children: list[subprocess.Popen[bytes]] = []  # daemons we started (kept so they are reaped, not warned about)
+
+
 def sock(node: str) -> Path:
     return DIR / node / "docker.sock"
 
@@ -86,7 +89,8 @@ def start_dockerd(node: str) -> None:
     args += ["--bridge", "none", "--iptables=false", "--ip-masq=false"]
     penv = {**os.environ, "PATH": f"{fakebin}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
     with open(d / "dockerd.log", "ab") as logf:
-        subprocess.Popen(args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, env=penv, start_new_session=True)
+        _children.append(subprocess.Popen(args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, env=penv,
+                                          start_new_session=True))
     until(lambda: docker(node, "version", check=False).returncode == 0, 30, f"dockerd of {node}")
 
 
