@@ -29,7 +29,7 @@ venv: $(BIN)/spark-supervisor
 testbed: deps venv  ## two Docker engines, sshd on 127.0.0.1:2222, images
 	$(TESTBED_ENV) && $(BIN)/spark-testbed up
 
-test: testbed  ## the whole suite: unit tests, then the real two-node testbed
+test: lint testbed  ## lint, then the whole suite: unit tests, then the real two-node testbed
 	$(TESTBED_ENV) && $(BIN)/pytest $(PYTEST_ARGS)
 
 unit: venv

@@ -60,13 +60,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     finally:
         world.close()
     decision = plan(obs, Status(phase=Phase.DETECTING), cfg, obs.at)
+    actions = [describe(a) for a in decision.actions]
     out = {"phase": decision.phase.value, "reason": decision.reason, "failure": decision.failure,
-           "actions": [describe(a) for a in decision.actions]}
+           "actions": actions}
     if args.json:
         print(json.dumps(out, indent=1))
     else:
         print(f"{decision.phase.value}: {decision.reason or '-'}")
-        for a in out["actions"]:
+        for a in actions:
             rest = ", ".join(f"{k}={v}" for k, v in a.items() if k != "action")
             print(f"  would {a['action']}({rest})")
         if not decision.actions:

@@ -182,9 +182,9 @@ class Config(_Strict):
     def _cross_checks(self) -> Config:
         problems: list[tuple[str, str]] = []
         names = [n.name for n in self.nodes]
-        for i, n in enumerate(names):
-            if n in names[:i]:
-                problems.append((f"nodes[{i}].name", f"duplicate node {n!r}"))
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                problems.append((f"nodes[{i}].name", f"duplicate node {name!r}"))
         ips = [n.fabric_ip for n in self.nodes]
         for i, ip in enumerate(ips):
             if ip in ips[:i]:

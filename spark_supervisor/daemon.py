@@ -14,7 +14,8 @@ import random
 import signal
 import threading
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from . import config as config_mod
 from . import logscan, statefile
@@ -232,8 +233,7 @@ class Daemon:
                       state_dir=self.cfg.supervisor.state_dir)
         while True:
             while self._signals:
-                sig = self._signals.popleft()
-                if sig == signal.SIGHUP:
+                if self._signals.popleft() == signal.SIGHUP:
                     self.reload()
                 else:
                     self.shutdown()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import httpx
 
@@ -69,7 +69,8 @@ def _units(a: NodeAdapters, names: list[str]) -> tuple[Unit, ...]:
     r = a.shell.run(commands.systemctl_show(names))
     if r.rc != 0 and not r.out.strip():
         raise AdapterError("SystemctlFailed", (r.err.strip() or f"exit {r.rc}")[-200:])
-    units, cur = [], {}
+    units: list[Unit] = []
+    cur: dict[str, str] = {}
     for line in (r.out + "\n\n").splitlines():
         if not line.strip():
             if cur:

@@ -40,8 +40,8 @@ def judge_completion(status_code: int, body: bytes | str, *, serve: str = "",
     if isinstance(content, str) and content.strip():
         return verdict(True, f"content answered (finish_reason={finish or 'none'})", finish, "content")
     for field in ("reasoning", "reasoning_content"):
-        text = msg.get(field)
-        if isinstance(text, str) and text.strip():
+        said: object = msg.get(field)
+        if isinstance(said, str) and said.strip():
             if finish == "length":
                 return verdict(True, f"content is null but {field} is filled and finish_reason=length: "
                                      "the model was still thinking when max_tokens ran out", finish, field)

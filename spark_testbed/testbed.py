@@ -21,8 +21,8 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 DIR = Path(os.environ.get("SPARK_TESTBED_DIR", "/var/tmp/spark-testbed"))
 SRC = Path(__file__).resolve().parent.parent
@@ -227,7 +227,8 @@ def demo() -> int:
     try:
         until(serving, 600, "SERVING", every=0.5)
         print(f"\nSERVING after {time.monotonic() - t0:.1f}s. `spark-supervisor status`:\n", flush=True)
-        subprocess.run([str(bindir / "spark-supervisor"), "status", "--config", cfg], env={**os.environ, **env()})
+        subprocess.run([str(bindir / "spark-supervisor"), "status", "--config", cfg], env={**os.environ, **env()},
+                       check=False, timeout=30)
     finally:
         daemon.terminate()
         daemon.wait(timeout=60)
@@ -264,7 +265,8 @@ def down() -> None:
         pid = _alive(DIR / node / "dockerd.pid")
         if pid:
             os.kill(pid, signal.SIGTERM)
-            until(lambda: not _alive(DIR / node / "dockerd.pid"), 30, f"dockerd of {node} to stop")
+            pidfile = DIR / node / "dockerd.pid"
+            until(lambda p=pidfile: not _alive(p), 30, f"dockerd of {node} to stop")
 
 
 def main(argv: list[str] | None = None) -> int:

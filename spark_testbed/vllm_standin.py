@@ -133,7 +133,7 @@ class Api(BaseHTTPRequestHandler):
         self.send_header("content-length", "0")
         self.end_headers()
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if self.path in ("/health", "/ping"):
             self._empty(200)
         elif self.path == "/version":
@@ -159,7 +159,7 @@ class Api(BaseHTTPRequestHandler):
             return False
         return True
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         if self.path != "/v1/chat/completions":
             self._empty(404)
             return
@@ -174,11 +174,7 @@ class Api(BaseHTTPRequestHandler):
             _stop.wait()
             return
         max_tokens = int(req.get("max_tokens") or 16)
-        thinking = ("Okay, the user wants me to reply with a single word. Let me think about what they "
-                    "expect here. They said to reply with the single word ready, so the answer should be "
-                    "exactly that word, without punctuation or any explanation around it. I should not add "
-                    "a greeting, and I should not repeat the question back to them either. So the final "
-                    "answer is simply the word they asked for, and nothing more than that").split()
+        thinking = ["Okay,", "the", "user", "wants", "me", "to", "reply", "with", "a", "single", "word.", "Let", "me", "think", "about", "what", "they", "expect", "here.", "They", "said", "to", "reply", "with", "the", "single", "word", "ready,", "so", "the", "answer", "should", "be", "exactly", "that", "word,", "without", "punctuation", "or", "any", "explanation", "around", "it.", "I", "should", "not", "add", "a", "greeting,", "and", "I", "should", "not", "repeat", "the", "question", "back", "to", "them", "either.", "So", "the", "final", "answer", "is", "simply", "the", "word", "they", "asked", "for,", "and", "nothing", "more", "than", "that"]
         finish = "length" if max_tokens < len(thinking) else "stop"
         reasoning = " ".join(thinking[:max_tokens])
         content = None if finish == "length" else "ready"

@@ -40,7 +40,8 @@ def control_dir(state_dir: str) -> str:
 
 def run_local(argv: list[str], timeout: float) -> Result:
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                           check=False)
     except FileNotFoundError:
         raise AdapterError("CommandNotFound", f"{argv[0]} is not installed") from None
     except subprocess.TimeoutExpired:

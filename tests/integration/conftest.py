@@ -15,8 +15,9 @@ import sys
 import threading
 import tomllib
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import tomli_w
