@@ -169,6 +169,7 @@ class Supervisor(_Strict):
     backoff_base: Seconds = 5
     backoff_max: Seconds = 300
     ready_when: Literal["serving", "started"] = "serving"
+    start_stall_timeout: Seconds = 600  # no progress this long while starting: stop extending systemd's timeout
     on_stop: Literal["leave", "teardown"] = "leave"
 
 

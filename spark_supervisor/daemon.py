@@ -83,6 +83,8 @@ class Daemon:
         self._signals: collections.deque[int] = collections.deque()
         self._wake = threading.Event()
         self._milestone = ""
+        self._last_progress = clock()
+        self._stall_logged = False
         self.stopped = False
 
     # ------------------------------------------------------------------------------------ one tick
@@ -100,6 +102,7 @@ class Daemon:
         decision = plan(obs, st, cfg, now)
         failure = decision.reason if decision.failure else ""
         for action in decision.actions:
+            self.notifier.watchdog(self.clock())  # still the main loop: a long tick is not a hung one
             self.log.info("action.started", **describe(action))
             try:
                 verdict = self.backend.run(action)
@@ -109,8 +112,12 @@ class Daemon:
                 break
             if verdict is not None:
                 st.verdict = verdict
+        before = (st.phase, st.reason, st.progress)
         self._progress(obs, decision)
         self._advance(decision, failure, now)
+        if (st.phase, st.reason, st.progress) != before:
+            self._last_progress = now
+        self._extend_start(now)
         self._write_status(now)
         if st.phase == Phase.SERVING:
             return cfg.supervisor.interval
@@ -154,6 +161,21 @@ class Daemon:
             st.ready_sent = True
             self.notifier.ready(self.status_line())
             self.log.info("daemon.ready", phase=phase.value)
+
+    # How long each EXTEND_TIMEOUT_USEC buys: more than the longest tick, so the next one arrives in time.
+    EXTEND_S = 180.0
+
+    def _extend_start(self, now: float) -> None:
+        """While not yet READY, keep systemd's start timeout alive as long as the start makes progress."""
+        st, sup = self.status, self.cfg.supervisor
+        if st.ready_sent:
+            return
+        if now - self._last_progress <= sup.start_stall_timeout:
+            self.notifier.extend_timeout(self.EXTEND_S)
+        elif not self._stall_logged:
+            self._stall_logged = True
+            self.log.error("start.stalled", phase=st.phase.value, reason=st.reason,
+                           no_progress_s=round(now - self._last_progress))
 
     def status_line(self) -> str:
         st, dep = self.status, self.cfg.deployment
@@ -238,6 +260,10 @@ class Daemon:
                 else:
                     self.shutdown()
                     return 0
+            hang = os.environ.get("SPARK_SUPERVISOR_TEST_HANG_FILE")
+            if hang and os.path.exists(hang):  # test-only fault switch: a hung main loop
+                self.log.warning("test.hanging", file=hang)
+                threading.Event().wait()
             try:
                 wait = self.tick()
             except Exception as e:  # a bug must not kill the supervisor: report it, back off, go on

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from spark_testbed import testbed
 
-from .conftest import containers, write_config
+from .conftest import BIN, containers, write_config
 
 FAST = {"supervisor": {"backoff_base": 0.5, "backoff_max": 2}}
 
@@ -95,7 +95,7 @@ def test_gpu_memory_held_by_a_foreign_process_names_it_and_leaves_it_alone(clean
 
 def test_invalid_config_is_refused_before_anything_runs(tmp_path: Path) -> None:
     bad = write_config(tmp_path, {"supervisor": {"intervall": 3}})
-    out = subprocess.run(["spark-supervisor", "run", "--config", str(bad)], capture_output=True, text=True,
+    out = subprocess.run([str(BIN / "spark-supervisor"), "run", "--config", str(bad)], capture_output=True, text=True,
                          timeout=30)
     assert out.returncode == 2
     assert out.stderr.strip() == f"{bad}: supervisor.intervall: unknown key"

@@ -21,6 +21,7 @@ from spark_supervisor.model import (
     Verdict,
     Verify,
 )
+from spark_supervisor.notify import Notifier
 from tests.helpers import cfg, data, obs, serve_running
 
 
@@ -32,29 +33,15 @@ class Clock:
         return self.t
 
 
-class Notes:
-    enabled, watchdog_interval = True, 0.0
+class Notes(Notifier):
+    """The real notifier's messages, recorded instead of sent."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.sent: list[str] = []
 
     def send(self, *fields: str) -> None:
         self.sent.append("\n".join(fields))
-
-    def status(self, text: str) -> None:
-        self.send(f"STATUS={text}")
-
-    def ready(self, status: str) -> None:
-        self.send("READY=1", f"STATUS={status}")
-
-    def reloading(self) -> None:
-        self.send("RELOADING=1")
-
-    def stopping(self, status: str) -> None:
-        self.send("STOPPING=1")
-
-    def watchdog(self, now: float) -> None:
-        self.send("WATCHDOG=1")
 
 
 class FakeBackend:
@@ -138,8 +125,8 @@ def test_failures_back_off_exponentially_and_the_status_says_why(tmp_path) -> No
         assert len(be.ran) == n
         clock.t = daemon.status.backoff_until
     assert waits == [5, 10, 20, 40]
-    assert notes.sent[-1].startswith("STATUS=BACKOFF retry 4 in ")
-    assert "ImageMissing" in notes.sent[-1]
+    last = [n for n in notes.sent if n.startswith("STATUS=")][-1]
+    assert last.startswith("STATUS=BACKOFF retry 4 in ") and "ImageMissing" in last
 
 
 def test_backoff_delay_is_capped_and_jittered() -> None:
@@ -154,7 +141,7 @@ def test_reload_with_a_broken_file_keeps_the_old_config(tmp_path) -> None:
     path.write_text("[nodes\n")
     daemon.reload()
     assert daemon.cfg is old and not be.closed
-    assert notes.sent[0] == "RELOADING=1" and "reload failed" in notes.sent[-1] and "READY=1" in notes.sent[-1]
+    assert notes.sent[0].startswith("RELOADING=1\nMONOTONIC_USEC=") and "reload failed" in notes.sent[-1] and "READY=1" in notes.sent[-1]
 
 
 def test_reload_with_a_changed_interval_applies_in_place(tmp_path) -> None:
@@ -180,3 +167,19 @@ def test_a_second_sigterm_exits_at_once(tmp_path) -> None:
 def test_status_lines_are_ascii(tmp_path) -> None:
     from spark_supervisor.notify import ascii_status
     assert ascii_status("LOADING 12/39 shards \u2014 ETA 8m\n") == "LOADING 12/39 shards ? ETA 8m "
+
+
+def test_start_timeout_is_extended_only_while_the_start_progresses(tmp_path) -> None:
+    daemon, be, clock, notes, _ = make(tmp_path)
+    c = daemon.cfg
+    be.next = obs(c)
+    be.fail[StartRay] = "DockerError: boom"
+    daemon.tick()  # a change (DETECTING -> BACKOFF) is progress
+    assert notes.sent[-1] == "EXTEND_TIMEOUT_USEC=180000000"
+    for _ in range(200):  # the same failure over and over is not progress
+        clock.t = daemon.status.backoff_until
+        notes.sent.clear()
+        daemon.tick()
+        if clock.t - daemon._last_progress > c.supervisor.start_stall_timeout:
+            break
+    assert not any(n.startswith("EXTEND_TIMEOUT_USEC") for n in notes.sent)
