@@ -7,7 +7,11 @@ APT_PACKAGES := docker.io containerd runc iptables busybox-static openssh-server
 TESTBED_ENV = eval "$$($(BIN)/spark-testbed env)"
 PYTEST_ARGS ?=
 
-.PHONY: all deps venv testbed test unit integration demo demo-down lint bench clean
+PREFIX ?= /opt/spark-supervisor
+UNIT_DIR ?= /etc/systemd/system
+CONFIG_DIR ?= /etc/spark-supervisor
+
+.PHONY: all deps venv testbed test unit integration demo demo-down lint bench clean install uninstall
 
 all: test
 
@@ -47,6 +51,24 @@ demo-down:
 lint: venv
 	$(BIN)/ruff check spark_supervisor spark_testbed tests
 	$(BIN)/mypy spark_supervisor
+
+install:  ## on a real head node: venv under $(PREFIX), the unit, an example config (never overwritten)
+	@src=$$(mktemp -d) && cp -r pyproject.toml README.md spark_supervisor spark_testbed "$$src"/ && \
+	  $(PYTHON) -m venv $(PREFIX)/venv && $(PREFIX)/venv/bin/pip install -q "$$src" && rm -rf "$$src"
+	install -m 0644 README.md $(PREFIX)/README.md
+	install -D -m 0644 systemd/spark-supervisor.service $(UNIT_DIR)/spark-supervisor.service
+	install -d -m 0755 $(CONFIG_DIR)
+	@if [ -e $(CONFIG_DIR)/spark-supervisor.toml ]; then echo "kept the existing $(CONFIG_DIR)/spark-supervisor.toml"; \
+	  else install -m 0644 etc/spark-supervisor.toml $(CONFIG_DIR)/spark-supervisor.toml; fi
+	install -m 0644 etc/spark-supervisor.toml $(CONFIG_DIR)/spark-supervisor.toml.example
+	-systemctl daemon-reload
+	@echo "next: edit $(CONFIG_DIR)/spark-supervisor.toml, then: systemctl enable --now spark-supervisor"
+
+uninstall:  ## the unit and the venv; the config and the state directory stay
+	-systemctl disable --now spark-supervisor
+	rm -f $(UNIT_DIR)/spark-supervisor.service
+	-systemctl daemon-reload
+	rm -rf $(PREFIX)
 
 clean:
 	-$(TESTBED_ENV) && $(BIN)/spark-testbed down

@@ -49,9 +49,9 @@ class Actor:
                     self._systemctl(a, "stop", unit)
                     self.log.info("clean.unit_stopped", node=node, unit=unit)
                     if mask or disable:
-                        verb = "mask" if mask else "disable"
+                        verb, done = ("mask", "masked") if mask else ("disable", "disabled")
                         self._systemctl(a, verb, unit)
-                        self.log.info(f"clean.unit_{verb}ed", node=node, unit=unit)
+                        self.log.info(f"clean.unit_{done}", node=node, unit=unit)
             case RemoveContainers(node=node, containers=names, why=why):
                 for name in names:
                     if _retry(w.nodes[node].docker.remove)(name):

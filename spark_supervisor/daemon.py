@@ -85,6 +85,8 @@ class Daemon:
         self._milestone = ""
         self._last_progress = clock()
         self._stall_logged = False
+        self._last_status = ""
+        self.reload_error = ""  # kept in STATUS= until a reload succeeds
         self.stopped = False
 
     # ------------------------------------------------------------------------------------ one tick
@@ -156,7 +158,10 @@ class Daemon:
                 log("phase.changed", **{"from": before.value}, to=phase.value, reason=reason)
             else:
                 self.log.info("phase.progress", phase=phase.value, reason=reason)
-        self.notifier.status(self.status_line())
+        line = self.status_line()
+        if line != self._last_status:
+            self._last_status = line
+            self.notifier.status(line)
         if not st.ready_sent and (phase == Phase.SERVING or self.cfg.supervisor.ready_when == "started"):
             st.ready_sent = True
             self.notifier.ready(self.status_line())
@@ -178,6 +183,10 @@ class Daemon:
                            no_progress_s=round(now - self._last_progress))
 
     def status_line(self) -> str:
+        line = self._phase_line()
+        return f"{line} (reload failed: {self.reload_error})" if self.reload_error else line
+
+    def _phase_line(self) -> str:
         st, dep = self.status, self.cfg.deployment
         if st.phase == Phase.SERVING:
             return f"SERVING {dep.serve.name} on {len(self.cfg.members(dep))} nodes"
@@ -219,8 +228,10 @@ class Daemon:
             new = config_mod.load(self.config_path)
         except config_mod.ConfigError as e:
             self.log.error("config.invalid", path=self.config_path, problems=e.problems, kept="previous config")
-            self.notifier.send("READY=1", f"STATUS={self.status_line()} (reload failed: {e.problems[0]})"[:240])
+            self.reload_error = e.problems[0]
+            self._reload_done()
             return
+        self.reload_error = ""
         changed = new != self.cfg
         self.log.info("config.reloaded", path=self.config_path, changed=changed,
                       ray_hash=config_mod.ray_hash(new, new.deployment),
@@ -231,7 +242,15 @@ class Daemon:
             self.backend = self._backend_factory(new)
             self.status.backoff_until = 0.0
             self._last_doc = ""
-        self.notifier.send("READY=1", f"STATUS={self.status_line()}")
+        self._reload_done()
+
+    def _reload_done(self) -> None:
+        # READY=1 ends the reload; before the first READY it would also end the start, so not then.
+        self._last_status = self.status_line()
+        if self.status.ready_sent:
+            self.notifier.ready(self._last_status)
+        else:
+            self.notifier.status(self._last_status)
 
     def shutdown(self) -> None:
         self.notifier.stopping(f"STOPPING on_stop={self.cfg.supervisor.on_stop}")

@@ -19,12 +19,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-DIR = Path(os.environ.get("SPARK_TESTBED_DIR", "/var/tmp/spark-testbed"))
+DIR = Path(os.environ.get("SPARK_TESTBED_DIR", "/var/lib/spark-testbed"))  # not /var/tmp: the unit has PrivateTmp=yes
 SRC = Path(__file__).resolve().parent.parent
 PYTHON = Path(sys.base_prefix)
 NODES = {"spark-1": "127.0.0.2", "spark-2": "127.0.0.3"}
@@ -104,12 +103,9 @@ def _import(node: str, image: str, build: Callable[[Path], None]) -> None:
     root = DIR / "rootfs" / f"{image.split('/')[1].split(':')[0]}-{IMAGE_VERSION}"
     if not root.exists():
         build(root)
-    tarball = root.with_suffix(".tar")
-    with tarfile.open(tarball, "w") as t:
-        for p in sorted(root.iterdir()):
-            t.add(p, arcname=p.name)
-    docker(node, "import", "-c", "ENV PATH=/usr/local/bin:/usr/bin:/bin", "-c", f"LABEL v={IMAGE_VERSION}",
-           str(tarball), image)
+    tar = subprocess.run(["tar", "-C", str(root), "-c", "."], capture_output=True, check=True, timeout=300)
+    docker(node, "import", "-c", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "-c", f"LABEL v={IMAGE_VERSION}", "-", image, input=tar.stdout, timeout=300)
 
 
 def _hostfs(root: Path) -> None:
@@ -133,6 +129,70 @@ def _busybox(root: Path) -> None:
     shutil.copy("/bin/busybox", root / "bin" / "busybox")
     for applet in ("sh", "sleep", "cat", "echo", "true"):
         (root / "bin" / applet).symlink_to("busybox")
+
+
+# ------------------------------------------------------------------------------ the head under systemd
+DEBIAN = "spark-testbed/debian:bookworm"
+SYSTEMD = "spark-testbed/systemd:bookworm"
+HEAD = "spark-1-systemd"
+SYSTEMD_DOCKERFILE = f"""FROM {DEBIAN}
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \\
+      systemd systemd-sysv dbus python3 python3-venv make openssh-client procps && apt-get clean
+RUN systemctl mask systemd-udevd.service systemd-udevd-kernel.socket systemd-udevd-control.socket \\
+      getty.target console-getty.service systemd-logind.service systemd-timesyncd.service \\
+      sys-kernel-config.mount sys-kernel-debug.mount sys-kernel-tracing.mount systemd-resolved.service
+STOPSIGNAL SIGRTMIN+3
+CMD ["/lib/systemd/systemd"]
+"""
+
+
+def debian_mirror() -> str:
+    for line in Path("/etc/apt/sources.list.d/debian.sources").read_text().splitlines():
+        if line.startswith("URIs:"):
+            return line.split()[1]
+    return "http://deb.debian.org/debian"
+
+
+def _debian(root: Path) -> None:
+    subprocess.run(["debootstrap", "--variant=minbase", "--include=ca-certificates", "bookworm", str(root),
+                    debian_mirror()], check=True, capture_output=True, timeout=900)
+
+
+def systemd_image(node: str = "spark-1") -> None:
+    """A Debian image with systemd as PID 1 (built once, cached in the node's engine)."""
+    if docker(node, "image", "inspect", SYSTEMD, check=False).returncode == 0:
+        return
+    _import(node, DEBIAN, _debian)
+    docker(node, "build", "--network", "host", "-t", SYSTEMD, "-", input=SYSTEMD_DOCKERFILE.encode(), timeout=900)
+
+
+def systemd_head() -> str:
+    """The head node as a container with systemd as PID 1, host networking, the testbed mounted."""
+    systemd_image()
+    if docker("spark-1", "inspect", HEAD, check=False).returncode == 0:
+        docker("spark-1", "rm", "-f", HEAD)
+    mounts = ["-v", "/sys/fs/cgroup:/sys/fs/cgroup:ro", "-v", f"{DIR}:{DIR}", "-v", f"{SRC}:{SRC}:ro",
+              "-v", "/usr/bin/docker:/usr/local/bin/docker:ro"]
+    for shared in ("/etc/ssl/certs/ca-certificates.crt", "/etc/pip.conf", "/etc/xdg/pip", "/opt/wheels",
+                   "/opt/pypi", "/opt/pypi-more"):  # the host's package sources, for `make install`
+        if Path(shared).exists():
+            mounts += ["-v", f"{shared}:{shared}:ro"]
+    docker("spark-1", "run", "-d", "--name", HEAD, "--label", "spark-testbed.infra=1", "--network", "host",
+           "--cap-add", "SYS_ADMIN", "--tmpfs", "/run", "--tmpfs", "/run/lock", "--tmpfs", "/tmp",
+           *mounts, SYSTEMD)
+    until(lambda: head_exec("systemctl", "is-system-running", check=False).stdout.strip()
+          in ("running", "degraded"), 60, "systemd in the head container")
+    return HEAD
+
+
+def head_exec(*argv: str, check: bool = True, timeout: float = 120,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    envs = [x for k, v in (env or {}).items() for x in ("-e", f"{k}={v}")]
+    p = subprocess.run(["docker", "-H", f"unix://{sock('spark-1')}", "exec", *envs, HEAD, *argv],
+                       capture_output=True, text=True, timeout=timeout, check=False)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} in {HEAD}: exit {p.returncode}: {p.stderr.strip()[-500:]}")
+    return p
 
 
 def start_sshd() -> None:
@@ -249,17 +309,19 @@ def up() -> None:
     (DIR / "supervisor").mkdir(exist_ok=True)
 
 
-def clean_containers() -> None:
+def clean_containers(*, infra: bool = False) -> None:
+    """Remove the nodes' containers (a power cycle); the systemd head container only with infra=True."""
     for node in NODES:
         if docker(node, "version", check=False).returncode != 0:
             continue
-        ids = docker(node, "ps", "-aq").stdout.decode().split()
+        rows = docker(node, "ps", "-a", "--format", "{{.ID}} {{.Label \"spark-testbed.infra\"}}").stdout.decode()
+        ids = [r.split()[0] for r in rows.splitlines() if r.strip() and (infra or len(r.split()) == 1)]
         if ids:
             docker(node, "rm", "-f", *ids, check=False)
 
 
 def down() -> None:
-    clean_containers()
+    clean_containers(infra=True)
     stop_sshd()
     for node in NODES:
         pid = _alive(DIR / node / "dockerd.pid")

@@ -139,9 +139,14 @@ def test_reload_with_a_broken_file_keeps_the_old_config(tmp_path) -> None:
     daemon, be, clock, notes, path = make(tmp_path)
     old = daemon.cfg
     path.write_text("[nodes\n")
-    daemon.reload()
+    daemon.reload()  # before the first READY=1: a reload must not end the start
     assert daemon.cfg is old and not be.closed
-    assert notes.sent[0].startswith("RELOADING=1\nMONOTONIC_USEC=") and "reload failed" in notes.sent[-1] and "READY=1" in notes.sent[-1]
+    assert notes.sent[0].startswith("RELOADING=1\nMONOTONIC_USEC=")
+    assert notes.sent[-1].startswith("STATUS=") and "reload failed" in notes.sent[-1]
+    daemon.status.ready_sent = True
+    daemon.reload()
+    assert notes.sent[-1].startswith("READY=1\nSTATUS=") and "not valid TOML" in notes.sent[-1]
+    assert "reload failed" in daemon.status_line()  # and it stays there until a reload succeeds
 
 
 def test_reload_with_a_changed_interval_applies_in_place(tmp_path) -> None:

@@ -1,0 +1,204 @@
+"""The unit under a real systemd: the head node is a container with systemd as PID 1 and host networking,
+the supervisor installed in it with `make install`, the old stack's units installed and enabled in it.
+The tests run in order, as one operator's day: boot, reload, hang, restart, reboot."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import tomli_w
+
+from spark_testbed import testbed
+from spark_testbed.testbed import head_exec, until
+
+from .conftest import ROOT, containers
+
+UNIT = "spark-supervisor"
+STALE_UNITS = {"vllm-cluster": "vllm_node", "vllm-reranker": "reranker", "vllm-embeddings": "vllm_embeddings",
+               "vllm-proxy": None}
+OWNED = {"spark-1": "testbed-ray-spark-1", "spark-2": "testbed-ray-spark-2"}
+CONFIG = "/etc/spark-supervisor/spark-supervisor.toml"
+
+
+def expanded_config(**supervisor: Any) -> dict[str, Any]:
+    text = (ROOT / "etc" / "testbed.toml").read_text()
+    for k, v in testbed.env().items():
+        text = text.replace("${" + k + "}", v)
+    d = tomllib.loads(text)
+    d["supervisor"].update({"state_dir": "/var/lib/spark-supervisor", **supervisor})
+    smi = "/opt/spark-supervisor/venv/bin/spark-testbed-nvidia-smi"
+    gpu = f"{testbed.DIR}/spark-1/gpu.json"
+    d["nodes"][0].update(nvidia_smi=[smi, "--state", gpu], meminfo=[smi, "--state", gpu, "--meminfo"])
+    d["stale"].update(units=["vllm-proxy", "vllm-embeddings", "vllm-reranker", "vllm-cluster"], disable=True)
+    return d
+
+
+def put(path: str, text: str) -> None:
+    head_exec("mkdir", "-p", str(Path(path).parent))
+    subprocess.run(["docker", "-H", f"unix://{testbed.sock('spark-1')}", "exec", "-i", testbed.HEAD,
+                    "sh", "-c", 'cat > "$1"', "sh", path], input=text, text=True, check=True, timeout=30)
+
+
+def stale_unit(name: str, container: str | None) -> str:
+    if container is None:
+        start = "/bin/sleep infinity"
+        stop = ""
+    else:
+        dk = f"/usr/local/bin/docker -H unix://{testbed.sock('spark-1')}"
+        start = f"{dk} run --rm --name {container} --network host {testbed.BUSYBOX} sleep 1000000"
+        stop = f"ExecStop={dk} rm -f {container}\n"
+    return (f"[Unit]\nDescription=old stack: {name}\n\n[Service]\nExecStart={start}\n{stop}"
+            "Restart=always\n\n[Install]\nWantedBy=multi-user.target\n")
+
+
+def props() -> dict[str, str]:
+    out = head_exec("systemctl", "show", UNIT, "-p", "ActiveState,SubState,StatusText,Result,NRestarts,MainPID").stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def wait_unit(cond: Any, timeout: float, what: str) -> dict[str, str]:
+    def check() -> dict[str, str] | None:
+        p = props()
+        return p if cond(p) else None
+    try:
+        return until(check, timeout, what, every=0.3)  # type: ignore[return-value]
+    except TimeoutError as e:
+        raise AssertionError(f"{e}: {props()}\n{journal()[-3000:]}") from None
+
+
+def serving(p: dict[str, str]) -> bool:
+    return p.get("ActiveState") == "active" and p.get("StatusText", "").startswith("SERVING")
+
+
+def journal() -> str:
+    return head_exec("journalctl", "-u", UNIT, "-o", "cat", "--no-pager").stdout
+
+
+def events(name: str) -> list[dict[str, Any]]:
+    out = []
+    for line in journal().splitlines():
+        if line.startswith("{"):
+            e = json.loads(line)
+            if e.get("event") == name:
+                out.append(e)
+    return out
+
+
+def owned_ids() -> dict[str, str]:
+    return {node: containers(node)[name]["id"] for node, name in OWNED.items()}
+
+
+@pytest.fixture(scope="module")
+def head(tb: dict[str, str]) -> Iterator[str]:
+    testbed.clean_containers()
+    for node in testbed.NODES:
+        testbed.write_gpu(node)
+    testbed.systemd_head()
+    head_exec("make", "-C", str(ROOT), "install", "PYTHON=/usr/bin/python3", timeout=900,
+              env={"PIP_CERT": "/etc/ssl/certs/ca-certificates.crt"})
+    put(CONFIG, tomli_w.dumps(expanded_config()))
+    ssh_home = testbed.DIR / "home" / ".ssh"
+    for f in ("config", "known_hosts"):
+        put(f"/root/.ssh/{f}", (ssh_home / f).read_text())
+    for name, container in STALE_UNITS.items():
+        put(f"/etc/systemd/system/{name}.service", stale_unit(name, container))
+    head_exec("systemctl", "daemon-reload")
+    head_exec("systemctl", "enable", "--now", *STALE_UNITS)
+    until(lambda: set(STALE_UNITS.values()) - {None} <= set(containers("spark-1")), 60, "stale containers")
+    yield testbed.HEAD
+    testbed.docker("spark-1", "rm", "-f", testbed.HEAD, check=False)
+    testbed.clean_containers()
+
+
+def test_the_shipped_unit_passes_systemd_analyze_verify(head: str, tmp_path: Path) -> None:
+    unit = tmp_path / "spark-supervisor.service"
+    text = (ROOT / "systemd" / "spark-supervisor.service").read_text()
+    unit.write_text(text.replace("/opt/spark-supervisor/venv/bin/spark-supervisor",
+                                 str(Path(shutil.which("python3") or "/usr/bin/python3"))))
+    host = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert (host.returncode, host.stderr.strip()) == (0, "")
+    inside = head_exec("systemd-analyze", "verify", "/etc/systemd/system/spark-supervisor.service", check=False)
+    assert (inside.returncode, inside.stderr.strip()) == (0, ""), inside.stderr
+
+
+def test_boot_brings_the_deployment_to_serving(head: str) -> None:
+    assert props()["ActiveState"] == "inactive"
+    head_exec("systemctl", "enable", UNIT)
+    head_exec("systemctl", "start", "--no-block", UNIT)
+    wait_unit(lambda p: p["ActiveState"] == "activating", 30, "activating")
+    p = wait_unit(serving, 150, "active and SERVING")
+    assert p["StatusText"] == "SERVING Qwen3.5-122B-A10B-FP8 on 2 nodes"
+    for unit in STALE_UNITS:  # stopped ("failed" when the killed docker CLI exits non-zero) and disabled
+        assert head_exec("systemctl", "is-active", unit, check=False).stdout.strip() in ("inactive", "failed")
+        assert head_exec("systemctl", "is-enabled", unit, check=False).stdout.strip() == "disabled"
+    assert set(containers("spark-1")) == {testbed.HEAD, OWNED["spark-1"]}
+    # The journal holds the story as structured lines.
+    stopped = [e["unit"] for e in events("clean.unit_stopped")]
+    assert stopped == ["vllm-proxy", "vllm-embeddings", "vllm-reranker", "vllm-cluster"]
+    assert [e["unit"] for e in events("clean.unit_disabled")] == stopped
+    phases = [e["to"] for e in events("phase.changed")]
+    assert phases[0] == "CLEANING" and phases[-1] == "SERVING" and "STARTING_RAY" in phases
+
+
+def test_reload_applies_a_probe_interval_in_place_and_keeps_the_old_config_when_broken(head: str) -> None:
+    before = owned_ids()
+    put(CONFIG, tomli_w.dumps(expanded_config(interval=3)))
+    head_exec("systemctl", "reload", UNIT)
+    until(lambda: events("config.reloaded"), 30, "config.reloaded")
+    assert events("config.reloaded")[-1]["changed"] is True
+    assert wait_unit(serving, 30, "still serving")
+    assert owned_ids() == before
+
+    put(CONFIG, "[nodes\n")
+    head_exec("systemctl", "reload", UNIT)
+    p = wait_unit(lambda p: "reload failed" in p["StatusText"], 30, "reload failure in StatusText")
+    assert p["ActiveState"] == "active" and p["StatusText"].startswith("SERVING")
+    status = head_exec("systemctl", "status", "--no-pager", UNIT, check=False).stdout
+    assert "reload failed" in status and "not valid TOML" in status
+    assert events("config.invalid")[-1]["kept"] == "previous config"
+    put(CONFIG, tomli_w.dumps(expanded_config(interval=3)))
+    head_exec("systemctl", "reload", UNIT)
+    assert owned_ids() == before
+
+
+def test_a_hung_main_loop_is_killed_by_the_watchdog_and_restarted(head: str) -> None:
+    put(f"/etc/systemd/system/{UNIT}.service.d/test-watchdog.conf",
+        "[Service]\nWatchdogSec=4s\nRestartSec=1s\nEnvironment=SPARK_SUPERVISOR_TEST_HANG_FILE=/run/spark-hang\n")
+    head_exec("systemctl", "daemon-reload")
+    head_exec("systemctl", "restart", "--no-block", UNIT)
+    restarts = int(wait_unit(serving, 120, "serving after restart")["NRestarts"])
+    head_exec("touch", "/run/spark-hang")
+    wait_unit(lambda p: int(p["NRestarts"]) > restarts, 60, "an automatic restart")
+    assert "Failed with result 'watchdog'" in head_exec("journalctl", "-u", UNIT, "--no-pager").stdout
+    head_exec("rm", "-f", "/run/spark-hang")
+    head_exec("rm", "-f", f"/etc/systemd/system/{UNIT}.service.d/test-watchdog.conf")
+    head_exec("systemctl", "daemon-reload")
+    wait_unit(serving, 120, "serving after the watchdog restart")
+
+
+def test_restart_with_on_stop_leave_adopts_the_serving_containers(head: str) -> None:
+    before = owned_ids()
+    pid = props()["MainPID"]
+    head_exec("systemctl", "restart", "--no-block", UNIT)
+    p = wait_unit(lambda p: p["MainPID"] not in (pid, "0") and serving(p), 120, "serving after restart")
+    assert owned_ids() == before, "the loaded model must survive a supervisor restart"
+    assert p["StatusText"].startswith("SERVING")
+
+
+def test_reboot_comes_back_to_serving_with_no_command_typed(head: str) -> None:
+    testbed.clean_containers()  # a power cycle kills every container on both nodes
+    testbed.docker("spark-1", "restart", testbed.HEAD, timeout=120)
+    until(lambda: head_exec("systemctl", "is-system-running", check=False).stdout.strip() in ("running", "degraded"),
+          60, "systemd up again")
+    p = wait_unit(serving, 150, "SERVING after the reboot")
+    assert re.match(r"SERVING .* on 2 nodes", p["StatusText"])
+    for unit in STALE_UNITS:  # disabled at the first boot: they stay off
+        assert head_exec("systemctl", "is-active", unit, check=False).stdout.strip() in ("inactive", "failed")
+    assert set(containers("spark-2")) == {OWNED["spark-2"]}
