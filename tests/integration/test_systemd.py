@@ -10,7 +10,8 @@ import shutil
 import subprocess
 import tomllib
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 import tomli_w
@@ -126,6 +127,22 @@ def test_the_shipped_unit_passes_systemd_analyze_verify(head: str, tmp_path: Pat
     assert (host.returncode, host.stderr.strip()) == (0, "")
     inside = head_exec("systemd-analyze", "verify", "/etc/systemd/system/spark-supervisor.service", check=False)
     assert (inside.returncode, inside.stderr.strip()) == (0, ""), inside.stderr
+    security = head_exec("systemd-analyze", "security", "--no-pager", UNIT, check=False).stdout
+    print("\n" + security.strip().splitlines()[-1])  # the exposure score, quoted in the README
+
+
+def phase_split() -> str:
+    """Seconds spent in each phase of the last start, from the journal's phase.changed events."""
+    from datetime import datetime
+    changes = events("phase.changed")
+    start = [i for i, e in enumerate(changes) if e["from"] in ("DETECTING", "STOPPING")][-1]
+    times = [(e["to"], datetime.fromisoformat(e["timestamp"])) for e in changes[start:]]
+    t0 = datetime.fromisoformat(events("daemon.started")[-1]["timestamp"])
+    parts, prev = [], ("DETECTING", t0)
+    for phase, t in times:
+        parts.append(f"{prev[0]} {(t - prev[1]).total_seconds():.1f}s")
+        prev = (phase, t)
+    return f"start to SERVING {(prev[1] - t0).total_seconds():.1f}s: " + ", ".join(parts)
 
 
 def test_boot_brings_the_deployment_to_serving(head: str) -> None:
@@ -145,6 +162,7 @@ def test_boot_brings_the_deployment_to_serving(head: str) -> None:
     assert [e["unit"] for e in events("clean.unit_disabled")] == stopped
     phases = [e["to"] for e in events("phase.changed")]
     assert phases[0] == "CLEANING" and phases[-1] == "SERVING" and "STARTING_RAY" in phases
+    print("\nboot:", phase_split())
 
 
 def test_reload_applies_a_probe_interval_in_place_and_keeps_the_old_config_when_broken(head: str) -> None:
@@ -202,3 +220,4 @@ def test_reboot_comes_back_to_serving_with_no_command_typed(head: str) -> None:
     for unit in STALE_UNITS:  # disabled at the first boot: they stay off
         assert head_exec("systemctl", "is-active", unit, check=False).stdout.strip() in ("inactive", "failed")
     assert set(containers("spark-2")) == {OWNED["spark-2"]}
+    print("\nreboot:", phase_split())
