@@ -74,14 +74,13 @@ class Actor:
                 container = commands.ray_container_name(dep, cfg.head)
                 w.head().docker.exec(container, commands.serve_stop(dep))
                 self.log.info("serve.stopped", container=container, why=why)
-            case Verify(serve=serve):
+            case Verify(serve=serve, deep=deep):
                 r = dep.readiness
-                v = w.api.sanity(dep.serve.name, r.sanity_prompt, r.sanity_max_tokens, r.request_timeout, serve)
-                event = "probe.sanity_passed" if v.passed else "probe.sanity_failed"
+                timeout = cfg.healing.deep_probe_timeout if deep else r.request_timeout
+                v = w.api.sanity(dep.serve.name, r.sanity_prompt, r.sanity_max_tokens, timeout, serve)
+                event = f"probe.{'deep' if deep else 'sanity'}_{'passed' if v.passed else 'failed'}"
                 (self.log.info if v.passed else self.log.warning)(
-                    event, why=v.why, finish_reason=v.finish_reason, field=v.field, latency_s=v.latency_s)
-                if not v.passed:
-                    raise ActionFailed(f"SanityFailed: {v.why}")
+                    event, why=v.why, finish_reason=v.finish_reason, field=v.field, latency_s=v.latency_s, ran=v.ran)
                 return v
         return None
 

@@ -146,10 +146,35 @@ def cmd_status(args: argparse.Namespace) -> int:
     if v:
         print(f"sanity: {'passed' if v['passed'] else 'FAILED'}: {v['why']} ({v['latency_s']}s)")
     print(f"failures in a row: {doc['failures']}" + (f", next try {doc['backoff_until']}" if doc["backoff_until"] else ""))
+    rep = doc.get("repairs") or {}
+    if rep:
+        print(f"repairs: {rep['in_window']}/{rep['budget']} in the last {rep['window_s'] / 3600:g}h")
     print("history:")
     for h in doc["history"][-8:]:
         print(f"  {h['at']} {h['phase']}" + (f": {h['reason']}" if h["reason"] else ""))
     print(f"config: {doc['config']['path']} ({doc['config']['hash']}); updated {doc['daemon']['updated']}")
+    return 0
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    """Re-arm FAILED and forget the repair budget: SIGUSR1 to the running daemon, or clear it on disk."""
+    import signal
+
+    from . import statefile
+    cfg = _load(args.config)
+    state_dir = cfg.supervisor.state_dir
+    try:
+        from pathlib import Path
+        pid = int(Path(state_dir, "lock").read_text().strip() or 0)
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        pid = 0
+    if pid:
+        os.kill(pid, signal.SIGUSR1)
+        print(f"asked spark-supervisor (pid {pid}) to re-arm and forget its repair budget")
+    else:
+        statefile.RepairLog(state_dir).clear()
+        print(f"no daemon running; cleared the repair budget in {state_dir}")
     return 0
 
 
@@ -168,6 +193,7 @@ def parser() -> argparse.ArgumentParser:
     add("plan", cmd_plan, "observe once and print what would be done; change nothing").add_argument(
         "--json", action="store_true")
     add("teardown", cmd_teardown, "remove what the supervisor owns, on every node")
+    add("reset", cmd_reset, "re-arm after FAILED and forget the repair budget")
     st = add("status", cmd_status, "what the daemon last wrote: phase, nodes, Ray, serve, history")
     st.add_argument("--json", action="store_true")
     st.add_argument("--state-dir", default="", help="read the status from here instead of the config's")

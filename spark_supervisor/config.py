@@ -173,8 +173,20 @@ class Supervisor(_Strict):
     on_stop: Literal["leave", "teardown"] = "leave"
 
 
+class Healing(_Strict):
+    health_failure_threshold: Annotated[int, Field(ge=1)] = 2  # consecutive /health failures before a repair
+    deep_probe_interval: Seconds = 60  # a tiny real completion: /health stays 200 when workers are wedged
+    deep_probe_timeout: Seconds = 30
+    deep_failure_threshold: Annotated[int, Field(ge=1)] = 2
+    quick_check_interval: Seconds = 1  # Ray nodes and /health between ticks while serving
+    repair_budget: Annotated[int, Field(ge=0)] = 3
+    repair_window: Seconds = 6 * 3600
+    node_patience: Seconds = 300  # an unreachable peer: wait this long before tearing down the rest
+
+
 class Config(_Strict):
     supervisor: Supervisor = Supervisor()
+    healing: Healing = Healing()
     nodes: list[Node]
     stale: Stale = Stale()
     deployments: list[Deployment]

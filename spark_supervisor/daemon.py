@@ -18,18 +18,42 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from . import config as config_mod
-from . import logscan, statefile
+from . import logscan, probes, statefile
 from .act import ActionFailed, Actor
 from .adapters import AdapterError
 from .adapters.shell import control_dir
 from .config import Config
-from .model import Action, Decision, Observation, Phase, Status, Verdict, describe
+from .model import (
+    Action,
+    Decision,
+    EndpointObservation,
+    Observation,
+    Phase,
+    RayObservation,
+    Status,
+    Tracker,
+    Verdict,
+    Verify,
+    describe,
+)
 from .notify import Notifier
 from .observe import Observer, World
 from .plan import plan
 
+# Failed actions that fail the same way on retry: FAILED with the reason, instead of burning retries.
+DETERMINISTIC_ACTION_FAILURES = {"ImageMissing"}
+
 # Phases during which a full observation (units, nvidia-smi, meminfo) is needed every tick.
 _FULL_PHASES = {Phase.DETECTING, Phase.CLEANING, Phase.BACKOFF, Phase.FAILED, Phase.DEGRADED}
+
+
+Fingerprint = tuple[frozenset[str] | None, str]
+
+
+def fingerprint(ray: RayObservation | None, endpoint: EndpointObservation | None) -> Fingerprint:
+    """What the quick check compares between ticks: the Ray nodes alive and the /health result."""
+    alive = frozenset(n.ip for n in ray.alive) if ray is not None and ray.reachable else None
+    return alive, probes.health_result(endpoint)
 
 
 def backoff_delay(failures: int, base: float, cap: float, rnd: float) -> float:
@@ -42,6 +66,7 @@ class Backend(Protocol):
 
     def observe(self, full: bool) -> Observation: ...
     def run(self, action: Action) -> Verdict | None: ...
+    def quick(self) -> Fingerprint: ...
     def teardown(self) -> list[str]: ...
     def close(self) -> None: ...
 
@@ -56,6 +81,9 @@ class RealBackend:
 
     def run(self, action: Action) -> Verdict | None:
         return self.actor.run(action)
+
+    def quick(self) -> Fingerprint:
+        return fingerprint(self.world.ray.observe(), self.world.api.observe_health())
 
     def teardown(self) -> list[str]:
         return teardown(self.world, self.log)
@@ -86,6 +114,9 @@ class Daemon:
         self._last_progress = clock()
         self._stall_logged = False
         self._last_status = ""
+        self._tracked_serve = ""
+        self._fingerprint: Fingerprint = (None, "unknown")
+        self.repairs = statefile.RepairLog(cfg.supervisor.state_dir)
         self.reload_error = ""  # kept in STATUS= until a reload succeeds
         self.stopped = False
 
@@ -101,7 +132,11 @@ class Daemon:
         self.last_obs = obs
         if obs.full:
             self.last_full = obs
+        self._track(obs, now)
+        st.repairs_in_window = len(self.repairs.recent(self.wall(), cfg.healing.repair_window))
         decision = plan(obs, st, cfg, now)
+        if decision.repair:
+            self._start_repair(decision, now)
         failure = decision.reason if decision.failure else ""
         for action in decision.actions:
             self.notifier.watchdog(self.clock())  # still the main loop: a long tick is not a hung one
@@ -112,22 +147,57 @@ class Daemon:
                 self.log.warning("action.failed", action=type(action).__name__, reason=e.reason)
                 failure = e.reason
                 break
-            if verdict is not None:
-                st.verdict = verdict
+            if isinstance(action, Verify) and verdict is not None:
+                if action.deep:
+                    st.deep = st.deep.record(probes.deep_result(verdict), self.clock(), verdict.why)
+                else:
+                    st.verdict = verdict
+                    if not verdict.passed:
+                        failure = f"SanityFailed: {verdict.why}"
         before = (st.phase, st.reason, st.progress)
         self._progress(obs, decision)
         self._advance(decision, failure, now)
         if (st.phase, st.reason, st.progress) != before:
             self._last_progress = now
         self._extend_start(now)
+        self._fingerprint = fingerprint(obs.ray, obs.endpoint)
         self._write_status(now)
-        if st.phase == Phase.SERVING:
+        if st.phase in (Phase.SERVING, Phase.FAILED):
             return cfg.supervisor.interval
         if st.phase == Phase.BACKOFF:
-            return max(0.05, min(st.backoff_until - self.clock(), cfg.supervisor.interval))
+            until = max(st.backoff_until, st.next_repair_at)
+            return max(0.05, min(until - self.clock(), cfg.supervisor.interval))
+        if st.phase == Phase.DEGRADED:
+            return min(backoff_delay(st.failures + 1, cfg.supervisor.backoff_base, 30, 1.0), 30)
         if st.phase == Phase.LOADING:
             return min(cfg.deployment.readiness.poll_interval, cfg.supervisor.interval)
         return cfg.supervisor.transition_interval
+
+    def _track(self, obs: Observation, now: float) -> None:
+        """Liveness of the serve that is SERVING; a new serve instance starts its trackers afresh."""
+        st = self.status
+        identity = obs.serve.identity if obs.serve is not None and obs.serve.present else ""
+        if identity != self._tracked_serve:
+            self._tracked_serve = identity
+            st.health, st.deep = Tracker(), Tracker(last_at=now)
+        if st.phase == Phase.SERVING and obs.serve is not None and obs.serve.running:
+            result = probes.health_result(obs.endpoint)
+            detail = obs.endpoint.detail or obs.endpoint.state if obs.endpoint else ""
+            if obs.endpoint is not None and obs.endpoint.state == "up":
+                detail = f"HTTP {obs.endpoint.health}"
+            st.health = st.health.record(result, now, detail)
+            if result == "failure":
+                self.log.warning("probe.health_failed", failures=st.health.failures, detail=detail)
+
+    def _start_repair(self, decision: Decision, now: float) -> None:
+        st, h = self.status, self.cfg.healing
+        self.repairs.add(self.wall(), decision.repair, decision.reason)
+        n = len(self.repairs.recent(self.wall(), h.repair_window))
+        st.repairs_in_window = n
+        delay = backoff_delay(n, self.cfg.supervisor.backoff_base, self.cfg.supervisor.backoff_max, self.rng())
+        st.next_repair_at = now + delay
+        self.log.warning("repair.started", kind=decision.repair, reason=decision.reason,
+                         budget_used=n, budget=h.repair_budget, next_repair_not_before_s=round(delay, 1))
 
     def _progress(self, obs: Observation, decision: Decision) -> None:
         st = self.status
@@ -143,7 +213,11 @@ class Daemon:
     def _advance(self, decision: Decision, failure: str, now: float) -> None:
         st, sup = self.status, self.cfg.supervisor
         phase, reason = decision.phase, decision.reason
-        if failure:
+        if decision.fatal or (failure and failure.split(":")[0] in DETERMINISTIC_ACTION_FAILURES):
+            phase, reason = Phase.FAILED, failure or reason
+            self.log.error("reconcile.failed", reason=reason,
+                           hint="fix the cause, then `systemctl reload spark-supervisor` or `spark-supervisor reset`")
+        elif failure:
             st.failures += 1
             delay = backoff_delay(st.failures, sup.backoff_base, sup.backoff_max, self.rng())
             st.backoff_until = now + delay
@@ -240,7 +314,8 @@ class Daemon:
             self.backend.close()
             self.cfg, self.config_hash = new, config_mod.file_hash(self.config_path)
             self.backend = self._backend_factory(new)
-            self.status.backoff_until = 0.0
+            self.repairs = statefile.RepairLog(new.supervisor.state_dir)
+            self.rearm("config change")
             self._last_doc = ""
         self._reload_done()
 
@@ -267,15 +342,18 @@ class Daemon:
         self.stopped = True
 
     def run(self) -> int:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, self._on_signal)
+        for handled in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+            signal.signal(handled, self._on_signal)
         self.log.info("daemon.started", config=self.config_path, config_hash=self.config_hash,
                       deployment=self.cfg.deployment.name, nodes=[n.name for n in self.cfg.nodes],
                       state_dir=self.cfg.supervisor.state_dir)
         while True:
             while self._signals:
-                if self._signals.popleft() == signal.SIGHUP:
+                sig = self._signals.popleft()
+                if sig == signal.SIGHUP:
                     self.reload()
+                elif sig == signal.SIGUSR1:
+                    self.rearm("reset")
                 else:
                     self.shutdown()
                     return 0
@@ -290,11 +368,40 @@ class Daemon:
                 self.status.failures += 1
                 wait = backoff_delay(self.status.failures, self.cfg.supervisor.backoff_base,
                                      self.cfg.supervisor.backoff_max, self.rng())
+            self._wait(wait)
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep until the next tick, a signal, or (while serving) a change seen by the quick check."""
+        deadline = self.clock() + seconds
+        while True:
             self.notifier.watchdog(self.clock())
+            left = deadline - self.clock()
+            if left <= 0:
+                break
+            step = left
             if self.notifier.watchdog_interval:
-                wait = min(wait, self.notifier.watchdog_interval)
-            self._wake.wait(wait)
-            self._wake.clear()
+                step = min(step, self.notifier.watchdog_interval)
+            watching = self.status.phase == Phase.SERVING
+            if watching:
+                step = min(step, self.cfg.healing.quick_check_interval)
+            if self._wake.wait(step):
+                break
+            if watching and self.clock() < deadline:
+                seen = self.backend.quick()
+                if seen != self._fingerprint:
+                    self.log.info("watch.changed", ray_alive=sorted(seen[0]) if seen[0] else None, health=seen[1])
+                    break
+        self._wake.clear()
+
+    def rearm(self, why: str) -> None:
+        """Leave FAILED (and forget the repair budget when the operator asks for a reset)."""
+        st = self.status
+        if why == "reset":
+            self.repairs.clear()
+        st.failures, st.backoff_until, st.next_repair_at = 0, 0.0, 0.0
+        if st.phase in (Phase.FAILED, Phase.BACKOFF):
+            st.advance(Phase.DETECTING, f"re-armed by {why}", self.clock(), self.wall())
+            self.log.info("reconcile.rearmed", by=why)
 
 
 class AlreadyRunning(Exception):

@@ -57,6 +57,8 @@ FAILURES: tuple[tuple[str, bool, str, tuple[str, ...]], ...] = (
     ("OutOfMemory", True, "the model does not fit: lower --gpu-memory-utilization or --max-model-len",
      (r"Failed to load model - not enough GPU memory", r"CUDA out of memory\. Tried to allocate",
       r"OutOfMemoryError", r"cudaErrorMemoryAllocation", r"NV_ERR_NO_MEMORY")),
+    ("BadArguments", True, "fix deployments.serve (extra_args) in the config",
+     (r"vllm serve: error: ", r"error: unrecognized arguments: ", r"error: argument --")),
     ("MissingRayBackend", True, "pass --distributed-executor-backend ray for multi-node tensor parallelism",
      (r"World size \(\d+\) is larger than the number of available GPUs",)),
     ("PlacementGroupTimeout", True, "node IPs do not match VLLM_HOST_IP or GPUs are missing: check `ray status`",

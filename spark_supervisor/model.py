@@ -173,7 +173,10 @@ class StartServe:
 
 @dataclass(frozen=True)
 class Verify:
+    """A real completion: readiness (VERIFYING) or, with deep=True, the periodic liveness probe."""
+
     serve: str = ""
+    deep: bool = False
 
 
 Action = StopUnits | RemoveContainers | StartRay | StopServe | StartServe | Verify
@@ -189,9 +192,30 @@ class Decision:
     reason: str = ""  # CamelCase tag, optionally ": detail"
     actions: tuple[Action, ...] = ()
     failure: bool = False  # the reason is an error: back off before the next attempt
+    repair: str = ""  # "serve" or "gang": the actions repair a fault and count against the budget
+    fatal: bool = False  # deterministic, or the budget is spent: FAILED until a config change or reset
 
 
 # ----------------------------------------------------------------------------------------------- status
+@dataclass(frozen=True)
+class Tracker:
+    """Consecutive equal probe results, as kubelet's prober counts them. "unknown" (the probe could not
+    run) neither counts as a failure nor breaks a run of failures."""
+
+    failures: int = 0
+    successes: int = 0
+    last: str = "unknown"  # success | failure | unknown
+    last_at: float = 0.0
+    detail: str = ""
+
+    def record(self, result: str, now: float, detail: str = "") -> Tracker:
+        if result == "success":
+            return Tracker(0, self.successes + 1, result, now, detail)
+        if result == "failure":
+            return Tracker(self.failures + 1, 0, result, now, detail)
+        return Tracker(self.failures, self.successes, result, now, detail)
+
+
 @dataclass(frozen=True)
 class Verdict:
     passed: bool
@@ -200,6 +224,7 @@ class Verdict:
     latency_s: float = 0.0
     finish_reason: str = ""
     field: str = ""  # which field carried the text: content, reasoning, reasoning_content
+    ran: bool = True  # False: the request could not be sent (refused, unreachable): "unknown", not "failed"
 
 
 @dataclass(frozen=True)
@@ -227,6 +252,10 @@ class Status:
     verdict: Verdict | None = None
     progress: str = ""
     ready_sent: bool = False
+    health: Tracker = field(default_factory=Tracker)
+    deep: Tracker = field(default_factory=Tracker)
+    repairs_in_window: int = 0  # from the persisted repair log
+    next_repair_at: float = 0.0  # jittered exponential spacing between repairs
 
     def advance(self, phase: Phase, reason: str, now: float, wall: float) -> bool:
         """Set the phase; return True when it (or its reason) changed."""

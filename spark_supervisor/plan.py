@@ -31,6 +31,8 @@ from .model import (
 )
 
 _ACTIVE = {"active", "activating", "reloading", "deactivating"}
+# Phases in which a deployment was known to run: losing it there is a fault to repair.
+_DEPLOYED = {Phase.STARTING_VLLM, Phase.LOADING, Phase.VERIFYING, Phase.SERVING, Phase.DEGRADED}
 
 
 def is_stale(c: Container, cfg: Config) -> bool:
@@ -102,14 +104,23 @@ def _teardown(cfg: Config, obs: Observation, dep: Deployment, why: str) -> tuple
 def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
     dep = cfg.deployment
     members = cfg.members(dep)
+    if st.phase == Phase.FAILED:  # until a config change (SIGHUP) or `spark-supervisor reset`
+        return Decision(Phase.FAILED, st.reason)
     if st.phase == Phase.BACKOFF and now < st.backoff_until:
         return Decision(Phase.BACKOFF, st.reason)
 
-    # 1. Every node must answer before anything is decided about the gang.
+    # 1. Every node must answer before anything is decided about the gang. A deployment that still
+    # runs on the reachable nodes is left alone for a while: the peer may only be rebooting.
     down = [o for o in obs.nodes.values() if o.error]
     if down:
-        return Decision(Phase.BACKOFF, "NodeUnreachable: " + "; ".join(f"{o.name}: {o.error}" for o in down),
-                        failure=True)
+        why = "; ".join(f"{o.name}: {o.error}" for o in down)
+        if any(_owned(o, dep) for o in obs.nodes.values()):
+            if st.phase == Phase.DEGRADED and st.in_phase(now) > cfg.healing.node_patience:
+                gone = ", ".join(o.name for o in down)
+                return _repair("gang", f"NodeLost: {gone} unreachable for {cfg.healing.node_patience:.0f}s ({why})",
+                               _teardown(cfg, obs, dep, "node lost"), st, cfg, now)
+            return Decision(Phase.DEGRADED, f"waiting for {', '.join(o.name for o in down)}: {why}")
+        return Decision(Phase.BACKOFF, "NodeUnreachable: " + why, failure=True)
 
     # 2. Stale units and containers on any node, and containers we own under another deployment name.
     actions: list[Action] = []
@@ -151,12 +162,14 @@ def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
         else:
             problems.append(f"{node.name}: Ray container {cs[0].state}")
     if any_owned and problems:
-        spec = all("spec changed" in p for p in problems)
-        reason = ("SpecChanged: replacing the deployment" if spec
-                  else "PartialDeployment: " + "; ".join(problems))
-        return Decision(Phase.CLEANING, reason, _teardown(cfg, obs, dep, "replace"))
+        if all("spec changed" in p for p in problems):
+            return Decision(Phase.CLEANING, "SpecChanged: replacing the deployment", _teardown(cfg, obs, dep, "replace"))
+        return _repair("gang", "PartialDeployment: " + "; ".join(problems), _teardown(cfg, obs, dep, "gang restart"),
+                       st, cfg, now)
 
     if not any_owned:
+        if st.phase in _DEPLOYED:  # everything we ran vanished (a power cut, `docker rm -f` on both nodes)
+            return _repair("gang", "DeploymentLost: no Ray container on any node", (), st, cfg, now)
         if not obs.full:
             return Decision(Phase.DETECTING, "")
         held = gpu_blockers(obs, cfg, dep)
@@ -175,20 +188,20 @@ def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
     serve_seen = obs.serve is not None and obs.serve.present and obs.serve.running
     wrong = sorted(alive_ips - want_ips)
     if wrong:
-        return Decision(Phase.BACKOFF, f"RayNodeWrongIp: a node registered with {', '.join(wrong)}, "
-                        f"expected the fabric IPs {', '.join(sorted(want_ips))}",
-                        _teardown(cfg, obs, dep, "wrong ip"), failure=True)
+        return Decision(Phase.FAILED, f"RayNodeWrongIp: a node registered with {', '.join(wrong)}, expected the "
+                        f"fabric IPs {', '.join(sorted(want_ips))}: set fabric_ip/VLLM_HOST_IP per node",
+                        _teardown(cfg, obs, dep, "wrong ip"), fatal=True)
     gpus = ray.gpus if ray and ray.reachable else 0.0
     if not (want_ips <= alive_ips and gpus >= want_gpus):
         lost = sorted(n.name for n in members if n.fabric_ip not in alive_ips)
         status = f"{len(alive_ips)}/{len(members)} nodes, {gpus:.1f}/{want_gpus:.1f} GPUs"
         if serve_seen or st.phase in (Phase.SERVING, Phase.VERIFYING, Phase.LOADING):
-            return Decision(Phase.CLEANING, f"RayNodeLost: {', '.join(lost) or 'GPUs'} ({status})",
-                            _teardown(cfg, obs, dep, "ray node lost"))
+            return _repair("gang", f"RayNodeLost: {', '.join(lost) or 'GPUs'} ({status})",
+                           _teardown(cfg, obs, dep, "ray node lost"), st, cfg, now)
         if st.phase == Phase.STARTING_RAY and st.in_phase(now) > dep.ray.join_timeout:
             why = ray.error if ray and not ray.reachable else f"waiting for {', '.join(lost)}"
-            return Decision(Phase.BACKOFF, f"RayJoinTimeout: {status} after {dep.ray.join_timeout:.0f}s ({why})",
-                            _teardown(cfg, obs, dep, "join timeout"), failure=True)
+            return _repair("gang", f"RayJoinTimeout: {status} after {dep.ray.join_timeout:.0f}s ({why})",
+                           _teardown(cfg, obs, dep, "join timeout"), st, cfg, now)
         return Decision(Phase.STARTING_RAY, status)
 
     # 5. The serve, inside the head's Ray container.
@@ -202,26 +215,51 @@ def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
     progress = logscan.scan(s.log_tail)
     if not s.running:
         fail = progress.failure
-        reason = (f"ServeFailed: {fail.reason}: {fail.hint} ({fail.line})" if fail
-                  else f"ServeExited: exit code {s.exit_code}")
-        return Decision(Phase.BACKOFF, reason, (StopServe("exited"),), failure=True)
+        if fail is not None and fail.deterministic:  # the same again on retry: stop and say why
+            return Decision(Phase.FAILED, f"ServeFailed: {fail.reason}: {fail.hint} ({fail.line})",
+                            (StopServe("failed"),), fatal=True)
+        reason = f"ServeFailed: {fail.reason} ({fail.line})" if fail else f"ServeExited: exit code {s.exit_code}"
+        return _repair("serve", reason, (StopServe("exited"), StartServe()), st, cfg, now)
 
     ep = obs.endpoint
     name = dep.serve.name
     if ep is None or ep.state != "up" or name not in ep.models:
         if st.phase == Phase.LOADING and st.in_phase(now) > dep.readiness.deadline:
-            return Decision(Phase.BACKOFF, f"LoadTimeout: not ready after {dep.readiness.deadline:.0f}s "
-                            f"({progress.summary()})", (StopServe("load timeout"),), failure=True)
+            return _repair("serve", f"LoadTimeout: not ready after {dep.readiness.deadline:.0f}s "
+                           f"({progress.summary()})", (StopServe("load timeout"), StartServe()), st, cfg, now)
         detail = ""  # progress is reported apart from the reason, so history keeps only real changes
         if ep is not None and ep.state == "error":
             detail = f"EndpointError: {ep.detail}"
         elif ep is not None and ep.state == "up":
             detail = f"API up, {name} not listed yet"
         return Decision(Phase.LOADING, detail)
-    if ep.health not in (None, 200):
-        return Decision(Phase.BACKOFF, f"ServeUnhealthy: /health answered {ep.health}",
-                        (StopServe("unhealthy"),), failure=True)
     v = st.verdict
-    if v is not None and v.passed and v.serve == s.identity:
-        return Decision(Phase.SERVING, f"{name} on {len(members)} nodes")
-    return Decision(Phase.VERIFYING, "sanity completion", (Verify(s.identity),))
+    if v is None or not v.passed or v.serve != s.identity:
+        return Decision(Phase.VERIFYING, "sanity completion", (Verify(s.identity),))
+
+    # 6. Serving: liveness with thresholds. Trackers restart with each serve instance (the hold).
+    h = cfg.healing
+    if st.health.failures >= h.health_failure_threshold:
+        return _repair("serve", f"ServeUnhealthy: /health failed {st.health.failures} times ({st.health.detail})",
+                       (StopServe("unhealthy"), StartServe()), st, cfg, now)
+    if st.deep.failures >= h.deep_failure_threshold:
+        return _repair("serve", f"ServeWedged: {st.deep.failures} deep probes failed ({st.deep.detail})",
+                       (StopServe("wedged"), StartServe()), st, cfg, now)
+    serving = f"{name} on {len(members)} nodes"
+    if now - max(st.deep.last_at, st.since) >= h.deep_probe_interval:
+        return Decision(Phase.SERVING, serving, (Verify(s.identity, deep=True),))
+    return Decision(Phase.SERVING, serving)
+
+
+_REPAIR_PHASE = {"serve": Phase.STARTING_VLLM, "gang": Phase.CLEANING}
+
+
+def _repair(kind: str, reason: str, actions: tuple[Action, ...], st: Status, cfg: Config, now: float) -> Decision:
+    """A fault's repair, within the budget and spaced by jittered exponential backoff."""
+    h = cfg.healing
+    if st.repairs_in_window >= h.repair_budget:
+        return Decision(Phase.FAILED, f"RestartBudgetExhausted: {st.repairs_in_window} repairs in "
+                        f"{h.repair_window / 3600:g}h; last fault: {reason}", fatal=True)
+    if now < st.next_repair_at:
+        return Decision(Phase.BACKOFF, f"RepairDelayed: {reason}")
+    return Decision(_REPAIR_PHASE[kind], reason, actions, repair=kind)

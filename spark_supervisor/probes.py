@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .model import Verdict
-
+from .model import EndpointObservation, Tracker, Verdict
 
 def chat_request(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": prompt}],
@@ -47,3 +46,19 @@ def judge_completion(status_code: int, body: bytes | str, *, serve: str = "",
                                      "the model was still thinking when max_tokens ran out", finish, field)
             return verdict(True, f"{field} answered (finish_reason={finish or 'none'})", finish, field)
     return verdict(False, f"empty answer (finish_reason={finish or 'none'})", finish)
+
+
+def health_result(ep: EndpointObservation | None) -> str:
+    """/health while a serve runs: 200 is success; refused or 503 is failure; anything else unknown."""
+    if ep is None or ep.state in ("unknown", "error"):
+        return "unknown"
+    if ep.state == "refused":
+        return "failure"
+    return "success" if ep.health == 200 else "failure"
+
+
+def deep_result(v: Verdict) -> str:
+    return "unknown" if not v.ran else ("success" if v.passed else "failure")
+
+
+__all__ = ["Tracker", "chat_request", "deep_result", "health_result", "judge_completion"]

@@ -40,6 +40,9 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
         "failures": st.failures,
         "backoff_until": iso(st.backoff_until + mono_to_wall) if st.backoff_until else "",
         "verdict": dataclasses.asdict(st.verdict) if st.verdict else None,
+        "liveness": {"health": dataclasses.asdict(st.health), "deep": dataclasses.asdict(st.deep)},
+        "repairs": {"in_window": st.repairs_in_window, "budget": cfg.healing.repair_budget,
+                    "window_s": cfg.healing.repair_window},
         "progress": st.progress,
         "deployment": {"name": dep.name, "model": dep.serve.model, "served_model_name": dep.serve.name,
                        "tensor_parallel_size": dep.serve.tensor_parallel_size, "endpoint": cfg.endpoint(dep),
@@ -91,3 +94,36 @@ def write(state_dir: str, doc: dict[str, Any]) -> None:
 def read(state_dir: str) -> dict[str, Any]:
     with open(Path(state_dir) / FILE) as f:
         return json.load(f)  # type: ignore[no-any-return]
+
+
+class RepairLog:
+    """Repairs with their wall-clock times, persisted so the budget survives restarts and reboots."""
+
+    FILE = "repairs.json"
+
+    def __init__(self, state_dir: str):
+        self.path = Path(state_dir) / self.FILE
+        try:
+            self.entries: list[dict[str, Any]] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.entries = []
+
+    def recent(self, now_wall: float, window: float) -> list[dict[str, Any]]:
+        return [e for e in self.entries if now_wall - float(e.get("at", 0)) < window]
+
+    def add(self, now_wall: float, kind: str, reason: str) -> None:
+        self.entries = [*self.entries[-99:], {"at": now_wall, "when": iso(now_wall), "kind": kind, "reason": reason}]
+        self._save()
+
+    def clear(self) -> None:
+        self.entries = []
+        self._save()
+
+    def _save(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.entries, indent=1))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # the budget then only lives in memory; the status file write reports the broken state dir

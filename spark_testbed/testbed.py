@@ -224,11 +224,22 @@ def start_sshd() -> None:
     until(lambda: _alive(d / "sshd.pid"), 10, "sshd")
 
 
-def stop_sshd() -> None:
+def stop_sshd(sessions: bool = False) -> None:
+    """Stop the listener; with sessions=True also cut every open session (a host that went away)."""
     pid = _alive(DIR / "ssh" / "sshd.pid")
-    if pid:
-        os.kill(pid, signal.SIGTERM)
-        until(lambda: not _alive(DIR / "ssh" / "sshd.pid"), 10, "sshd to stop")
+    if not pid:
+        return
+    children = []
+    if sessions:
+        import psutil
+        children = psutil.Process(pid).children(recursive=True)
+    os.kill(pid, signal.SIGTERM)
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    until(lambda: not _alive(DIR / "ssh" / "sshd.pid"), 10, "sshd to stop")
 
 
 def write_gpu(node: str, processes: list[dict[str, object]] | None = None,

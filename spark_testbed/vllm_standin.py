@@ -10,6 +10,8 @@ STANDIN_VLLM_VERSION   0.11.0 | 0.15.1 | 0.33.0 (default): log shape and reasoni
 STANDIN_SHARDS         checkpoint shards (39)       STANDIN_SHARD_SECONDS  seconds per shard (0.1)
 STANDIN_FAIL           "" | free-memory | exit | hang-completions | never-ready
 STANDIN_PG_TIMEOUT     seconds before "Cannot provide a placement group" (60)
+STANDIN_FAULT_FILE     a file read on every request: "hang-completions" (/health stays 200, completions
+                       hang: a wedged collective) or "health-503" (EngineDeadError's /health)
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ FAIL = os.environ.get("STANDIN_FAIL", "")
 PG_TIMEOUT = float(os.environ.get("STANDIN_PG_TIMEOUT", "60"))
 PID = os.getpid()
 _stop = threading.Event()
+
+
+def fault() -> str:
+    """A fault switched on while running, by the tests (see STANDIN_FAULT_FILE)."""
+    path = os.environ.get("STANDIN_FAULT_FILE", "")
+    try:
+        return open(path).read().strip() if path else ""
+    except OSError:
+        return ""
 
 
 def log(msg: str, proc: str = "APIServer", level: str = "INFO", src: str = "api_server.py:1") -> None:
@@ -135,7 +146,7 @@ class Api(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path in ("/health", "/ping"):
-            self._empty(200)
+            self._empty(503 if fault() == "health-503" else 200)
         elif self.path == "/version":
             self._json(200, {"version": VERSION})
         elif self.path == "/v1/models":
@@ -170,7 +181,7 @@ class Api(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": f"The model `{req.get('model')}` does not exist.",
                                        "type": "NotFoundError", "param": "model", "code": 404}})
             return
-        if FAIL == "hang-completions":
+        if FAIL == "hang-completions" or fault() == "hang-completions":
             _stop.wait()
             return
         max_tokens = int(req.get("max_tokens") or 16)

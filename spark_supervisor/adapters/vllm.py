@@ -32,13 +32,25 @@ class VllmApi:
             return EndpointObservation("error", f"/v1/models: {type(e).__name__}", health)
         return EndpointObservation("up", "", health, models)
 
+    def observe_health(self) -> EndpointObservation:
+        """Only /health: the cheap check between ticks."""
+        try:
+            code = self.http.get(f"{self.url}/health", timeout=self.timeout).status_code
+        except httpx.ConnectError:
+            return EndpointObservation("refused")
+        except httpx.HTTPError as e:
+            return EndpointObservation("error", f"/health: {type(e).__name__}")
+        return EndpointObservation("up", "", code)
+
     def sanity(self, model: str, prompt: str, max_tokens: int, timeout: float, serve: str) -> Verdict:
         t0 = time.monotonic()
         try:
             r = self.http.post(f"{self.url}/v1/chat/completions", headers=self.headers, timeout=timeout,
                                json=chat_request(model, prompt, max_tokens))
+        except httpx.ConnectTimeout:
+            return Verdict(False, "could not connect", serve, ran=False)
         except httpx.TimeoutException:
             return Verdict(False, f"no answer within {timeout:.0f}s", serve, round(time.monotonic() - t0, 3))
         except httpx.HTTPError as e:
-            return Verdict(False, f"{type(e).__name__}: {e}"[:200], serve)
+            return Verdict(False, f"{type(e).__name__}: {e}"[:200], serve, ran=False)
         return judge_completion(r.status_code, r.content, serve=serve, latency_s=time.monotonic() - t0)

@@ -65,6 +65,9 @@ class FakeBackend:
             return Verdict(True, "content answered", action.serve)
         return None
 
+    def quick(self):
+        return (None, "unknown")
+
     def teardown(self) -> list[str]:
         return []
 
@@ -112,7 +115,7 @@ def test_cold_start_to_serving_sends_ready_once(tmp_path) -> None:
 def test_failures_back_off_exponentially_and_the_status_says_why(tmp_path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     be.next = obs(daemon.cfg)
-    be.fail[StartRay] = "ImageMissing: vllm/vllm-openai:latest is not on spark-1"
+    be.fail[StartRay] = "DockerError: 500 Server Error: engine hiccup"
     waits = []
     for _ in range(4):
         daemon.tick()
@@ -126,7 +129,7 @@ def test_failures_back_off_exponentially_and_the_status_says_why(tmp_path) -> No
         clock.t = daemon.status.backoff_until
     assert waits == [5, 10, 20, 40]
     last = [n for n in notes.sent if n.startswith("STATUS=")][-1]
-    assert last.startswith("STATUS=BACKOFF retry 4 in ") and "ImageMissing" in last
+    assert last.startswith("STATUS=BACKOFF retry 4 in ") and "engine hiccup" in last
 
 
 def test_backoff_delay_is_capped_and_jittered() -> None:
@@ -188,3 +191,38 @@ def test_start_timeout_is_extended_only_while_the_start_progresses(tmp_path) -> 
         if clock.t - daemon._last_progress > c.supervisor.start_stall_timeout:
             break
     assert not any(n.startswith("EXTEND_TIMEOUT_USEC") for n in notes.sent)
+
+
+def test_a_deterministic_failure_is_failed_until_reset(tmp_path) -> None:
+    daemon, be, clock, notes, _ = make(tmp_path)
+    be.next = obs(daemon.cfg)
+    be.fail[StartRay] = "ImageMissing: vllm/vllm-openai:latest is not on spark-1"
+    daemon.tick()
+    assert daemon.status.phase == Phase.FAILED and daemon.status.reason.startswith("ImageMissing")
+    n = len(be.ran)
+    clock.t += 3600
+    daemon.tick()
+    assert daemon.status.phase == Phase.FAILED and len(be.ran) == n  # still reporting, not retrying
+    del be.fail[StartRay]
+    daemon.rearm("reset")
+    daemon.tick()
+    assert daemon.status.phase == Phase.STARTING_RAY
+
+
+def test_the_repair_budget_survives_a_daemon_restart(tmp_path) -> None:
+    from dataclasses import replace as dc_replace
+    daemon, be, clock, notes, _ = make(tmp_path)
+    c = daemon.cfg
+    dead = dc_replace(serve_running(c), running=False, exit_code=137)
+    be.next = obs(c, deployed=True, serve=dead)
+    for _ in range(3):
+        clock.t = max(clock.t, daemon.status.next_repair_at) + 1
+        daemon.tick()
+        assert daemon.status.phase == Phase.STARTING_VLLM
+    again, be2, clock2, _, _ = make(tmp_path)
+    be2.next = obs(c, deployed=True, serve=dead)
+    again.tick()
+    assert again.status.phase == Phase.FAILED and again.status.reason.startswith("RestartBudgetExhausted: 3 repairs")
+    again.rearm("reset")
+    again.tick()
+    assert again.status.phase == Phase.STARTING_VLLM

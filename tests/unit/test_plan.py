@@ -3,6 +3,7 @@
 from dataclasses import replace
 
 from spark_supervisor.model import (
+    Tracker,
     Container,
     EndpointObservation,
     GpuProcess,
@@ -132,7 +133,7 @@ def test_ray_waits_for_every_node_and_gpu_then_times_out_with_a_teardown() -> No
     d = plan(o, status(Phase.STARTING_RAY, since=0), C, 5)
     assert (d.phase, d.reason, d.actions) == (Phase.STARTING_RAY, "1/2 nodes, 1.0/2.0 GPUs", ())
     d = plan(o, status(Phase.STARTING_RAY, since=0), C, C.deployment.ray.join_timeout + 1)
-    assert d.failure and d.reason.startswith("RayJoinTimeout: 1/2 nodes")
+    assert d.repair == "gang" and d.reason.startswith("RayJoinTimeout: 1/2 nodes")
     assert d.actions == (RemoveContainers("spark-2", ("qwen-ray-spark-2",), "join timeout"),
                          RemoveContainers("spark-1", ("qwen-ray-spark-1",), "join timeout"))
 
@@ -142,14 +143,16 @@ def test_a_dead_node_entry_does_not_count_and_a_wrong_ip_is_named() -> None:
     assert plan(obs(C, deployed=True, ray=dead), status(Phase.STARTING_RAY), C, 1).reason == "1/2 nodes, 1.0/2.0 GPUs"
     wrong = RayObservation(True, nodes=(RayNode("a", "192.168.200.12", True, 1.0), RayNode("b", "10.0.0.13", True, 1.0)))
     d = plan(obs(C, deployed=True, ray=wrong), status(Phase.STARTING_RAY), C, 1)
-    assert d.failure and d.reason.startswith("RayNodeWrongIp: a node registered with 10.0.0.13")
+    assert d.fatal and d.phase == Phase.FAILED  # a config problem: retrying cannot help
+    assert d.reason.startswith("RayNodeWrongIp: a node registered with 10.0.0.13")
 
 
 def test_half_a_deployment_is_torn_down_whole() -> None:
     nodes = {"spark-1": node_obs("spark-1", (ray_container(C, "spark-1"),)), "spark-2": node_obs("spark-2")}
     d = plan(obs(C, nodes=nodes), status(), C, 1)
     assert d.phase == Phase.CLEANING and d.reason == "PartialDeployment: spark-2: no Ray container"
-    assert d.actions == (RemoveContainers("spark-1", ("qwen-ray-spark-1",), "replace"),)
+    assert d.repair == "gang"
+    assert d.actions == (RemoveContainers("spark-1", ("qwen-ray-spark-1",), "gang restart"),)
 
 
 def test_an_exited_ray_container_is_a_partial_deployment() -> None:
@@ -183,8 +186,8 @@ def test_loading_is_refused_connections_with_progress_and_a_deadline() -> None:
     d = plan(o, status(Phase.LOADING, since=0), C, 60)
     assert (d.phase, d.failure, d.actions) == (Phase.LOADING, False, ())
     d = plan(o, status(Phase.LOADING, since=0), C, C.deployment.readiness.deadline + 1)
-    assert d.failure and d.reason == "LoadTimeout: not ready after 1200s (12/39 shards)"
-    assert d.actions == (StopServe("load timeout"),)
+    assert d.repair == "serve" and d.reason == "LoadTimeout: not ready after 1200s (12/39 shards)"
+    assert d.actions == (StopServe("load timeout"), StartServe())
 
 
 def test_serve_exit_is_read_from_its_log() -> None:
@@ -192,10 +195,12 @@ def test_serve_exit_is_read_from_its_log() -> None:
            "(20.13/119.70 GiB) on startup is less than desired GPU memory utilization (0.85, 101.75 GiB).\n")
     s = ServeObservation(True, 77, "c", False, 1, serve_running(C).spec_hash, "t", log)
     d = plan(obs(C, deployed=True, serve=s), status(Phase.LOADING), C, 1)
-    assert d.failure and d.reason.startswith("ServeFailed: FreeMemoryBelowUtilization: ")
-    assert d.actions == (StopServe("exited"),)
+    assert d.fatal and d.phase == Phase.FAILED  # deterministic: no budget burnt on blind restarts
+    assert d.reason.startswith("ServeFailed: FreeMemoryBelowUtilization: ") and "lower --gpu-memory" in d.reason
+    assert d.actions == (StopServe("failed"),)
     s = replace(s, log_tail="bye\n")
-    assert plan(obs(C, deployed=True, serve=s), status(), C, 1).reason == "ServeExited: exit code 1"
+    d = plan(obs(C, deployed=True, serve=s), status(), C, 1)
+    assert (d.reason, d.repair, d.actions) == ("ServeExited: exit code 1", "serve", (StopServe("exited"), StartServe()))
 
 
 def test_listed_model_is_verified_then_serving() -> None:
@@ -233,3 +238,68 @@ def test_containers_owned_by_a_renamed_deployment_are_orphans() -> None:
     nodes = {"spark-1": node_obs("spark-1"), "spark-2": node_obs("spark-2", (other,))}
     d = plan(obs(C, nodes=nodes), status(), C, 1)
     assert d.actions == (RemoveContainers("spark-2", ("old-ray",), "orphan"),)
+
+
+UP = EndpointObservation("up", health=200, models=("Qwen3.5",))
+
+
+def serving_status(**kw) -> Status:
+    s = serve_running(C)
+    return status(Phase.SERVING, since=0, verdict=Verdict(True, "ok", s.identity), **kw)
+
+
+def test_failed_is_sticky_until_rearmed() -> None:
+    st = status(Phase.FAILED)
+    st.reason = "ServeFailed: X"
+    assert plan(obs(C), st, C, 1) == plan(obs(C), st, C, 1000)
+    assert plan(obs(C), st, C, 1).actions == ()
+
+
+def test_liveness_thresholds_then_a_serve_only_repair() -> None:
+    o = obs(C, deployed=True, serve=serve_running(C), endpoint=UP)
+    assert plan(o, serving_status(health=Tracker(failures=1)), C, 10).phase == Phase.SERVING
+    d = plan(o, serving_status(health=Tracker(failures=2, detail="refused")), C, 10)
+    assert d.repair == "serve" and d.reason == "ServeUnhealthy: /health failed 2 times (refused)"
+    assert d.actions == (StopServe("unhealthy"), StartServe())
+    d = plan(o, serving_status(deep=Tracker(failures=2, detail="no answer within 30s", last_at=9)), C, 10)
+    assert d.repair == "serve" and d.reason.startswith("ServeWedged: 2 deep probes failed (no answer")
+
+
+def test_the_deep_probe_runs_at_its_interval() -> None:
+    o = obs(C, deployed=True, serve=serve_running(C), endpoint=UP)
+    assert plan(o, serving_status(deep=Tracker(last_at=100)), C, 159).actions == ()
+    assert plan(o, serving_status(deep=Tracker(last_at=100)), C, 160).actions == (
+        Verify(serve_running(C).identity, deep=True),)
+
+
+def test_repairs_are_spaced_and_bounded_by_the_budget() -> None:
+    s = replace(serve_running(C), running=False, exit_code=1)
+    o = obs(C, deployed=True, serve=s)
+    d = plan(o, status(Phase.SERVING, next_repair_at=50), C, 10)
+    assert (d.phase, d.actions, d.reason) == (Phase.BACKOFF, (), "RepairDelayed: ServeExited: exit code 1")
+    d = plan(o, status(Phase.SERVING, repairs_in_window=3), C, 10)
+    assert d.fatal and d.reason.startswith("RestartBudgetExhausted: 3 repairs in 6h; last fault: ServeExited")
+
+
+def test_an_unreachable_peer_degrades_and_waits_before_tearing_down_the_rest() -> None:
+    nodes = {"spark-1": node_obs("spark-1", (ray_container(C, "spark-1"),)),
+             "spark-2": NodeObservation("spark-2", error="SshUnreachable: timed out")}
+    d = plan(obs(C, nodes=nodes), serving_status(), C, 10)
+    assert (d.phase, d.actions, d.failure) == (Phase.DEGRADED, (), False)
+    assert d.reason == "waiting for spark-2: spark-2: SshUnreachable: timed out"
+    d = plan(obs(C, nodes=nodes), status(Phase.DEGRADED, since=0), C, C.healing.node_patience + 1)
+    assert d.repair == "gang" and d.reason.startswith("NodeLost: spark-2 unreachable for 300s")
+    assert d.actions == (RemoveContainers("spark-1", ("qwen-ray-spark-1",), "node lost"),)
+
+
+def test_stale_things_reappearing_while_serving_are_cleaned_without_touching_the_deployment() -> None:
+    nodes = {"spark-1": node_obs("spark-1", (ray_container(C, "spark-1"), stale("reranker"))),
+             "spark-2": node_obs("spark-2", (ray_container(C, "spark-2"),))}
+    d = plan(obs(C, nodes=nodes, serve=serve_running(C), endpoint=UP), serving_status(), C, 10)
+    assert d.actions == (RemoveContainers("spark-1", ("reranker",), "stale"),) and not d.repair
+
+
+def test_a_deployment_that_vanished_is_a_gang_repair_then_a_normal_start() -> None:
+    d = plan(obs(C), serving_status(), C, 10)
+    assert (d.phase, d.repair, d.reason, d.actions) == (Phase.CLEANING, "gang", "DeploymentLost: no Ray container on any node", ())
+    assert plan(obs(C), status(Phase.CLEANING), C, 10).phase == Phase.STARTING_RAY

@@ -1,0 +1,235 @@
+"""The fault matrix on the real testbed: one test per fault, each asserting detection, the repair chosen
+(by its log event), SERVING again, no orphan or duplicate containers or serves, and the budget.
+
+One daemon serves the whole module (each test ends where the next begins: SERVING). Its budget is
+large so that the tests can count repairs exactly; the budget's limit itself is unit-tested.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import tomli_w
+
+from spark_testbed import testbed
+from spark_testbed.testbed import until
+
+from .conftest import Supervisor, containers, write_config
+
+OWNED = {"spark-1": "testbed-ray-spark-1", "spark-2": "testbed-ray-spark-2"}
+HEAD = OWNED["spark-1"]
+FAULT_FILE = testbed.DIR / "serve-fault"
+PATCH: dict[str, Any] = {"healing": {"repair_budget": 50, "node_patience": 60},
+                         "supervisor": {"backoff_base": 0.5, "backoff_max": 2}}
+
+
+@pytest.fixture(scope="module")
+def daemon(tb: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
+    testbed.clean_containers()
+    for node in testbed.NODES:
+        testbed.write_gpu(node)
+    FAULT_FILE.unlink(missing_ok=True)
+    tmp = tmp_path_factory.mktemp("faults")
+    d = Supervisor(write_config(tmp, PATCH), tmp)
+    d.wait_phase("SERVING", 180)
+    yield d
+    d.stop(signal.SIGKILL)
+    FAULT_FILE.unlink(missing_ok=True)
+    testbed.clean_containers()
+
+
+def serve_processes() -> int:
+    out = testbed.docker("spark-1", "exec", HEAD, "pgrep", "-fc", "spark-testbed-vllm serve", check=False)
+    return int(out.stdout.decode().strip() or 0)
+
+
+def assert_clean_serving(d: Supervisor) -> dict[str, Any]:
+    """SERVING, exactly our containers on each node, exactly one serve."""
+    st = d.wait_phase("SERVING", 180)
+    for node, name in OWNED.items():
+        now = containers(node)
+        assert set(now) == {name}, f"{node}: {now}"
+        assert now[name]["state"] == "running"
+    assert serve_processes() == 1
+    return st
+
+
+def ts(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(event["timestamp"]).timestamp()
+
+
+class Fault:
+    """Inject, then read back from the daemon's log what it saw and did."""
+
+    def __init__(self, d: Supervisor):
+        self.d = d
+        st = d.status() or {}
+        self.repairs_before = st.get("repairs", {}).get("in_window", 0)
+        self.events_before = len(d.events())
+        self.ids = {n: containers(n)[c]["id"] for n, c in OWNED.items()}
+        self.at = 0.0
+
+    def inject(self, fn: Callable[[], object]) -> None:
+        self.at = time.time()
+        fn()
+
+    def new_events(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.d.events()[self.events_before:] if e.get("event") == name]
+
+    def repair(self, timeout: float = 60) -> dict[str, Any]:
+        until(lambda: self.new_events("repair.started"), timeout, "a repair", every=0.2)
+        return self.new_events("repair.started")[0]
+
+    def detected_after(self, event: dict[str, Any]) -> float:
+        return ts(event) - self.at
+
+    def repairs_used(self) -> int:
+        return int((self.d.status() or {})["repairs"]["in_window"]) - self.repairs_before
+
+
+def test_serve_process_killed_restarts_only_the_serve(daemon: Supervisor) -> None:
+    f = Fault(daemon)
+    f.inject(lambda: testbed.docker("spark-1", "exec", HEAD, "sh", "-c",
+                                    "kill -9 $(cat /tmp/spark-supervisor/testbed/pid)"))
+    r = f.repair()
+    assert r["kind"] == "serve" and r["reason"] == "ServeExited: exit code 137"
+    assert f.detected_after(r) < 5.0
+    assert_clean_serving(daemon)
+    assert {n: containers(n)[c]["id"] for n, c in OWNED.items()} == f.ids, "Ray was not touched"
+    assert f.repairs_used() == 1
+
+
+def test_serve_wedged_is_caught_by_the_deep_probe(daemon: Supervisor) -> None:
+    f = Fault(daemon)
+    f.inject(lambda: FAULT_FILE.write_text("hang-completions"))
+    try:
+        r = f.repair(timeout=90)
+    finally:
+        FAULT_FILE.unlink(missing_ok=True)
+    assert r["kind"] == "serve" and r["reason"].startswith("ServeWedged: 2 deep probes failed (no answer within")
+    assert f.new_events("probe.deep_failed")
+    assert not f.new_events("probe.health_failed"), "/health stayed 200 the whole time"
+    assert_clean_serving(daemon)
+    assert {n: containers(n)[c]["id"] for n, c in OWNED.items()} == f.ids
+    assert f.repairs_used() == 1
+
+
+@pytest.mark.parametrize("node", ["spark-2", "spark-1"])
+def test_a_ray_container_removed_is_a_gang_restart(daemon: Supervisor, node: str) -> None:
+    f = Fault(daemon)
+    f.inject(lambda: testbed.docker(node, "rm", "-f", OWNED[node]))
+    r = f.repair()
+    assert r["kind"] == "gang"
+    assert r["reason"].startswith(("PartialDeployment", "RayNodeLost")), r["reason"]
+    assert f.detected_after(r) < 10.0
+    removed = {(e["node"], e["container"]) for e in f.new_events("clean.container_removed")}
+    assert all(n != node for n, _ in removed) and removed, "the survivors were removed, the gang re-formed"
+    st = assert_clean_serving(daemon)
+    assert st["ray"]["nodes_alive"] == 2 and st["ray"]["gpus"] == 2.0
+    assert f.repairs_used() == 1
+
+
+def test_all_owned_containers_removed_on_both_nodes(daemon: Supervisor) -> None:
+    f = Fault(daemon)
+    f.inject(lambda: [testbed.docker(n, "rm", "-f", c) for n, c in OWNED.items()])
+    r = f.repair()
+    assert r["kind"] == "gang" and r["reason"] == "DeploymentLost: no Ray container on any node"
+    assert_clean_serving(daemon)
+    assert f.repairs_used() == 1
+
+
+def test_worker_ssh_down_for_a_while_then_back_is_waited_for(daemon: Supervisor) -> None:
+    f = Fault(daemon)
+    f.inject(lambda: testbed.stop_sshd(sessions=True))
+    try:
+        st = daemon.wait_phase("DEGRADED", 60)
+        assert st["reason"].startswith("waiting for spark-2: spark-2: ")
+    finally:
+        testbed.start_sshd()
+    assert_clean_serving(daemon)
+    assert {n: containers(n)[c]["id"] for n, c in OWNED.items()} == f.ids, "nothing was torn down"
+    assert f.repairs_used() == 0 and not f.new_events("repair.started")
+
+
+def test_docker_engine_restarted_on_the_worker(daemon: Supervisor) -> None:
+    f = Fault(daemon)
+
+    def restart() -> None:
+        pidfile = testbed.DIR / "spark-2" / "dockerd.pid"
+        os.kill(int(pidfile.read_text()), signal.SIGTERM)
+        until(lambda: not testbed._alive(pidfile), 30, "dockerd to stop")
+        testbed.start_dockerd("spark-2")
+    f.inject(restart)
+    r = f.repair(timeout=90)
+    assert r["kind"] == "gang"
+    assert_clean_serving(daemon)
+    assert f.repairs_used() == 1
+
+
+def test_a_stale_container_started_again_is_removed_without_touching_the_deployment(daemon: Supervisor) -> None:
+    f = Fault(daemon)
+    f.inject(lambda: testbed.docker("spark-1", "run", "-d", "--name", "reranker", "--network", "host",
+                                    testbed.BUSYBOX, "sleep", "100000"))
+    until(lambda: "reranker" not in containers("spark-1"), 90, "the stale container removed")
+    assert_clean_serving(daemon)
+    assert {n: containers(n)[c]["id"] for n, c in OWNED.items()} == f.ids
+    assert f.repairs_used() == 0
+
+
+def test_gpu_memory_held_by_an_orphan_after_cleanup_is_waited_for(daemon: Supervisor) -> None:
+    f = Fault(daemon)
+    orphan = subprocess.Popen(["sleep", "600"])  # a vLLM worker that survived `docker rm -f`
+    try:
+        def fault() -> None:
+            testbed.write_gpu("spark-1", [{"pid": orphan.pid, "name": "VLLM::Worker_TP0", "used_mib": 30000}])
+            testbed.docker("spark-1", "rm", "-f", HEAD)
+        f.inject(fault)
+        st = daemon.wait(lambda s: s["reason"].startswith("WaitingForGpuMemory"), 60, "waiting for GPU memory")
+        assert f"pid {orphan.pid} (VLLM::Worker_TP0) 30000 MiB" in st["reason"]
+        assert containers("spark-1") == {} and containers("spark-2") == {}, "nothing starts on held memory"
+    finally:
+        orphan.kill()
+        orphan.wait()
+    assert_clean_serving(daemon)
+    assert f.repairs_used() == 1
+
+
+def test_a_deterministic_serve_failure_is_failed_without_burning_the_budget(daemon: Supervisor) -> None:
+    f = Fault(daemon)
+    good = daemon.config.read_text()
+    bad = write_config(daemon.tmp, {**PATCH}, deployment={"serve": {"env": {"STANDIN_FAIL": "free-memory"}}})
+    f.inject(lambda: os.kill(daemon.proc.pid, signal.SIGHUP))  # the config file now asks for the failing serve
+    assert bad == daemon.config
+    st = daemon.wait_phase("FAILED", 90)
+    assert st["reason"].startswith("ServeFailed: FreeMemoryBelowUtilization: other processes or page cache")
+    assert f.repairs_used() == 0
+    daemon.config.write_text(good)
+    os.kill(daemon.proc.pid, signal.SIGHUP)  # a config change re-arms
+    assert_clean_serving(daemon)
+    assert f.new_events("reconcile.rearmed")
+
+
+def test_a_broken_config_during_a_repair_keeps_the_old_one_and_the_repair_goes_on(daemon: Supervisor) -> None:
+    f = Fault(daemon)
+    good = daemon.config.read_text()
+
+    def fault() -> None:
+        testbed.docker("spark-1", "exec", HEAD, "sh", "-c", "kill -9 $(cat /tmp/spark-supervisor/testbed/pid)")
+        daemon.config.write_text(good.replace("[supervisor]", "[supervisor]\nbogus = 1", 1))
+        os.kill(daemon.proc.pid, signal.SIGHUP)
+    f.inject(fault)
+    try:
+        until(lambda: f.new_events("config.invalid"), 30, "config.invalid")
+        assert f.repair()["kind"] == "serve"
+        assert "supervisor.bogus: unknown key" in f.new_events("config.invalid")[0]["problems"][0]
+        assert_clean_serving(daemon)
+    finally:
+        daemon.config.write_text(good)
+    assert f.repairs_used() == 1
