@@ -148,9 +148,10 @@ class Daemon:
                 failure = e.reason
                 break
             if isinstance(action, Verify) and verdict is not None:
-                if action.deep:
-                    st.deep = st.deep.record(probes.deep_result(verdict), self.clock(), verdict.why)
-                else:
+                # Readiness and the periodic deep probe feed one tracker: a serve that never answers
+                # its first completion is as wedged as one that stops answering later.
+                st.deep = st.deep.record(probes.deep_result(verdict), self.clock(), verdict.why)
+                if not action.deep:
                     st.verdict = verdict
                     if not verdict.passed:
                         failure = f"SanityFailed: {verdict.why}"

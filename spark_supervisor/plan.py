@@ -233,12 +233,15 @@ def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
         elif ep is not None and ep.state == "up":
             detail = f"API up, {name} not listed yet"
         return Decision(Phase.LOADING, detail)
+    h = cfg.healing
     v = st.verdict
     if v is None or not v.passed or v.serve != s.identity:
+        if st.deep.failures >= h.deep_failure_threshold:
+            return _repair("serve", f"ServeWedged: {st.deep.failures} sanity completions failed ({st.deep.detail})",
+                           (StopServe("wedged"), StartServe()), st, cfg, now)
         return Decision(Phase.VERIFYING, "sanity completion", (Verify(s.identity),))
 
     # 6. Serving: liveness with thresholds. Trackers restart with each serve instance (the hold).
-    h = cfg.healing
     if st.health.failures >= h.health_failure_threshold:
         return _repair("serve", f"ServeUnhealthy: /health failed {st.health.failures} times ({st.health.detail})",
                        (StopServe("unhealthy"), StartServe()), st, cfg, now)

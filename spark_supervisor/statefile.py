@@ -25,7 +25,7 @@ FILE = "status.json"
 
 
 def iso(wall: float) -> str:
-    return datetime.fromtimestamp(wall, UTC).isoformat(timespec="seconds") if wall else ""
+    return datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds") if wall else ""
 
 
 def document(st: Status, obs: Observation | None, cfg: Config, config_path: str, config_hash: str,

@@ -12,11 +12,10 @@ import signal
 import subprocess
 import time
 from datetime import datetime
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import pytest
-import tomli_w
 
 from spark_testbed import testbed
 from spark_testbed.testbed import until
@@ -46,13 +45,16 @@ def daemon(tb: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def serve_processes() -> int:
-    out = testbed.docker("spark-1", "exec", HEAD, "pgrep", "-fc", "spark-testbed-vllm serve", check=False)
+    """Serve processes in the head container (the python process, not its sh wrapper)."""
+    out = testbed.docker("spark-1", "exec", HEAD, "pgrep", "-fc", "^[^ ]*python[^ ]* [^ ]*spark-testbed-vllm serve",
+                         check=False)
     return int(out.stdout.decode().strip() or 0)
 
 
-def assert_clean_serving(d: Supervisor) -> dict[str, Any]:
-    """SERVING, exactly our containers on each node, exactly one serve."""
-    st = d.wait_phase("SERVING", 180)
+def assert_clean_serving(d: Supervisor, since: float = 0.0) -> dict[str, Any]:
+    """SERVING (entered after `since`), exactly our containers on each node, exactly one serve."""
+    st = d.wait(lambda s: s["phase"] == "SERVING" and datetime.fromisoformat(s["since"]).timestamp() > since,
+                180, "SERVING again")
     for node, name in OWNED.items():
         now = containers(node)
         assert set(now) == {name}, f"{node}: {now}"
@@ -101,7 +103,7 @@ def test_serve_process_killed_restarts_only_the_serve(daemon: Supervisor) -> Non
     r = f.repair()
     assert r["kind"] == "serve" and r["reason"] == "ServeExited: exit code 137"
     assert f.detected_after(r) < 5.0
-    assert_clean_serving(daemon)
+    assert_clean_serving(daemon, f.at)
     assert {n: containers(n)[c]["id"] for n, c in OWNED.items()} == f.ids, "Ray was not touched"
     assert f.repairs_used() == 1
 
@@ -116,7 +118,7 @@ def test_serve_wedged_is_caught_by_the_deep_probe(daemon: Supervisor) -> None:
     assert r["kind"] == "serve" and r["reason"].startswith("ServeWedged: 2 deep probes failed (no answer within")
     assert f.new_events("probe.deep_failed")
     assert not f.new_events("probe.health_failed"), "/health stayed 200 the whole time"
-    assert_clean_serving(daemon)
+    assert_clean_serving(daemon, f.at)
     assert {n: containers(n)[c]["id"] for n, c in OWNED.items()} == f.ids
     assert f.repairs_used() == 1
 
@@ -129,19 +131,21 @@ def test_a_ray_container_removed_is_a_gang_restart(daemon: Supervisor, node: str
     assert r["kind"] == "gang"
     assert r["reason"].startswith(("PartialDeployment", "RayNodeLost")), r["reason"]
     assert f.detected_after(r) < 10.0
+    st = assert_clean_serving(daemon, f.at)
     removed = {(e["node"], e["container"]) for e in f.new_events("clean.container_removed")}
-    assert all(n != node for n, _ in removed) and removed, "the survivors were removed, the gang re-formed"
-    st = assert_clean_serving(daemon)
+    assert removed and all(n != node for n, _ in removed), "the survivors were removed, the gang re-formed"
     assert st["ray"]["nodes_alive"] == 2 and st["ray"]["gpus"] == 2.0
     assert f.repairs_used() == 1
 
 
 def test_all_owned_containers_removed_on_both_nodes(daemon: Supervisor) -> None:
     f = Fault(daemon)
-    f.inject(lambda: [testbed.docker(n, "rm", "-f", c) for n, c in OWNED.items()])
+    # The daemon may notice between the two removals (then it finishes the teardown itself).
+    f.inject(lambda: [testbed.docker(n, "rm", "-f", c, check=False) for n, c in OWNED.items()])
     r = f.repair()
-    assert r["kind"] == "gang" and r["reason"] == "DeploymentLost: no Ray container on any node"
-    assert_clean_serving(daemon)
+    assert r["kind"] == "gang"
+    assert r["reason"].startswith(("DeploymentLost: no Ray container on any node", "PartialDeployment")), r["reason"]
+    assert_clean_serving(daemon, f.at)
     assert f.repairs_used() == 1
 
 
@@ -153,7 +157,7 @@ def test_worker_ssh_down_for_a_while_then_back_is_waited_for(daemon: Supervisor)
         assert st["reason"].startswith("waiting for spark-2: spark-2: ")
     finally:
         testbed.start_sshd()
-    assert_clean_serving(daemon)
+    assert_clean_serving(daemon, f.at)
     assert {n: containers(n)[c]["id"] for n, c in OWNED.items()} == f.ids, "nothing was torn down"
     assert f.repairs_used() == 0 and not f.new_events("repair.started")
 
@@ -169,7 +173,7 @@ def test_docker_engine_restarted_on_the_worker(daemon: Supervisor) -> None:
     f.inject(restart)
     r = f.repair(timeout=90)
     assert r["kind"] == "gang"
-    assert_clean_serving(daemon)
+    assert_clean_serving(daemon, f.at)
     assert f.repairs_used() == 1
 
 
@@ -178,7 +182,7 @@ def test_a_stale_container_started_again_is_removed_without_touching_the_deploym
     f.inject(lambda: testbed.docker("spark-1", "run", "-d", "--name", "reranker", "--network", "host",
                                     testbed.BUSYBOX, "sleep", "100000"))
     until(lambda: "reranker" not in containers("spark-1"), 90, "the stale container removed")
-    assert_clean_serving(daemon)
+    assert_clean_serving(daemon, f.at)
     assert {n: containers(n)[c]["id"] for n, c in OWNED.items()} == f.ids
     assert f.repairs_used() == 0
 
@@ -197,7 +201,7 @@ def test_gpu_memory_held_by_an_orphan_after_cleanup_is_waited_for(daemon: Superv
     finally:
         orphan.kill()
         orphan.wait()
-    assert_clean_serving(daemon)
+    assert_clean_serving(daemon, f.at)
     assert f.repairs_used() == 1
 
 
@@ -212,7 +216,7 @@ def test_a_deterministic_serve_failure_is_failed_without_burning_the_budget(daem
     assert f.repairs_used() == 0
     daemon.config.write_text(good)
     os.kill(daemon.proc.pid, signal.SIGHUP)  # a config change re-arms
-    assert_clean_serving(daemon)
+    assert_clean_serving(daemon, f.at)
     assert f.new_events("reconcile.rearmed")
 
 
@@ -229,7 +233,7 @@ def test_a_broken_config_during_a_repair_keeps_the_old_one_and_the_repair_goes_o
         until(lambda: f.new_events("config.invalid"), 30, "config.invalid")
         assert f.repair()["kind"] == "serve"
         assert "supervisor.bogus: unknown key" in f.new_events("config.invalid")[0]["problems"][0]
-        assert_clean_serving(daemon)
+        assert_clean_serving(daemon, f.at)
     finally:
         daemon.config.write_text(good)
     assert f.repairs_used() == 1

@@ -303,3 +303,11 @@ def test_a_deployment_that_vanished_is_a_gang_repair_then_a_normal_start() -> No
     d = plan(obs(C), serving_status(), C, 10)
     assert (d.phase, d.repair, d.reason, d.actions) == (Phase.CLEANING, "gang", "DeploymentLost: no Ray container on any node", ())
     assert plan(obs(C), status(Phase.CLEANING), C, 10).phase == Phase.STARTING_RAY
+
+
+def test_a_serve_that_never_answers_its_first_completion_is_repaired() -> None:
+    s = serve_running(C)
+    up = EndpointObservation("up", health=200, models=("Qwen3.5",))
+    st = status(Phase.VERIFYING, deep=Tracker(failures=2, detail="no answer within 60s"))
+    d = plan(obs(C, deployed=True, serve=s, endpoint=up), st, C, 10)
+    assert d.repair == "serve" and d.reason == "ServeWedged: 2 sanity completions failed (no answer within 60s)"
