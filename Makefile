@@ -11,7 +11,7 @@ PREFIX ?= /opt/spark-supervisor
 UNIT_DIR ?= /etc/systemd/system
 CONFIG_DIR ?= /etc/spark-supervisor
 
-.PHONY: all deps venv testbed test unit integration demo demo-down lint bench clean install uninstall
+.PHONY: all deps venv testbed test unit integration demo demo-down chaos lint bench clean install uninstall
 
 all: test
 
@@ -47,6 +47,9 @@ demo: testbed  ## plant a post-reboot mess, run the daemon until it serves
 
 demo-down:
 	$(TESTBED_ENV) && $(BIN)/spark-supervisor teardown -c etc/testbed.toml && $(BIN)/spark-testbed down
+
+chaos: testbed  ## random faults for CHAOS_SECONDS (default 600) against a serving deployment, then a table
+	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.chaos --seconds $${CHAOS_SECONDS:-600}
 
 lint: venv
 	$(BIN)/ruff check spark_supervisor spark_testbed tests

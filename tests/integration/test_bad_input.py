@@ -9,7 +9,7 @@ from pathlib import Path
 
 from spark_testbed import testbed
 
-from .conftest import BIN, containers, write_config
+from spark_testbed.harness import BIN, containers, write_config
 
 FAST = {"supervisor": {"backoff_base": 0.5, "backoff_max": 2}}
 

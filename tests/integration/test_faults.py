@@ -20,9 +20,8 @@ import pytest
 from spark_testbed import testbed
 from spark_testbed.testbed import until
 
-from .conftest import Supervisor, containers, write_config
+from spark_testbed.harness import OWNED, Supervisor, containers, serve_processes, write_config
 
-OWNED = {"spark-1": "testbed-ray-spark-1", "spark-2": "testbed-ray-spark-2"}
 HEAD = OWNED["spark-1"]
 FAULT_FILE = testbed.DIR / "serve-fault"
 PATCH: dict[str, Any] = {"healing": {"repair_budget": 50, "node_patience": 60},
@@ -42,13 +41,6 @@ def daemon(tb: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iter
     d.stop(signal.SIGKILL)
     FAULT_FILE.unlink(missing_ok=True)
     testbed.clean_containers()
-
-
-def serve_processes() -> int:
-    """Serve processes in the head container (the python process, not its sh wrapper)."""
-    out = testbed.docker("spark-1", "exec", HEAD, "pgrep", "-fc", "^[^ ]*python[^ ]* [^ ]*spark-testbed-vllm serve",
-                         check=False)
-    return int(out.stdout.decode().strip() or 0)
 
 
 def assert_clean_serving(d: Supervisor, since: float = 0.0) -> dict[str, Any]:

@@ -13,8 +13,7 @@ import pytest
 from spark_testbed import testbed
 from spark_testbed.testbed import until
 
-from .conftest import Supervisor, containers, write_config
-from .test_faults import OWNED, serve_processes
+from spark_testbed.harness import OWNED, Supervisor, containers, serve_processes, write_config
 
 SLOW_LOAD = {"serve": {"env": {"STANDIN_SHARDS": "39", "STANDIN_SHARD_SECONDS": "0.4",
                                "STANDIN_FAULT_FILE": str(testbed.DIR / "serve-fault")}}}

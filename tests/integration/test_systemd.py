@@ -19,7 +19,7 @@ import tomli_w
 from spark_testbed import testbed
 from spark_testbed.testbed import head_exec, until
 
-from .conftest import ROOT, containers
+from spark_testbed.harness import ROOT, containers
 
 UNIT = "spark-supervisor"
 STALE_UNITS = {"vllm-cluster": "vllm_node", "vllm-reranker": "reranker", "vllm-embeddings": "vllm_embeddings",
