@@ -51,6 +51,9 @@ demo-down:
 chaos: testbed  ## random faults for CHAOS_SECONDS (default 600) against a serving deployment, then a table
 	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.chaos --seconds $${CHAOS_SECONDS:-600}
 
+bench: testbed  ## the supervisor's overhead, detection times, idle CPU and memory; writes bench/results.md
+	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.bench
+
 lint: venv
 	$(BIN)/ruff check spark_supervisor spark_testbed tests
 	$(BIN)/mypy spark_supervisor

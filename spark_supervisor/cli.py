@@ -33,7 +33,38 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .config import ray_hash, serve_hash
     print(f"{args.config}: OK: deployment {dep.name!r} ({dep.serve.name}, TP {dep.serve.tensor_parallel_size}) "
           f"on {', '.join(n.name for n in cfg.members(dep))}; ray {ray_hash(cfg, dep)} serve {serve_hash(cfg, dep)}")
-    return 0
+    if not args.preflight:
+        return 0
+    from .observe import Observer, World
+    from .preflight import preflight
+    world = World(cfg)
+    try:
+        obs = Observer(world).observe(full=True)
+    finally:
+        world.close()
+    problems = [f"{o.name}: unreachable: {o.error}" for o in obs.nodes.values() if o.error]
+    problems += preflight(cfg, obs)
+    if obs.ray is not None and obs.ray.reachable:
+        fabric = {n.fabric_ip for n in cfg.members(dep)}
+        problems += [f"Ray node {n.node_id[:12]} registered with {n.ip}, not a fabric IP"
+                     for n in obs.ray.alive if n.ip not in fabric]
+    for p in problems:
+        print(f"preflight: {p}")
+    print("preflight: OK" if not problems else f"preflight: {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from .diagnose import diagnose, render
+    from .observe import World
+    cfg = _load(args.config)
+    world = World(cfg)
+    try:
+        diags = diagnose(world)
+        print(render(diags, world))
+    finally:
+        world.close()
+    return 0 if all(d.first_failing is None for d in diags) else 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -119,6 +150,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
+    if args.follow:
+        return cmd_follow(state_dir)
     dep = doc["deployment"]
     print(f"{doc['phase']} for {_ago(doc['since'])}" + (f": {doc['reason']}" if doc["reason"] else ""))
     if doc.get("progress"):
@@ -178,6 +211,64 @@ def cmd_reset(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_logscan(args: argparse.Namespace) -> int:
+    """Any vLLM serve log: how far the load got, how long each step took, and why it failed."""
+    import dataclasses
+
+    from . import logscan
+    try:
+        text = sys.stdin.read() if args.file == "-" else open(args.file, errors="replace").read()
+    except OSError as e:
+        print(f"cannot read {args.file}: {e.strerror}", file=sys.stderr)
+        return 2
+    p = logscan.scan(text)
+    steps = logscan.timeline(text)
+    if args.json:
+        print(json.dumps({"milestone": p.milestone, "progress": p.summary(), "ready": p.ready, "version": p.version,
+                          "shards": {"done": p.shards_done, "total": p.shards_total},
+                          "seconds_per_shard": p.seconds_per_shard, "eta_s": p.eta_s,
+                          "timeline": [dataclasses.asdict(s) for s in steps],
+                          "failure": dataclasses.asdict(p.failure) if p.failure else None}, indent=1))
+    else:
+        print(f"reached: {p.milestone or 'nothing recognisable'} ({p.summary()})"
+              + (f", vLLM {p.version}" if p.version else ""))
+        for st in steps:
+            took = f"{st.seconds:.0f}s" if st.seconds is not None else ""
+            print(f"  {st.milestone:<16} {st.at or '?':<15} {took}")
+        if p.failure:
+            f = p.failure
+            print(f"failure: {f.reason} ({'deterministic: retrying will not help' if f.deterministic else 'transient'})")
+            print(f"  line: {f.line}")
+            print(f"  hint: {f.hint}")
+    return 1 if p.failure else 0
+
+
+def cmd_follow(state_dir: str) -> int:
+    """A live progress bar of the daemon's status (until SERVING or FAILED, or Ctrl-C)."""
+    import threading
+
+    from . import statefile
+    width = 30
+    try:
+        while True:
+            try:
+                doc = statefile.read(state_dir)
+            except (OSError, ValueError):
+                doc = {"phase": "?", "reason": "no status yet", "progress": "", "fraction": 0.0}
+            frac = float(doc.get("load_fraction") or 0.0)
+            bar = "#" * int(frac * width) + "." * (width - int(frac * width))
+            line = f"{doc['phase']:<14} [{bar}] {int(frac * 100):3d}%  {doc.get('progress') or doc.get('reason', '')}"
+            sys.stdout.write("\r" + line[:150].ljust(150))
+            sys.stdout.flush()
+            if doc["phase"] in ("SERVING", "FAILED"):
+                sys.stdout.write("\n")
+                return 0 if doc["phase"] == "SERVING" else 1
+            threading.Event().wait(0.5)  # the display's refresh rate
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        return 130
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spark-supervisor", description=__doc__.splitlines()[0] if __doc__ else "")
     sub = p.add_subparsers(dest="command", required=True)
@@ -189,7 +280,9 @@ def parser() -> argparse.ArgumentParser:
         return sp
 
     add("run", cmd_run, "run the supervisor in the foreground (what the systemd unit runs)")
-    add("check", cmd_check, "validate the config: exit 0, or 2 with one line per problem")
+    add("check", cmd_check, "validate the config: exit 0, or 2 with one line per problem").add_argument(
+        "--preflight", action="store_true", help="also check the fabric on every node (exit 1 on a problem)")
+    add("diagnose", cmd_diagnose, "per node, the deepest layer that answers and the first that does not")
     add("plan", cmd_plan, "observe once and print what would be done; change nothing").add_argument(
         "--json", action="store_true")
     add("teardown", cmd_teardown, "remove what the supervisor owns, on every node")
@@ -197,6 +290,11 @@ def parser() -> argparse.ArgumentParser:
     st = add("status", cmd_status, "what the daemon last wrote: phase, nodes, Ray, serve, history")
     st.add_argument("--json", action="store_true")
     st.add_argument("--state-dir", default="", help="read the status from here instead of the config's")
+    st.add_argument("--follow", "-f", action="store_true", help="a live progress bar until SERVING or FAILED")
+    ls = sub.add_parser("logscan", help="read a vLLM serve log: phase reached, timings, failure and hint")
+    ls.add_argument("file", help="the log file, or - for standard input")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(fn=cmd_logscan)
     return p
 
 

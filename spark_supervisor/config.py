@@ -59,6 +59,8 @@ class Node(_Strict):
     docker: str = "local"
     nvidia_smi: Argv = ["nvidia-smi"]
     meminfo: Argv = ["cat", "/proc/meminfo"]
+    ip: Argv = ["ip", "-o", "addr", "show"]
+    oob: Argv = []  # optional out-of-band check for `diagnose`, run on the head (e.g. a hypervisor's `pct exec`)
     gpus: Annotated[int, Field(ge=0)] = 1
     env: dict[str, str] = {}
 
@@ -145,6 +147,7 @@ class Readiness(_Strict):
     endpoint: str = ""
     poll_interval: Seconds = 5
     deadline: Seconds = 1200
+    stall_timeout: Seconds = 900  # no load progress (shard, milestone) this long: a stall, repaired
     request_timeout: Seconds = 60
     sanity_prompt: str = "Reply with the single word: ready"
     sanity_max_tokens: Annotated[int, Field(ge=1)] = 32
@@ -184,9 +187,21 @@ class Healing(_Strict):
     node_patience: Seconds = 300  # an unreachable peer: wait this long before tearing down the rest
 
 
+class Metrics(_Strict):
+    listen: str = ""  # "127.0.0.1:9464" to serve Prometheus metrics; empty: off
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        if v and not re.match(r"^[^:\s]*:\d{1,5}$", v):
+            raise ValueError(f"expected host:port, got {v!r}")
+        return v
+
+
 class Config(_Strict):
     supervisor: Supervisor = Supervisor()
     healing: Healing = Healing()
+    metrics: Metrics = Metrics()
     nodes: list[Node]
     stale: Stale = Stale()
     deployments: list[Deployment]
@@ -324,7 +339,7 @@ def _digest(obj: Any) -> str:
 
 def ray_hash(cfg: Config, dep: Deployment) -> str:
     """What shapes the Ray containers: changing it replaces the whole deployment."""
-    nodes = [n.model_dump(exclude={"nvidia_smi", "meminfo"}) for n in cfg.members(dep)]
+    nodes = [n.model_dump(exclude={"nvidia_smi", "meminfo", "ip", "oob"}) for n in cfg.members(dep)]
     return _digest({"nodes": nodes, "ray": dep.ray.model_dump(exclude={"join_timeout", "image_pull"})})
 
 

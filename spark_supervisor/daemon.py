@@ -36,9 +36,11 @@ from .model import (
     Verify,
     describe,
 )
+from .metrics import Metrics, NoMetrics
 from .notify import Notifier
 from .observe import Observer, World
 from .plan import plan
+from .preflight import preflight
 
 # Failed actions that fail the same way on retry: FAILED with the reason, instead of burning retries.
 DETERMINISTIC_ACTION_FAILURES = {"ImageMissing"}
@@ -111,14 +113,28 @@ class Daemon:
         self._signals: collections.deque[int] = collections.deque()
         self._wake = threading.Event()
         self._milestone = ""
+        self._load_key: tuple[object, ...] | None = None
         self._last_progress = clock()
         self._stall_logged = False
         self._last_status = ""
         self._tracked_serve = ""
         self._fingerprint: Fingerprint = (None, "unknown")
         self.repairs = statefile.RepairLog(cfg.supervisor.state_dir)
+        self._bringup_at = clock()  # the start of the current bring-up (daemon start, a repair): time to ready
+        self.metrics = self._metrics(cfg)
         self.reload_error = ""  # kept in STATUS= until a reload succeeds
         self.stopped = False
+
+    def _metrics(self, cfg: Config) -> Metrics | NoMetrics:
+        if not cfg.metrics.listen:
+            return NoMetrics()
+        try:
+            m = Metrics(cfg.metrics.listen)
+        except OSError as e:
+            self.log.error("metrics.unavailable", listen=cfg.metrics.listen, error=str(e))
+            return NoMetrics()
+        self.log.info("metrics.serving", listen=cfg.metrics.listen)
+        return m
 
     # ------------------------------------------------------------------------------------ one tick
     def _want_full(self, now: float) -> bool:
@@ -132,6 +148,7 @@ class Daemon:
         self.last_obs = obs
         if obs.full:
             self.last_full = obs
+            st.preflight = tuple(preflight(cfg, obs))
         self._track(obs, now)
         st.repairs_in_window = len(self.repairs.recent(self.wall(), cfg.healing.repair_window))
         decision = plan(obs, st, cfg, now)
@@ -151,17 +168,19 @@ class Daemon:
                 # Readiness and the periodic deep probe feed one tracker: a serve that never answers
                 # its first completion is as wedged as one that stops answering later.
                 st.deep = st.deep.record(probes.deep_result(verdict), self.clock(), verdict.why)
+                self.metrics.probed("deep" if action.deep else "sanity", st.deep.last, verdict)
                 if not action.deep:
                     st.verdict = verdict
                     if not verdict.passed:
                         failure = f"SanityFailed: {verdict.why}"
         before = (st.phase, st.reason, st.progress)
-        self._progress(obs, decision)
+        self._progress(obs, now)
         self._advance(decision, failure, now)
         if (st.phase, st.reason, st.progress) != before:
             self._last_progress = now
         self._extend_start(now)
         self._fingerprint = fingerprint(obs.ray, obs.endpoint)
+        self.metrics.update(st, obs, self.clock())
         self._write_status(now)
         if st.phase in (Phase.SERVING, Phase.FAILED):
             return cfg.supervisor.interval
@@ -187,12 +206,15 @@ class Daemon:
             if obs.endpoint is not None and obs.endpoint.state == "up":
                 detail = f"HTTP {obs.endpoint.health}"
             st.health = st.health.record(result, now, detail)
+            self.metrics.probed("health", result)
             if result == "failure":
                 self.log.warning("probe.health_failed", failures=st.health.failures, detail=detail)
 
     def _start_repair(self, decision: Decision, now: float) -> None:
         st, h = self.status, self.cfg.healing
         self.repairs.add(self.wall(), decision.repair, decision.reason)
+        self.metrics.repaired(decision.repair, decision.reason)
+        self._bringup_at = now
         n = len(self.repairs.recent(self.wall(), h.repair_window))
         st.repairs_in_window = n
         delay = backoff_delay(n, self.cfg.supervisor.backoff_base, self.cfg.supervisor.backoff_max, self.rng())
@@ -200,13 +222,17 @@ class Daemon:
         self.log.warning("repair.started", kind=decision.repair, reason=decision.reason,
                          budget_used=n, budget=h.repair_budget, next_repair_not_before_s=round(delay, 1))
 
-    def _progress(self, obs: Observation, decision: Decision) -> None:
+    def _progress(self, obs: Observation, now: float) -> None:
         st = self.status
         if obs.serve is None or not obs.serve.present:
-            st.progress, self._milestone = "", ""
+            st.progress, st.load_fraction, st.eta_s, self._milestone = "", 0.0, None, ""
+            self._load_key = None
             return
         p = logscan.scan(obs.serve.log_tail)
-        st.progress = p.summary()
+        st.progress, st.load_fraction, st.eta_s = p.summary(), p.fraction, p.eta_s
+        key = (obs.serve.identity, p.milestone, p.shards_done, p.graphs_percent, p.pg_wait_s)
+        if key != self._load_key:
+            self._load_key, st.load_progress_at = key, now
         if p.milestone != self._milestone:
             self._milestone = p.milestone
             self.log.info("load.progress", milestone=p.milestone, progress=st.progress, version=p.version)
@@ -231,6 +257,8 @@ class Daemon:
             if before != phase:
                 log = self.log.warning if phase == Phase.BACKOFF else self.log.info
                 log("phase.changed", **{"from": before.value}, to=phase.value, reason=reason)
+                if phase == Phase.SERVING:
+                    self.metrics.ready_after(now - self._bringup_at)
             else:
                 self.log.info("phase.progress", phase=phase.value, reason=reason)
         line = self.status_line()
@@ -312,10 +340,14 @@ class Daemon:
                       ray_hash=config_mod.ray_hash(new, new.deployment),
                       serve_hash=config_mod.serve_hash(new, new.deployment))
         if changed:
+            old_metrics = self.cfg.metrics
             self.backend.close()
             self.cfg, self.config_hash = new, config_mod.file_hash(self.config_path)
             self.backend = self._backend_factory(new)
             self.repairs = statefile.RepairLog(new.supervisor.state_dir)
+            if new.metrics != old_metrics:
+                self.metrics.close()
+                self.metrics = self._metrics(new)
             self.rearm("config change")
             self._last_doc = ""
         self._reload_done()
@@ -340,6 +372,7 @@ class Daemon:
         self._last_doc = ""
         self._write_status(self.clock())
         self.backend.close()
+        self.metrics.close()
         self.stopped = True
 
     def run(self) -> int:

@@ -80,6 +80,14 @@ FAILURES: tuple[tuple[str, bool, str, tuple[str, ...]], ...] = (
 _FAILURES = tuple((r, d, h, tuple(re.compile(p) for p in ps)) for r, d, h, ps in FAILURES)
 
 
+_TQDM_RATE = re.compile(r"\d+/\d+ \[[^<\]]*<[^,\]]*,\s*([\d.]+)(s/it|it/s)\]")
+_STAMP = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)")
+
+# What is left once the shards are in: KV-cache profiling, CUDA graph capture, warm-up. On a Spark with
+# a 122B MoE about two minutes; an estimate, shown as part of the ETA, never used as a deadline.
+AFTER_SHARDS_S = 120.0
+
+
 @dataclass(frozen=True)
 class LoadProgress:
     milestone: str = ""  # furthest milestone reached
@@ -90,6 +98,18 @@ class LoadProgress:
     ready: bool = False
     pg_wait_s: int = 0
     failure: Failure | None = None
+    seconds_per_shard: float = 0.0  # tqdm's own rate
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds to "ready", from tqdm's observed shard rate plus the after-shards estimate."""
+        if self.ready:
+            return 0.0
+        if self.milestone == "shards" and self.seconds_per_shard and self.shards_total:
+            return (self.shards_total - self.shards_done) * self.seconds_per_shard + AFTER_SHARDS_S
+        if _ORDER.get(self.milestone, 0) > _ORDER["shards"]:
+            return AFTER_SHARDS_S * (1 - (self.fraction - 0.9) / 0.1)
+        return None
 
     @property
     def fraction(self) -> float:
@@ -105,13 +125,21 @@ class LoadProgress:
     def summary(self) -> str:
         if self.ready:
             return "startup complete"
+        eta = self.eta_s
         if self.milestone == "shards":
-            return f"{self.shards_done}/{self.shards_total} shards"
+            return f"{self.shards_done}/{self.shards_total} shards" + (f", ETA {duration(eta)}" if eta else "")
         if self.milestone == "graphs":
             return f"capturing CUDA graphs {self.graphs_percent}%"
         if self.milestone == "placement_group":
             return f"waiting {self.pg_wait_s}s for a Ray placement group"
         return self.milestone.replace("_", " ") if self.milestone else "starting"
+
+
+def duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m" if s >= 60 else f"{s}s"
 
 
 def lines(text: str) -> list[str]:
@@ -128,7 +156,7 @@ def classify(text: str) -> Failure | None:
 
 
 def scan(text: str) -> LoadProgress:
-    milestone, done, total, graphs, version, pg = "", 0, 0, 0, "", 0
+    milestone, done, total, graphs, version, pg, rate = "", 0, 0, 0, "", 0, 0.0
     for line in lines(text):
         for name, rx in MILESTONES:
             m = rx.search(line)
@@ -140,8 +168,42 @@ def scan(text: str) -> LoadProgress:
                 version = m.group(1)
             elif name == "shards":
                 done, total = int(m.group(3)), int(m.group(4))
+                r = _TQDM_RATE.search(line)
+                if r and float(r.group(1)) > 0:
+                    rate = float(r.group(1)) if r.group(2) == "s/it" else 1 / float(r.group(1))
             elif name == "graphs":
                 graphs = int(m.group(3))
             elif name == "placement_group":
                 pg = int(m.group(1))
-    return LoadProgress(milestone, done, total, graphs, version, milestone == "ready", pg, classify(text))
+    return LoadProgress(milestone, done, total, graphs, version, milestone == "ready", pg, classify(text), rate)
+
+
+@dataclass(frozen=True)
+class Step:
+    milestone: str
+    at: str  # the log's own "MM-DD HH:MM:SS" of the line (or the last stamped line before a tqdm bar)
+    seconds: float | None  # until the next milestone
+
+
+def timeline(text: str) -> list[Step]:
+    """When each milestone was first reached, from the log's timestamps (no year in vLLM's format)."""
+    from datetime import datetime
+    first: dict[str, str] = {}
+    stamp = ""
+    for line in lines(text):
+        m = _STAMP.search(line)
+        if m:
+            stamp = m.group(1)
+        for name, rx in MILESTONES:
+            if name not in first and rx.search(line):
+                first[name] = stamp
+    ordered = sorted(first.items(), key=lambda kv: _ORDER[kv[0]])
+    out = []
+    for i, (name, at) in enumerate(ordered):
+        secs = None
+        if i + 1 < len(ordered) and at and ordered[i + 1][1]:
+            t0 = datetime.strptime(f"2000-{at}", "%Y-%m-%d %H:%M:%S")
+            t1 = datetime.strptime(f"2000-{ordered[i + 1][1]}", "%Y-%m-%d %H:%M:%S")
+            secs = (t1 - t0).total_seconds()
+        out.append(Step(name, at, secs))
+    return out

@@ -75,6 +75,7 @@ class NodeObservation:
     units: tuple[Unit, ...] | None = None  # None: not looked at this tick
     gpu: Gpu | None = None
     memory: Memory | None = None
+    interfaces: dict[str, tuple[str, ...]] | None = None  # name -> addresses with prefix (ip -o addr)
     probe_errors: tuple[str, ...] = ()  # non-fatal: a probe (units, nvidia-smi) could not run
 
 
@@ -251,6 +252,10 @@ class Status:
     backoff_until: float = 0.0
     verdict: Verdict | None = None
     progress: str = ""
+    load_fraction: float = 0.0
+    eta_s: float | None = None
+    load_progress_at: float = 0.0  # when the load last moved (a shard, a milestone): stalls count from here
+    preflight: tuple[str, ...] = ()  # problems found at the last full observation
     ready_sent: bool = False
     health: Tracker = field(default_factory=Tracker)
     deep: Tracker = field(default_factory=Tracker)

@@ -17,6 +17,7 @@ from .adapters.ray import RayDashboard
 from .adapters.shell import NodeShell
 from .adapters.vllm import VllmApi
 from .config import Config, Node
+from .preflight import parse_ip_addr
 from .model import (
     Container,
     EndpointObservation,
@@ -114,8 +115,17 @@ def observe_node(a: NodeAdapters, cfg: Config, full: bool) -> NodeObservation:
         memory = parse_meminfo(r.out) if r.rc == 0 else None
     except AdapterError as e:
         errors.append(f"meminfo: {e}")
+    interfaces = None
+    try:
+        r = a.shell.run(a.node.ip)
+        if r.rc == 0:
+            interfaces = parse_ip_addr(r.out)
+        else:
+            errors.append(f"ip: exit {r.rc}")
+    except AdapterError as e:
+        errors.append(f"ip: {e}")
     return NodeObservation(name, containers=containers, docker_version=version, units=units, gpu=gpu,
-                           memory=memory, probe_errors=tuple(errors))
+                           memory=memory, interfaces=interfaces, probe_errors=tuple(errors))
 
 
 def parse_serve_state(out: str, container_id: str = "") -> ServeObservation:

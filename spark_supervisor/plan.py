@@ -208,6 +208,8 @@ def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
     s = obs.serve
     sh = serve_hash(cfg, dep)
     if s is None or not s.present:
+        if st.preflight:  # a fabric mistake: found now instead of after a 15-minute load
+            return Decision(Phase.FAILED, "PreflightFailed: " + "; ".join(st.preflight), fatal=True)
         return Decision(Phase.STARTING_VLLM, f"launching {dep.serve.name}", (StartServe(),))
     if s.spec_hash != sh:
         return Decision(Phase.STARTING_VLLM, "ServeSpecChanged: relaunching",
@@ -224,6 +226,10 @@ def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
     ep = obs.endpoint
     name = dep.serve.name
     if ep is None or ep.state != "up" or name not in ep.models:
+        if (st.phase == Phase.LOADING and st.load_progress_at
+                and now - st.load_progress_at > dep.readiness.stall_timeout):
+            return _repair("serve", f"LoadStalled: no progress for {dep.readiness.stall_timeout:.0f}s at "
+                           f"{progress.summary()}", (StopServe("load stalled"), StartServe()), st, cfg, now)
         if st.phase == Phase.LOADING and st.in_phase(now) > dep.readiness.deadline:
             return _repair("serve", f"LoadTimeout: not ready after {dep.readiness.deadline:.0f}s "
                            f"({progress.summary()})", (StopServe("load timeout"), StartServe()), st, cfg, now)

@@ -36,7 +36,8 @@ V033 = (
 def test_011_ansi_tags_and_tqdm_carriage_returns() -> None:
     p = logscan.scan(V011)
     assert (p.version, p.milestone, p.shards_done, p.shards_total) == ("0.11.0", "shards", 12, 39)
-    assert p.summary() == "12/39 shards" and not p.ready and p.failure is None
+    assert p.seconds_per_shard == 18.02 and p.eta_s == 27 * 18.02 + logscan.AFTER_SHARDS_S
+    assert p.summary() == "12/39 shards, ETA 10m" and not p.ready and p.failure is None
     assert 0.2 < p.fraction < 0.3
 
 
@@ -68,3 +69,19 @@ def test_failures_are_classified_with_hints() -> None:
     f = logscan.classify("(autoscaler +44s) Error: No available node types can fulfill resource request {'GPU': 2.0}")
     assert f is not None and f.reason == "NoNodeCanFulfill"
     assert logscan.classify(V033) is None
+
+
+def test_rates_in_iterations_per_second_and_the_timeline() -> None:
+    p = logscan.scan("Loading safetensors checkpoint shards:  50% Completed | 2/4 [00:01<00:01,  2.00it/s]\r")
+    assert p.seconds_per_shard == 0.5
+    steps = logscan.timeline(V011 + V015.split("\n", 2)[2] + V033.split("\n", 1)[1])
+    names = [s.milestone for s in steps]
+    assert names[:3] == ["api", "engine", "workers"] and names[-1] == "ready"
+    load = next(s for s in steps if s.milestone == "load")
+    assert load.at == "12-02 10:00:10" and load.seconds == 0.0  # the shard bar carries no stamp of its own
+    assert next(s for s in steps if s.milestone == "loaded").seconds == 4.0
+
+
+def test_bad_arguments_are_deterministic() -> None:
+    f = logscan.classify("vllm serve: error: unrecognized arguments: --max-modl-len 4096")
+    assert f is not None and f.reason == "BadArguments" and f.deterministic

@@ -311,3 +311,12 @@ def test_a_serve_that_never_answers_its_first_completion_is_repaired() -> None:
     st = status(Phase.VERIFYING, deep=Tracker(failures=2, detail="no answer within 60s"))
     d = plan(obs(C, deployed=True, serve=s, endpoint=up), st, C, 10)
     assert d.repair == "serve" and d.reason == "ServeWedged: 2 sanity completions failed (no answer within 60s)"
+
+
+def test_a_load_without_progress_is_a_stall() -> None:
+    s = serve_running(C, log="Loading safetensors checkpoint shards:   2% Completed | 1/39 [00:18<11:00, 18.0s/it]\r")
+    o = obs(C, deployed=True, serve=s, endpoint=EndpointObservation("refused"))
+    st = status(Phase.LOADING, since=0, load_progress_at=100)
+    assert plan(o, st, C, 100 + C.deployment.readiness.stall_timeout).phase == Phase.LOADING
+    d = plan(o, st, C, 101 + C.deployment.readiness.stall_timeout)
+    assert d.repair == "serve" and d.reason.startswith("LoadStalled: no progress for 900s at 1/39 shards, ETA")

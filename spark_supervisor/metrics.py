@@ -1,0 +1,69 @@
+"""Prometheus metrics (prometheus_client), served on [metrics] listen; off by default.
+
+prometheus_client is imported only when metrics are on, to keep the idle daemon small.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .model import Observation, Phase, Status, Verdict
+
+
+class Metrics:
+    def __init__(self, listen: str):
+        import prometheus_client as pc
+
+        host, _, port = listen.rpartition(":")
+        self.registry = reg = pc.CollectorRegistry()
+        p = "spark_supervisor_"
+        self.phase = pc.Gauge(f"{p}phase", "1 for the current phase", ["phase"], registry=reg)
+        self.in_phase = pc.Gauge(f"{p}phase_seconds", "seconds in the current phase", registry=reg)
+        self.ttr = pc.Gauge(f"{p}time_to_ready_seconds", "last start (or repair) to SERVING", registry=reg)
+        self.repairs = pc.Counter(f"{p}repairs", "repairs started", ["kind", "reason"], registry=reg)
+        self.failures = pc.Gauge(f"{p}consecutive_failures", "failed attempts in a row", registry=reg)
+        self.probe_latency = pc.Gauge(f"{p}probe_latency_seconds", "last completion probe latency", ["probe"],
+                                      registry=reg)
+        self.probes = pc.Counter(f"{p}probe_results", "completion and /health probe results", ["probe", "result"],
+                                 registry=reg)
+        self.load = pc.Gauge(f"{p}load_progress_ratio", "model load progress, 0..1", registry=reg)
+        self.eta = pc.Gauge(f"{p}load_eta_seconds", "estimated seconds until the model serves", registry=reg)
+        self.ray_nodes = pc.Gauge(f"{p}ray_nodes_alive", "Ray nodes ALIVE", registry=reg)
+        self.gpus = pc.Gauge(f"{p}ray_gpus", "GPUs registered by the alive Ray nodes", registry=reg)
+        self.budget = pc.Gauge(f"{p}repair_budget_used", "repairs in the current window", registry=reg)
+        self.server, self.thread = pc.start_http_server(int(port), addr=host or "127.0.0.1", registry=reg)
+
+    def update(self, st: Status, obs: Observation | None, now: float) -> None:
+        for phase in Phase:
+            self.phase.labels(phase.value).set(1 if phase == st.phase else 0)
+        self.in_phase.set(round(now - st.since, 3))
+        self.failures.set(st.failures)
+        self.load.set(st.load_fraction)
+        if st.eta_s is not None:
+            self.eta.set(st.eta_s)
+        self.budget.set(st.repairs_in_window)
+        if obs is not None and obs.ray is not None:
+            self.ray_nodes.set(len(obs.ray.alive))
+            self.gpus.set(obs.ray.gpus)
+
+    def repaired(self, kind: str, reason: str) -> None:
+        self.repairs.labels(kind, reason.split(":")[0]).inc()
+
+    def probed(self, probe: str, result: str, verdict: Verdict | None = None) -> None:
+        self.probes.labels(probe, result).inc()
+        if verdict is not None and verdict.ran:
+            self.probe_latency.labels(probe).set(verdict.latency_s)
+
+    def ready_after(self, seconds: float) -> None:
+        self.ttr.set(round(seconds, 3))
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class NoMetrics:
+    """Metrics off: the same calls, nothing done."""
+
+    def __getattr__(self, _name: str) -> Any:
+        return lambda *a, **k: None

@@ -1,0 +1,208 @@
+"""`make bench`: the supervisor's own speed and weight on the testbed, medians of several runs.
+
+- start to SERVING, minus Ray's own join time (first Ray container started -> every node ALIVE with its
+  GPU, polled independently at 20 Hz) and minus the model's own load time (serve launched -> /health
+  200, polled likewise): what the supervisor itself adds;
+- serve death: kill -9 -> repair started, and -> SERVING again;
+- worker loss: `docker rm -f` of the worker's Ray container -> repair started (also relative to the
+  moment Ray's dashboard marks the node DEAD) and -> SERVING again;
+- the idle daemon over a minute of SERVING: CPU percent of one core and resident memory;
+- `spark-supervisor status` wall time.
+Writes bench/results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from . import testbed
+from .harness import BIN, OWNED, Supervisor, write_config
+from .testbed import until
+
+DASHBOARD = "http://127.0.0.2:8265/api/v0/nodes"
+HEALTH = "http://127.0.0.2:8000/health"
+
+
+class Poller:
+    """Watches Ray and the serve from outside at 20 Hz, recording when each condition first held."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=0.5) as http:
+            while not self._stop.wait(0.05):
+                now = time.time()
+                try:
+                    rows = http.get(DASHBOARD).json()["data"]["result"]["result"]
+                    alive = [r for r in rows if r["state"] == "ALIVE"]
+                    if len(alive) == 2 and sum(r["resources_total"].get("GPU", 0) for r in alive) >= 2:
+                        self.seen.setdefault("ray_formed", now)
+                    if any(r["state"] == "DEAD" for r in rows):
+                        self.seen.setdefault("ray_dead", now)
+                except (httpx.HTTPError, ValueError, KeyError):
+                    pass
+                try:
+                    if http.get(HEALTH).status_code == 200:
+                        self.seen.setdefault("api_up", now)
+                except httpx.HTTPError:
+                    pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(timeout=2)
+
+
+def _ts(e: dict[str, Any]) -> float:
+    return datetime.fromisoformat(e["timestamp"]).timestamp()
+
+
+def _first(d: Supervisor, event: str, after: float = 0.0, **match: Any) -> float:
+    for e in d.events(event):
+        if _ts(e) >= after and all(e.get(k) == v for k, v in match.items()):
+            return _ts(e)
+    raise AssertionError(f"no {event} {match} after {after}")
+
+
+def _serving_after(d: Supervisor, t: float) -> float:
+    st = d.wait(lambda s: s["phase"] == "SERVING" and datetime.fromisoformat(s["since"]).timestamp() > t, 300,
+                "SERVING")
+    return datetime.fromisoformat(st["since"]).timestamp()
+
+
+def cold_start(workdir: Path) -> dict[str, float]:
+    testbed.clean_containers()
+    for node in testbed.NODES:
+        testbed.plant_stale(node)
+    poller = Poller()
+    t0 = time.time()
+    d = Supervisor(write_config(workdir), workdir, f"cold-{int(t0)}")
+    try:
+        serving = _serving_after(d, t0)
+        ray_start = _first(d, "ray.container_started", role="head")
+        serve_start = _first(d, "serve.launched")
+        ray_join = poller.seen["ray_formed"] - ray_start
+        load = poller.seen["api_up"] - serve_start
+        return {"total": serving - t0, "ray_join": ray_join, "load": load,
+                "overhead": serving - t0 - ray_join - load}
+    finally:
+        poller.stop()
+        d.stop()
+
+
+def fault(d: Supervisor, inject: Callable[[], object]) -> dict[str, float]:
+    poller = Poller()
+    try:
+        t = time.time()
+        inject()
+        until(lambda: any(_ts(e) >= t for e in d.events("repair.started")), 60, "repair", every=0.05)
+        repair = _first(d, "repair.started", after=t)
+        back = _serving_after(d, t)
+        out = {"detect": repair - t, "back": back - t}
+        if "ray_dead" in poller.seen:
+            out["after_ray_dead"] = repair - poller.seen["ray_dead"]
+        return out
+    finally:
+        poller.stop()
+
+
+def idle(d: Supervisor, seconds: float) -> dict[str, float]:
+    p = psutil.Process(d.proc.pid)
+    p.cpu_percent(None)
+    rss = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        threading.Event().wait(1.0)  # one memory sample a second
+        rss.append(p.memory_info().rss / 2**20)
+    return {"cpu_percent": p.cpu_percent(None), "rss_mib": max(rss)}
+
+
+def status_time(config: Path) -> float:
+    times = []
+    for _ in range(5):
+        t = time.monotonic()
+        subprocess.run([str(BIN / "spark-supervisor"), "status", "--config", str(config)], capture_output=True,
+                       check=True, timeout=10)
+        times.append(time.monotonic() - t)
+    return statistics.median(times)
+
+
+def med(rows: list[dict[str, float]], key: str) -> str:
+    vals = [r[key] for r in rows if key in r]
+    return f"{statistics.median(vals):.2f} s (n={len(vals)}, worst {max(vals):.2f})" if vals else "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="spark-testbed-bench")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--idle-seconds", type=float, default=60)
+    a = ap.parse_args(argv)
+    testbed.up()
+    os.environ.update(testbed.env())
+    workdir = testbed.DIR / "bench" / time.strftime("%Y%m%dT%H%M%S")
+    workdir.mkdir(parents=True)
+    cold = [cold_start(workdir) for _ in range(a.runs)]
+    print("cold starts:", cold, flush=True)
+
+    testbed.clean_containers()
+    d = Supervisor(write_config(workdir, {"healing": {"repair_budget": 100}}), workdir, "faults")
+    try:
+        d.wait_phase("SERVING", 300)
+        quiet = idle(d, a.idle_seconds)
+        print("idle:", quiet, flush=True)
+        st_time = status_time(d.config)
+        kill_serve = lambda: testbed.docker(  # noqa: E731
+            "spark-1", "exec", OWNED["spark-1"], "sh", "-c", "kill -9 $(cat /tmp/spark-supervisor/testbed/pid)")
+        deaths = [fault(d, kill_serve) for _ in range(a.runs)]
+        print("serve deaths:", deaths, flush=True)
+        losses = [fault(d, lambda: testbed.docker("spark-2", "rm", "-f", OWNED["spark-2"])) for _ in range(a.runs)]
+        print("worker losses:", losses, flush=True)
+    finally:
+        d.stop(signal.SIGTERM)
+        subprocess.run([str(BIN / "spark-supervisor"), "teardown", "--config", str(d.config)], capture_output=True,
+                       check=False, timeout=120)
+    table = "\n".join([
+        f"# make bench ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, testbed: 2 nodes on loopback, "
+        f"stand-in load 39 shards x 0.1 s; medians)",
+        "",
+        "| measure | result | goal |",
+        "|---|---|---|",
+        f"| start to SERVING (stale containers planted) | {med(cold, 'total')} | |",
+        f"| of which Ray's own join | {med(cold, 'ray_join')} | |",
+        f"| of which the model's own load | {med(cold, 'load')} | |",
+        f"| **supervisor overhead** (the rest) | {med(cold, 'overhead')} | <= 2 s |",
+        f"| serve killed -> repair started | {med(deaths, 'detect')} | <= 5 s |",
+        f"| serve killed -> SERVING again | {med(deaths, 'back')} | |",
+        f"| worker Ray container removed -> repair started | {med(losses, 'detect')} | |",
+        f"| ... relative to Ray marking the node DEAD | {med(losses, 'after_ray_dead')} | <= 2 s |",
+        f"| worker lost -> SERVING again | {med(losses, 'back')} | |",
+        f"| idle daemon CPU over {a.idle_seconds:.0f} s of SERVING | {quiet['cpu_percent']:.2f} % of a core | < 0.5 % |",
+        f"| idle daemon resident memory (max) | {quiet['rss_mib']:.1f} MiB | < 80 MB |",
+        f"| `spark-supervisor status` | {st_time:.3f} s | < 0.5 s |",
+    ])
+    out = testbed.SRC / "bench" / "results.md"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(table + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
