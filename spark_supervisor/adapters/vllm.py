@@ -15,25 +15,8 @@ class VllmApi:
         self.http, self.url, self.timeout = client, url.rstrip("/"), timeout
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
-    def observe(self) -> EndpointObservation:
-        """Connection refused is a load in progress (vLLM listens only once loaded), not a failure."""
-        try:
-            health = self.http.get(f"{self.url}/health", timeout=self.timeout).status_code
-        except httpx.ConnectError:
-            return EndpointObservation("refused")
-        except httpx.HTTPError as e:
-            return EndpointObservation("error", f"/health: {type(e).__name__}")
-        try:
-            r = self.http.get(f"{self.url}/v1/models", headers=self.headers, timeout=self.timeout)
-            if r.status_code != 200:
-                return EndpointObservation("error", f"/v1/models answered HTTP {r.status_code}", health)
-            models = tuple(str(m.get("id")) for m in r.json().get("data", []))
-        except (httpx.HTTPError, ValueError, AttributeError) as e:
-            return EndpointObservation("error", f"/v1/models: {type(e).__name__}", health)
-        return EndpointObservation("up", "", health, models)
-
     def observe_health(self) -> EndpointObservation:
-        """Only /health: the cheap check between ticks."""
+        """/health alone (the cheap check). Refused is a load in progress: vLLM listens only once loaded."""
         try:
             code = self.http.get(f"{self.url}/health", timeout=self.timeout).status_code
         except httpx.ConnectError:
@@ -41,6 +24,20 @@ class VllmApi:
         except httpx.HTTPError as e:
             return EndpointObservation("error", f"/health: {type(e).__name__}")
         return EndpointObservation("up", "", code)
+
+    def observe(self) -> EndpointObservation:
+        """/health, then the served models."""
+        ep = self.observe_health()
+        if ep.state != "up":
+            return ep
+        try:
+            r = self.http.get(f"{self.url}/v1/models", headers=self.headers, timeout=self.timeout)
+            if r.status_code != 200:
+                return EndpointObservation("error", f"/v1/models answered HTTP {r.status_code}", ep.health)
+            models = tuple(str(m.get("id")) for m in r.json().get("data", []))
+        except (httpx.HTTPError, ValueError, AttributeError) as e:
+            return EndpointObservation("error", f"/v1/models: {type(e).__name__}", ep.health)
+        return EndpointObservation("up", "", ep.health, models)
 
     def sanity(self, model: str, prompt: str, max_tokens: int, timeout: float, serve: str) -> Verdict:
         t0 = time.monotonic()
