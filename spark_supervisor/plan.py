@@ -13,7 +13,7 @@ import os
 
 from . import logscan
 from .commands import ray_container_name
-from .config import HASH_LABEL, OWNER_LABEL, Config, Deployment, Node, ray_hash, serve_hash
+from .config import HASH_LABEL, OWNER_LABEL, Config, Deployment, ray_hash, serve_hash
 from .model import (
     Action,
     Container,
@@ -145,7 +145,6 @@ def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
 
     # 3. Our Ray containers: all present, running and of the current spec, or none at all.
     rh = ray_hash(cfg, dep)
-    good: list[Node] = []
     problems: list[str] = []
     any_owned = False
     for node in members:
@@ -154,8 +153,8 @@ def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
         ok = [c for c in cs if c.name == ray_container_name(dep, node) and c.running
               and c.labels.get(HASH_LABEL) == rh]
         if ok and len(cs) == 1:
-            good.append(node)
-        elif not cs:
+            continue
+        if not cs:
             problems.append(f"{node.name}: no Ray container")
         elif any(c.labels.get(HASH_LABEL) != rh for c in cs):
             problems.append(f"{node.name}: spec changed")
