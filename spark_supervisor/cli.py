@@ -139,6 +139,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not state_dir:
         cfg = _load(args.config)
         state_dir = cfg.supervisor.state_dir
+    if args.follow:  # before the first status exists too: the daemon may only be starting
+        return cmd_follow(state_dir)
     try:
         doc = statefile.read(state_dir)
     except FileNotFoundError:
@@ -150,8 +152,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
-    if args.follow:
-        return cmd_follow(state_dir)
     dep = doc["deployment"]
     print(f"{doc['phase']} for {_ago(doc['since'])}" + (f": {doc['reason']}" if doc["reason"] else ""))
     if doc.get("progress"):

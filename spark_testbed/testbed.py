@@ -44,9 +44,6 @@ def until(cond: Callable[[], object], timeout: float, what: str, every: float = 
         time.sleep(every)
 
 
-_children: list[subprocess.Popen[bytes]] = []  # daemons we started (kept so they are reaped, not warned about)
-
-
 def sock(node: str) -> Path:
     return DIR / node / "docker.sock"
 
@@ -87,9 +84,9 @@ def start_dockerd(node: str) -> None:
     # Every testbed container uses host networking, as on the Sparks: no bridge, no iptables changes.
     args += ["--bridge", "none", "--iptables=false", "--ip-masq=false"]
     penv = {**os.environ, "PATH": f"{fakebin}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    with open(d / "dockerd.log", "ab") as logf:
-        _children.append(subprocess.Popen(args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, env=penv,
-                                          start_new_session=True))
+    with open(d / "dockerd.log", "ab") as logf:  # setsid --fork: dockerd outlives us, reparented to init
+        subprocess.run(["setsid", "--fork", *args], stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, env=penv,
+                       check=True, timeout=30)
     until(lambda: docker(node, "version", check=False).returncode == 0, 30, f"dockerd of {node}")
 
 
