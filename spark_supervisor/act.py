@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
@@ -53,8 +54,10 @@ class Actor:
                         self._systemctl(a, verb, unit)
                         self.log.info(f"clean.unit_{done}", node=node, unit=unit)
             case RemoveContainers(node=node, containers=names, why=why):
-                for name in names:
-                    if _retry(w.nodes[node].docker.remove)(name):
+                with ThreadPoolExecutor(max_workers=len(names)) as pool:  # `docker rm -f` waits for each stop
+                    removed = list(pool.map(_retry(w.nodes[node].docker.remove), names))
+                for name, existed in zip(names, removed, strict=True):
+                    if existed:
                         self.log.info("clean.container_removed", node=node, container=name, why=why)
             case StartRay(node=node):
                 a = w.nodes[node]

@@ -6,6 +6,7 @@ Signal handlers only record the signal and wake the loop; the loop dispatches th
 from __future__ import annotations
 
 import collections
+import concurrent.futures as cf
 import dataclasses
 import fcntl
 import json
@@ -21,6 +22,7 @@ from . import config as config_mod
 from . import logscan, probes, statefile
 from .act import ActionFailed, Actor
 from .adapters import AdapterError
+from .adapters.quick import QuickProbe
 from .adapters.shell import control_dir
 from .config import Config
 from .model import (
@@ -30,6 +32,7 @@ from .model import (
     Observation,
     Phase,
     RayObservation,
+    RemoveContainers,
     Status,
     Tracker,
     Verdict,
@@ -77,6 +80,7 @@ class RealBackend:
     def __init__(self, cfg: Config, log: Any):
         self.world = World(cfg, control_dir=control_dir(cfg.supervisor.state_dir))
         self.observer, self.actor, self.log = Observer(self.world), Actor(self.world, log), log
+        self.quick_probe = QuickProbe(self.world.ray.url, self.world.api.url)
 
     def observe(self, full: bool) -> Observation:
         return self.observer.observe(full)
@@ -85,12 +89,13 @@ class RealBackend:
         return self.actor.run(action)
 
     def quick(self) -> Fingerprint:
-        return fingerprint(self.world.ray.observe(), self.world.api.observe_health())
+        return fingerprint(self.quick_probe.ray_nodes(), self.quick_probe.health())
 
     def teardown(self) -> list[str]:
         return teardown(self.world, self.log)
 
     def close(self) -> None:
+        self.quick_probe.close()
         self.world.close()
 
 
@@ -118,6 +123,7 @@ class Daemon:
         self._stall_logged = False
         self._last_status = ""
         self._tracked_serve = ""
+        self._eager = 0  # consecutive ticks run at once after acting
         self._fingerprint: Fingerprint = (None, "unknown")
         self.repairs = statefile.RepairLog(cfg.supervisor.state_dir)
         self._bringup_at = clock()  # the start of the current bring-up (daemon start, a repair): time to ready
@@ -155,15 +161,12 @@ class Daemon:
         if decision.repair:
             self._start_repair(decision, now)
         failure = decision.reason if decision.failure else ""
-        for action in decision.actions:
-            self.notifier.watchdog(self.clock())  # still the main loop: a long tick is not a hung one
-            self.log.info("action.started", **describe(action))
-            try:
-                verdict = self.backend.run(action)
-            except ActionFailed as e:
-                self.log.warning("action.failed", action=type(action).__name__, reason=e.reason)
-                failure = e.reason
+        for action, result in self._run(decision.actions):
+            if isinstance(result, ActionFailed):
+                self.log.warning("action.failed", action=type(action).__name__, reason=result.reason)
+                failure = result.reason
                 break
+            verdict = result
             if isinstance(action, Verify) and verdict is not None:
                 # Readiness and the periodic deep probe feed one tracker: a serve that never answers
                 # its first completion is as wedged as one that stops answering later.
@@ -182,6 +185,12 @@ class Daemon:
         self._fingerprint = fingerprint(obs.ray, obs.endpoint)
         self.metrics.update(st, obs, self.clock())
         self._write_status(now)
+        if decision.actions and not failure and st.phase not in (Phase.SERVING, Phase.FAILED):
+            self._eager += 1
+            if self._eager <= 3:  # bounded: something that comes back as fast as it is removed must not spin us
+                return 0.0  # something was done: look again at once rather than idle for an interval
+        else:
+            self._eager = 0
         if st.phase in (Phase.SERVING, Phase.FAILED):
             return cfg.supervisor.interval
         if st.phase == Phase.BACKOFF:
@@ -192,6 +201,36 @@ class Daemon:
         if st.phase == Phase.LOADING:
             return min(cfg.deployment.readiness.poll_interval, cfg.supervisor.interval)
         return cfg.supervisor.transition_interval
+
+    def _run(self, actions: tuple[Action, ...]) -> list[tuple[Action, Verdict | ActionFailed | None]]:
+        """Run actions in order; consecutive removals (one per node) run at once. Stops at a failure."""
+        done: list[tuple[Action, Verdict | ActionFailed | None]] = []
+        i = 0
+        while i < len(actions):
+            j = i + 1
+            while (isinstance(actions[i], RemoveContainers) and j < len(actions)
+                   and isinstance(actions[j], RemoveContainers)):
+                j += 1
+            batch = actions[i:j]
+            self.notifier.watchdog(self.clock())  # still the main loop: a long tick is not a hung one
+            for a in batch:
+                self.log.info("action.started", **describe(a))
+            if len(batch) == 1:
+                results = [self._run_one(batch[0])]
+            else:
+                with cf.ThreadPoolExecutor(max_workers=len(batch)) as pool:
+                    results = list(pool.map(self._run_one, batch))
+            done += list(zip(batch, results, strict=True))
+            if any(isinstance(r, ActionFailed) for r in results):
+                break
+            i = j
+        return done
+
+    def _run_one(self, action: Action) -> Verdict | ActionFailed | None:
+        try:
+            return self.backend.run(action)
+        except ActionFailed as e:
+            return e
 
     def _track(self, obs: Observation, now: float) -> None:
         """Liveness of the serve that is SERVING; a new serve instance starts its trackers afresh."""

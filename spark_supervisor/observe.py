@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 import httpx
@@ -21,6 +22,8 @@ from .preflight import parse_ip_addr
 from .model import (
     Container,
     EndpointObservation,
+    Gpu,
+    Memory,
     NodeObservation,
     Observation,
     ServeObservation,
@@ -55,9 +58,11 @@ class World:
         self.api = VllmApi(self.http, cfg.endpoint(dep), api_key=dep.readiness.api_key,
                            timeout=min(sup.io_timeout, 5))
         self.pool = cf.ThreadPoolExecutor(max_workers=len(cfg.nodes) + 2, thread_name_prefix="observe")
+        self.probes = cf.ThreadPoolExecutor(max_workers=4 * len(cfg.nodes), thread_name_prefix="probe")
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.probes.shutdown(wait=False, cancel_futures=True)
         self.http.close()
         for a in self.nodes.values():
             a.docker.reset()
@@ -84,8 +89,38 @@ def _units(a: NodeAdapters, names: list[str]) -> tuple[Unit, ...]:
     return tuple(units)
 
 
-def observe_node(a: NodeAdapters, cfg: Config, full: bool) -> NodeObservation:
+def _nvidia(a: NodeAdapters) -> Gpu:
+    r = a.shell.run([*a.node.nvidia_smi, "-q", "-x"])
+    if r.rc != 0:
+        raise AdapterError("NvidiaSmiFailed", (r.err.strip() or r.out.strip() or f"exit {r.rc}")[-200:])
+    return parse_smi_xml(r.out)
+
+
+def _meminfo(a: NodeAdapters) -> Memory:
+    r = a.shell.run(a.node.meminfo)
+    if r.rc != 0:
+        raise AdapterError("MeminfoFailed", f"exit {r.rc}")
+    return parse_meminfo(r.out)
+
+
+def _interfaces(a: NodeAdapters) -> dict[str, tuple[str, ...]]:
+    r = a.shell.run(a.node.ip)
+    if r.rc != 0:
+        raise AdapterError("IpFailed", f"exit {r.rc}")
+    return parse_ip_addr(r.out)
+
+
+def observe_node(a: NodeAdapters, cfg: Config, full: bool, probes: cf.Executor | None = None) -> NodeObservation:
+    """Containers every tick; on a full observation also units, GPU, memory and interfaces, read in
+    parallel with the Docker calls (on a worker each is an SSH round trip)."""
     name = a.node.name
+    pending: dict[str, cf.Future[Any]] = {}
+    if full and probes is not None:
+        if cfg.stale.units:
+            pending["units"] = probes.submit(_units, a, cfg.stale.units)
+        pending["nvidia-smi"] = probes.submit(_nvidia, a)
+        pending["meminfo"] = probes.submit(_meminfo, a)
+        pending["ip"] = probes.submit(_interfaces, a)
     try:
         if a.node.remote and not a.docker.connected:
             a.shell.check()  # fail fast on a dead host before docker-py's SSH transport hangs on it
@@ -96,36 +131,19 @@ def observe_node(a: NodeAdapters, cfg: Config, full: bool) -> NodeObservation:
     if not full:
         return NodeObservation(name, containers=containers)
     errors: list[str] = []
-    units = gpu = memory = None
-    try:
-        units = _units(a, cfg.stale.units) if cfg.stale.units else ()
-    except AdapterError as e:
-        if e.reason == "SshUnreachable":
-            return NodeObservation(name, error=str(e))
-        errors.append(f"units: {e}")
-    try:
-        r = a.shell.run([*a.node.nvidia_smi, "-q", "-x"])
-        if r.rc != 0:
-            raise AdapterError("NvidiaSmiFailed", (r.err.strip() or r.out.strip() or f"exit {r.rc}")[-200:])
-        gpu = parse_smi_xml(r.out)
-    except AdapterError as e:
-        errors.append(f"nvidia-smi: {e}")
-    try:
-        r = a.shell.run(a.node.meminfo)
-        memory = parse_meminfo(r.out) if r.rc == 0 else None
-    except AdapterError as e:
-        errors.append(f"meminfo: {e}")
-    interfaces = None
-    try:
-        r = a.shell.run(a.node.ip)
-        if r.rc == 0:
-            interfaces = parse_ip_addr(r.out)
-        else:
-            errors.append(f"ip: exit {r.rc}")
-    except AdapterError as e:
-        errors.append(f"ip: {e}")
-    return NodeObservation(name, containers=containers, docker_version=version, units=units, gpu=gpu,
-                           memory=memory, interfaces=interfaces, probe_errors=tuple(errors))
+    got: dict[str, Any] = {"units": None if cfg.stale.units else ()}
+    for what, fut in pending.items():
+        try:
+            got[what] = fut.result(timeout=cfg.supervisor.io_timeout + cfg.supervisor.ssh_connect_timeout)
+        except AdapterError as e:
+            if e.reason == "SshUnreachable":
+                return NodeObservation(name, error=str(e))
+            errors.append(f"{what}: {e}")
+        except cf.TimeoutError:
+            errors.append(f"{what}: no answer")
+    return NodeObservation(name, containers=containers, docker_version=version, units=got.get("units"),
+                           gpu=got.get("nvidia-smi"), memory=got.get("meminfo"), interfaces=got.get("ip"),
+                           probe_errors=tuple(errors))
 
 
 def parse_serve_state(out: str, container_id: str = "") -> ServeObservation:
@@ -156,11 +174,31 @@ def observe_serve(world: World, head_container: Container | None) -> ServeObserv
 class Observer:
     def __init__(self, world: World, clock: Callable[[], float] = time.monotonic):
         self.world, self.clock = world, clock
+        self._serve: ServeObservation | None = None
+        self._endpoint: EndpointObservation | None = None
+
+    def _serve_and_endpoint(self, head_c: Container | None, full: bool) -> tuple[
+            ServeObservation | None, EndpointObservation | None]:
+        w = self.world
+        last, ep_last = self._serve, self._endpoint
+        if (not full and last is not None and last.running and head_c is not None and head_c.running
+                and head_c.id == last.container_id and ep_last is not None and ep_last.state == "up"):
+            # Watching a healthy serve: /health 200 proves the same process still listens, so skip the
+            # exec into the container and the model list until the next full observation.
+            health = w.api.observe_health()
+            if health.state == "up" and health.health == 200:
+                return last, EndpointObservation("up", "", 200, ep_last.models)
+        serve = observe_serve(w, head_c)
+        endpoint = w.api.observe() if serve is not None and serve.running else None
+        if endpoint is None and serve is not None:
+            endpoint = EndpointObservation("unknown")
+        self._serve, self._endpoint = serve, endpoint
+        return serve, endpoint
 
     def observe(self, full: bool) -> Observation:
         w, cfg = self.world, self.world.cfg
         timeout = cfg.supervisor.io_timeout + cfg.supervisor.ssh_connect_timeout + 5
-        futures = {name: w.pool.submit(observe_node, a, cfg, full) for name, a in w.nodes.items()}
+        futures = {name: w.pool.submit(observe_node, a, cfg, full, w.probes) for name, a in w.nodes.items()}
         ray_f = w.pool.submit(w.ray.observe)
         nodes: dict[str, NodeObservation] = {}
         for name, f in futures.items():
@@ -175,8 +213,5 @@ class Observer:
         dep = cfg.deployment
         head_name = commands.ray_container_name(dep, cfg.head)
         head_c = next((c for c in nodes[cfg.head.name].containers if c.name == head_name), None)
-        serve = observe_serve(w, head_c)
-        endpoint = w.api.observe() if serve is not None and serve.running else None
-        if endpoint is None and serve is not None:
-            endpoint = EndpointObservation("unknown")
+        serve, endpoint = self._serve_and_endpoint(head_c, full)
         return Observation(self.clock(), full, nodes, ray, serve, endpoint)

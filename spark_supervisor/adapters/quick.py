@@ -1,0 +1,64 @@
+"""The once-a-second watch between ticks: Ray's node list and vLLM's /health over kept-alive connections.
+
+Plain http.client rather than httpx here: this runs every second for the daemon's whole life and must cost
+next to nothing (about a quarter of httpx's CPU per request); every other HTTP call goes through httpx.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.parse
+
+from ..model import EndpointObservation, RayObservation
+from .ray import parse_nodes
+
+
+class KeptAlive:
+    def __init__(self, url: str, timeout: float):
+        u = urllib.parse.urlsplit(url)
+        self.host, self.port, self.timeout = u.hostname or "127.0.0.1", u.port or 80, timeout
+        self.conn: http.client.HTTPConnection | None = None
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        for attempt in (1, 2):  # a kept-alive connection the server closed: reconnect once
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            try:
+                self.conn.request("GET", path)
+                r = self.conn.getresponse()
+                return r.status, r.read()
+            except (OSError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+
+class QuickProbe:
+    def __init__(self, ray_url: str, api_url: str, timeout: float = 1.0):
+        self.ray, self.api = KeptAlive(ray_url, timeout), KeptAlive(api_url, timeout)
+
+    def ray_nodes(self) -> RayObservation:
+        try:
+            status, body = self.ray.get("/api/v0/nodes?limit=100")
+            if status != 200:
+                return RayObservation(False, f"HTTP {status}")
+            return RayObservation(True, nodes=parse_nodes(json.loads(body)))
+        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as e:
+            return RayObservation(False, type(e).__name__)
+
+    def health(self) -> EndpointObservation:
+        try:
+            status, _ = self.api.get("/health")
+        except ConnectionRefusedError:
+            return EndpointObservation("refused")
+        except (OSError, http.client.HTTPException) as e:
+            return EndpointObservation("error", type(e).__name__)
+        return EndpointObservation("up", "", status)
+
+    def close(self) -> None:
+        for k in (self.ray, self.api):
+            if k.conn is not None:
+                k.conn.close()
