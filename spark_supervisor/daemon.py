@@ -454,17 +454,32 @@ class Daemon:
             step = left
             if self.notifier.watchdog_interval:
                 step = min(step, self.notifier.watchdog_interval)
-            watching = self.status.phase == Phase.SERVING
-            if watching:
-                step = min(step, self.cfg.healing.quick_check_interval)
+            quick = self._quick_interval()
+            if quick:
+                step = min(step, quick)
             if self._wake.wait(step):
                 break
-            if watching and self.clock() < deadline:
-                seen = self.backend.quick()
-                if seen != self._fingerprint:
-                    self.log.info("watch.changed", ray_alive=sorted(seen[0]) if seen[0] else None, health=seen[1])
+            if quick and self.clock() < deadline:
+                seen, (ray_then, health_then) = self.backend.quick(), self._fingerprint
+                # The tick may not have looked at /health (no serve yet): then only Ray counts.
+                if seen[0] != ray_then or (health_then != "unknown" and seen[1] != health_then):
+                    if self.status.phase == Phase.SERVING:
+                        self.log.info("watch.changed", ray_alive=sorted(seen[0]) if seen[0] else None,
+                                      health=seen[1])
                     break
         self._wake.clear()
+
+    # While bringing the deployment up, the cheap check wakes the loop the moment Ray forms or the API
+    # starts listening, instead of a poll interval later.
+    _BRINGUP_QUICK_S = 0.2
+
+    def _quick_interval(self) -> float:
+        phase = self.status.phase
+        if phase == Phase.SERVING:
+            return self.cfg.healing.quick_check_interval
+        if phase in (Phase.STARTING_RAY, Phase.STARTING_VLLM, Phase.LOADING, Phase.VERIFYING):
+            return min(self._BRINGUP_QUICK_S, self.cfg.healing.quick_check_interval)
+        return 0.0
 
     def rearm(self, why: str) -> None:
         """Leave FAILED (and forget the repair budget when the operator asks for a reset)."""

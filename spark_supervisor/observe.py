@@ -123,7 +123,7 @@ def observe_node(a: NodeAdapters, cfg: Config, full: bool, probes: cf.Executor |
         pending["ip"] = probes.submit(_interfaces, a)
     try:
         if a.node.remote and not a.docker.connected:
-            a.shell.check()  # fail fast on a dead host before docker-py's SSH transport hangs on it
+            a.shell.reachable()  # fail fast on a dead host before docker-py's SSH transport hangs on it
         containers = tuple(a.docker.containers())
         version = a.docker.version() if full else ""
     except AdapterError as e:

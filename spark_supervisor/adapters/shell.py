@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import subprocess
 from dataclasses import dataclass
 
@@ -54,6 +55,7 @@ class NodeShell:
                  control_dir: str = ""):
         self.node, self.target = node_name, ssh_target
         self.timeout, self.connect_timeout, self.control_dir = timeout, connect_timeout, control_dir
+        self._addr: tuple[str, int] | None = None
 
     def argv(self, argv: list[str]) -> list[str]:
         if not self.target:
@@ -71,3 +73,18 @@ class NodeShell:
         """Raise SshUnreachable unless the node answers over SSH (a no-op on the head)."""
         if self.target:
             self.run(["true"], timeout=self.connect_timeout + 5)
+
+    def reachable(self) -> None:
+        """A cheap pre-check before docker-py's SSH transport (which has no connect timeout of its own):
+        a TCP connect to the node's sshd, address and port as ssh(1) resolves them (cached)."""
+        if not self.target:
+            return
+        if self._addr is None:
+            r = run_local(["ssh", *(["-F", ssh_config_file()] if ssh_config_file() else []), "-G", self.target],
+                          self.timeout)
+            conf = dict(line.split(" ", 1) for line in r.out.splitlines() if " " in line)
+            self._addr = (conf.get("hostname", self.target), int(conf.get("port", "22")))
+        try:
+            socket.create_connection(self._addr, timeout=self.connect_timeout).close()
+        except OSError as e:
+            raise AdapterError("SshUnreachable", f"{self.target} ({self._addr[0]}:{self._addr[1]}): {e}") from None
