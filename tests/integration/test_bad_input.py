@@ -20,7 +20,7 @@ def test_unreachable_worker_is_a_reason_and_heals_when_it_answers(clean, supervi
     try:
         d = supervisor(write_config(tmp_path, FAST))
         st = d.wait(lambda s: s["phase"] == "BACKOFF" and s["failures"] >= 2, 60, "two failed attempts")
-        assert st["reason"].startswith("NodeUnreachable: spark-2: SshUnreachable: ssh spark-2")
+        assert st["reason"].startswith("NodeUnreachable: spark-2: SshUnreachable: spark-2 (127.0.0.1:2222)")
         assert st["nodes"]["spark-2"]["error"].startswith("SshUnreachable")
         # Nothing was touched while the gang was incomplete, not even the head's stale container.
         assert "vllm_node" in containers("spark-1")
