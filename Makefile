@@ -3,7 +3,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := $(CURDIR)/.venv
 BIN := $(VENV)/bin
-APT_PACKAGES := docker.io containerd runc iptables busybox-static openssh-server openssh-client iproute2
+APT_PACKAGES := docker.io containerd runc iptables busybox-static openssh-server openssh-client iproute2 \
+	debootstrap procps
 TESTBED_ENV = eval "$$($(BIN)/spark-testbed env)"
 PYTEST_ARGS ?=
 
@@ -16,7 +17,8 @@ CONFIG_DIR ?= /etc/spark-supervisor
 all: test
 
 deps:  ## Debian packages: Docker engine, sshd, busybox (only what is missing)
-	@missing=""; for c in dockerd:docker.io runc:runc sshd:openssh-server busybox:busybox-static ssh:openssh-client ip:iproute2; do \
+	@missing=""; for c in dockerd:docker.io runc:runc sshd:openssh-server busybox:busybox-static ssh:openssh-client \
+	  ip:iproute2 debootstrap:debootstrap pgrep:procps; do \
 	  command -v $${c%%:*} >/dev/null 2>&1 || [ -x /usr/sbin/$${c%%:*} ] || missing="$$missing $${c##*:}"; done; \
 	$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && \
