@@ -55,7 +55,7 @@ def ray_container(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
         volumes[src] = {"bind": dst, "mode": mode[0] if mode else "rw"}
     options: dict[str, Any] = {
         "network_mode": "host", "shm_size": ray.shm_size, "init": ray.init, "privileged": ray.privileged,
-        "volumes": volumes, "detach": True,
+        "volumes": volumes,
     }
     if ray.ipc_host:
         options["ipc_mode"] = "host"

@@ -6,6 +6,7 @@ updates) and ``\\n``, and every pattern is an unanchored search (see wire-format
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -155,6 +156,7 @@ def classify(text: str) -> Failure | None:
     return None
 
 
+@functools.lru_cache(maxsize=4)  # the planner and the daemon read the same tail, often unchanged between ticks
 def scan(text: str) -> LoadProgress:
     milestone, done, total, graphs, version, pg, rate = "", 0, 0, 0, "", 0, 0.0
     for line in lines(text):

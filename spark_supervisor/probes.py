@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .model import EndpointObservation, Tracker, Verdict
+from .model import EndpointObservation, Verdict
 
 def chat_request(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": prompt}],
@@ -60,5 +60,3 @@ def health_result(ep: EndpointObservation | None) -> str:
 def deep_result(v: Verdict) -> str:
     return "unknown" if not v.ran else ("success" if v.passed else "failure")
 
-
-__all__ = ["Tracker", "chat_request", "deep_result", "health_result", "judge_completion"]

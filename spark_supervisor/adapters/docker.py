@@ -108,7 +108,6 @@ class DockerEngine:
         opts = dict(spec.options)
         if opts.pop("gpus_all", False):
             opts["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
-        opts.pop("detach", None)
         if "ulimits" in opts:
             from docker.types import Ulimit
             opts["ulimits"] = [Ulimit(name=k, soft=v, hard=v) for k, v in opts["ulimits"].items()]

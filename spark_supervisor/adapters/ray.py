@@ -28,9 +28,3 @@ class RayDashboard:
         except (ValueError, KeyError, TypeError) as e:
             return RayObservation(False, f"RayDashboardUnreadable: {e}"[:200])
         return RayObservation(True, nodes=nodes)
-
-    def version(self) -> str:
-        try:
-            return str(self.http.get(f"{self.url}/api/version", timeout=self.timeout).json().get("ray_version", ""))
-        except (httpx.HTTPError, ValueError):
-            return ""
