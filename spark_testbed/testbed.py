@@ -229,7 +229,9 @@ def stop_sshd(sessions: bool = False) -> None:
     children = []
     if sessions:
         import psutil
-        children = psutil.Process(pid).children(recursive=True)
+        # The per-connection sshd processes only: killing what runs inside a session (the login shell's
+        # rc files, e.g. `pyenv rehash`) can leave its locks behind and hang every later login.
+        children = psutil.Process(pid).children(recursive=False)
     os.kill(pid, signal.SIGTERM)
     for child in children:
         try:
