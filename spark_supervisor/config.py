@@ -1,27 +1,51 @@
 """Load and validate the TOML config; derive spec hashes.
 
-Every problem is reported as ``<file>: <key>: <message>`` so an operator can fix it without guessing.
+Every problem is reported as ``<file>: <key>: <message>`` so an operator can fix it without guessing, and
+nothing but a ``ConfigError`` ever leaves ``load()``/``parse()``, whatever file the OS hands us.
 String values may reference environment variables as ``${NAME}`` (``$$`` for a literal ``$``).
 """
 
 from __future__ import annotations
 
+import difflib
+import fnmatch
 import hashlib
 import ipaddress
 import json
 import os
 import re
 import shlex
+import stat
 import tomllib
+import typing
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 OWNER_LABEL = "spark-supervisor.owner"
 HASH_LABEL = "spark-supervisor.spec-hash"
 NODE_LABEL = "spark-supervisor.node"
 ROLE_LABEL = "spark-supervisor.role"
+LABEL_PREFIX = "spark-supervisor."
+
+# Set per node from nodes[].fabric_ip / fabric_interface (commands.node_env); never shared between nodes.
+FABRIC_ENV = ("VLLM_HOST_IP", "RAY_NODE_IP_ADDRESS", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+              "TP_SOCKET_IFNAME", "UCX_NET_DEVICES", "OMPI_MCA_btl_tcp_if_include")
+API_KEY_ENV = "VLLM_API_KEY"  # how the serve receives the key (never on its command line)
+MAX_CONFIG_BYTES = 1 << 20
+MAX_KEY_BYTES = 4096
 
 
 class ConfigError(Exception):
@@ -33,11 +57,66 @@ class ConfigError(Exception):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Problems found by a model validator are raised as one ValueError whose lines are "@key@ message":
+# an absolute key, or one starting with "." or "[" relative to the model that raised it.
+def _raise(problems: list[tuple[str, str]]) -> None:
+    if problems:
+        raise ValueError("\n".join(f"@{k}@ {m}" for k, m in problems))
+
+
+def _q(v: str) -> str:
+    """A value quoted for a message: always one line, whatever it holds."""
+    return json.dumps(v)
+
+
+def _upper(limit: float, unit: str = "s") -> AfterValidator:
+    def check(v: float) -> float:
+        if v > limit:
+            raise ValueError(f"{v:g} {unit} is more than the {limit:g} {unit} limit: a typo? (the unit is "
+                             f"{'seconds' if unit == 's' else unit})")
+        return v
+    return AfterValidator(check)
 
 
 Seconds = Annotated[float, Field(gt=0)]
-Argv = list[str]
+# Upper bounds where a typo (milliseconds for seconds, a zero too many) would hurt.
+Sec60 = Annotated[float, Field(gt=0), _upper(60)]
+Sec120 = Annotated[float, Field(gt=0), _upper(120)]
+Sec600 = Annotated[float, Field(gt=0), _upper(600)]
+Sec3600 = Annotated[float, Field(gt=0), _upper(3600)]
+SecDay = Annotated[float, Field(gt=0), _upper(86400)]
+SecWeek = Annotated[float, Field(gt=0), _upper(7 * 86400)]
+SecMonth = Annotated[float, Field(gt=0), _upper(30 * 86400)]
+
+
+def _port(v: int) -> int:
+    if not 1 <= v <= 65535:
+        raise ValueError(f"port {v} is out of range 1..65535")
+    return v
+
+
+Port = Annotated[int, AfterValidator(_port)]
+
+
+def _argv(v: list[str]) -> list[str]:
+    if not v:
+        raise ValueError("an empty command: give the program and its arguments as a list, or remove the key "
+                         "to use the default")
+    if not v[0].strip():
+        raise ValueError("the program name (first element) is empty")
+    return v
+
+
+def _opt_argv(v: list[str]) -> list[str]:
+    return _argv(v) if v else v
+
+
+Argv = Annotated[list[str], AfterValidator(_argv)]
+OptionalArgv = Annotated[list[str], AfterValidator(_opt_argv)]
 
 
 def _split_args(value: Any) -> Any:
@@ -50,35 +129,342 @@ def _split_args(value: Any) -> Any:
     return value
 
 
+def _abs_path(v: str) -> str:
+    if not v.startswith("/"):
+        raise ValueError(f"{_q(v)} is a relative path: give an absolute path (the daemon's working "
+                         "directory is not yours)")
+    return v
+
+
+def _opt_abs_path(v: str) -> str:
+    return _abs_path(v) if v else v
+
+
+AbsPath = Annotated[str, AfterValidator(_abs_path)]
+OptionalAbsPath = Annotated[str, AfterValidator(_opt_abs_path)]
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _env_name(v: str) -> str:
+    if not _ENV_NAME.fullmatch(v):
+        raise ValueError(f"{_q(v)} is not a valid environment variable name: use letters, digits and '_', "
+                         "not starting with a digit")
+    if v == API_KEY_ENV:
+        raise ValueError(f"{API_KEY_ENV} is set by the supervisor from readiness.api_key_file or "
+                         "readiness.api_key_env: remove it here")
+    return v
+
+
+def _shared_env_name(v: str) -> str:
+    _env_name(v)
+    if v in FABRIC_ENV:
+        raise ValueError(f"{v} is per node (set from nodes[].fabric_ip / fabric_interface): here it would be "
+                         "copied to every node; remove it (a per-node override goes in nodes[].env)")
+    return v
+
+
+EnvName = Annotated[str, AfterValidator(_env_name)]
+SharedEnvName = Annotated[str, AfterValidator(_shared_env_name)]
+
+
+def _opt_env_name(v: str) -> str:
+    if v and not _ENV_NAME.fullmatch(v):
+        raise ValueError(f"{_q(v)} is not a valid environment variable name")
+    return v
+
+
+# ----------------------------------------------------------------------------------------------------
+def _fabric_ip(v: str) -> str:
+    try:
+        ip = ipaddress.ip_address(v)
+    except ValueError:
+        raise ValueError(f"not an IP address: {v!r}") from None
+    if ip.version == 6:
+        raise ValueError("IPv6 is not supported: use the fabric's IPv4 address")
+    if ip.is_unspecified:
+        raise ValueError(f"{v} is not a node's address: use this node's own IPv4 address on the fabric")
+    if ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255") or ip.is_reserved:
+        raise ValueError(f"{v} is a multicast, broadcast or reserved address: use this node's own IPv4 "
+                         "address on the fabric")
+    return v
+
+
+def _bind_ip(v: str) -> str:
+    try:
+        ip = ipaddress.ip_address(v)
+    except ValueError:
+        raise ValueError(f"not an IP address: {v!r}: use 0.0.0.0 or one of the head's IPv4 addresses") from None
+    if ip.version == 6:
+        raise ValueError("IPv6 is not supported: use 0.0.0.0 or one of the head's IPv4 addresses")
+    if ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255") or ip.is_reserved:
+        raise ValueError(f"{v} cannot be bound: use 0.0.0.0 or one of the head's IPv4 addresses")
+    return v
+
+
+def _ifname(v: str) -> str:
+    # The kernel's own rule (dev_valid_name): at most IFNAMSIZ-1 bytes, no '/', ':' or whitespace.
+    if v and (len(v.encode()) > 15 or v in (".", "..") or any(c in "/:" or c.isspace() for c in v)):
+        raise ValueError(f"{_q(v)} is not a Linux interface name (at most 15 characters, no '/', ':' or "
+                         "whitespace): give the fabric interface as `ip link` shows it, e.g. \"enp1s0f1np1\"")
+    return v
+
+
+def _no_space(v: str) -> bool:
+    return not any(c.isspace() or unicodedata.category(c) == "Cc" for c in v)
+
+
+def _ssh_target(v: str) -> str:
+    if v.startswith("-"):
+        raise ValueError(f"{_q(v)} begins with '-': ssh would read it as an option; give user@host or a Host "
+                         "from ssh_config")
+    if not _no_space(v):
+        raise ValueError(f"{_q(v)} contains whitespace: give user@host or a Host from ssh_config")
+    return v
+
+
+_SSH_URL = re.compile(r"ssh://(?:(?P<user>[^@/\s]+)@)?(?P<host>[^@/:\s]+)(?::(?P<port>\d{1,5}))?/?")
+_TCP_URL = re.compile(r"tcp://(?P<host>[^@/:\s]+)(?::(?P<port>\d{1,5}))?/?")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _docker_url(v: str) -> str:
+    if v == "local":
+        return v
+    if not re.match(r"^(unix|ssh|tcp)://", v):
+        raise ValueError(f"expected 'local', unix://, ssh:// or tcp://, got {v!r}")
+    if v.startswith("unix://"):
+        if not v[len("unix://"):].startswith("/"):
+            raise ValueError(f"{_q(v)}: unix:// needs an absolute socket path, e.g. unix:///var/run/docker.sock")
+        return v
+    if v.startswith("ssh://"):
+        m = _SSH_URL.fullmatch(v)
+        if not m:
+            raise ValueError(f"{_q(v)} is not ssh://[user@]host[:port]")
+        if any((m.group(g) or "").startswith("-") for g in ("user", "host")):
+            raise ValueError(f"{_q(v)}: the user or host begins with '-': ssh would read it as an option")
+    else:
+        m = _TCP_URL.fullmatch(v)
+        if not m:
+            raise ValueError(f"{_q(v)} is not tcp://host:port")
+        if not _loopback(m.group("host")):
+            raise ValueError(f"{_q(v)}: a plain tcp:// engine is unauthenticated root access to that host: use "
+                             "ssh://root@host (tcp:// only to a loopback address)")
+    if m.group("port") and not 1 <= int(m.group("port")) <= 65535:
+        raise ValueError(f"{_q(v)}: port {m.group('port')} is out of range 1..65535")
+    return v
+
+
+# ----------------------------------------------------------------------------------------------------
+_UNIT_CHARS = re.compile(r"[A-Za-z0-9_:.\\@-]{1,255}")
+_UNIT_TYPES = {"service", "socket", "timer", "path", "target", "mount", "automount", "swap", "slice", "scope",
+               "device"}
+_STALE_UNIT_TYPES = {"service", "socket", "timer", "path"}
+# Units the host (or we) need: stopping, disabling or masking them would cut the branch we sit on.
+_HOST_UNITS = {
+    "spark-supervisor", "docker", "containerd", "ssh", "sshd", "dbus", "dbus-broker", "polkit", "networking",
+    "network", "network-online", "wpa_supplicant", "nvidia-persistenced", "nvidia-fabricmanager",
+    "nvidia-dcgm", "cron", "crond", "rsyslog", "syslog", "chrony", "chronyd", "ntp", "ntpd", "auditd",
+    "getty", "serial-getty", "autovt", "container-getty", "console-getty", "user", "user-runtime-dir",
+    "init", "emergency", "rescue", "multipathd", "iscsid", "udisks2", "snapd", "apparmor", "ufw",
+    "firewalld", "nftables", "iptables", "netfilter-persistent", "openibd", "rdma", "rdma-ndd",
+}
+_HOST_UNIT_PREFIXES = ("systemd-", "networkmanager", "spark-supervisor", "lvm2-", "dm-event")
+
+
+def _unit_name(v: str) -> str:
+    if not _UNIT_CHARS.fullmatch(v) or v[0] in "-.@" or v.count("@") > 1:
+        raise ValueError(f"{_q(v)} is not a systemd unit name (letters, digits, ':', '_', '.', '-', '@', "
+                         "not starting with '-' or '.'; no globs)")
+    base, dot, kind = v.rpartition(".")
+    if not dot:
+        base, kind = v, "service"
+    elif kind not in _UNIT_TYPES:
+        raise ValueError(f"{_q(v)} has no unit type: write {_q(v + '.service')}")
+    if kind not in _STALE_UNIT_TYPES:
+        raise ValueError(f"{_q(v)}: only .service, .socket, .timer and .path units can be stopped as stale")
+    template = base.partition("@")[0].lower()
+    if template in _HOST_UNITS or template.startswith(_HOST_UNIT_PREFIXES):
+        raise ValueError(f"{_q(v)} would stop a unit the host or the supervisor needs: list only the old "
+                         "stack's units")
+    return v
+
+
+_DOCKER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]+")
+
+
+def _container_name(v: str) -> str:
+    if v.startswith("/") and _DOCKER_NAME.fullmatch(v[1:]):
+        raise ValueError(f"{_q(v)}: write the container name without the leading '/'")
+    if not _DOCKER_NAME.fullmatch(v):
+        raise ValueError(f"{_q(v)} is not a Docker container name ([A-Za-z0-9][A-Za-z0-9_.-]+)")
+    return v
+
+
+def _label(v: str) -> str:
+    key = v.partition("=")[0]
+    if not key.strip():
+        raise ValueError(f"{_q(v)} has an empty label key: write key or key=value")
+    if not _no_space(key):
+        raise ValueError(f"{_q(v)}: a label key has no whitespace")
+    if key.lower().startswith(LABEL_PREFIX):
+        raise ValueError(f"{_q(key)} is in the supervisor's own label namespace ({LABEL_PREFIX}*): name a label "
+                         "of the old stack's containers")
+    return v
+
+
+# Images that have nothing to do with an old vLLM stack: a pattern matching two of them would remove
+# (force, on every node) any container the operator runs.
+_UNRELATED_IMAGES = ("a", "zz/unlikely-name:1", "registry.example.com/x/y:tag", "busybox:latest",
+                     "example/web:latest", "library/postgres:16", "nvcr.io/nvidia/pytorch:25.01-py3",
+                     "nvcr.io/nvidia/tritonserver:25.01-py3", "ghcr.io/example/app@sha256:" + "0" * 64)
+
+
+def _image_pattern(v: str) -> str:
+    if not v.strip():
+        raise ValueError("an empty pattern: give the old stack's image, e.g. \"vllm/vllm-openai*\"")
+    hits = [i for i in _UNRELATED_IMAGES if fnmatch.fnmatch(i, v)]
+    if len(hits) >= 2:
+        raise ValueError(f"{_q(v)} is too broad: it also matches unrelated images such as {_q(hits[0])} and "
+                         f"{_q(hits[1])}; name the old stack's images, e.g. \"vllm/vllm-openai*\"")
+    return v
+
+
+_VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]+")
+_VOLUME_MODES = {"ro", "rw", "z", "Z"}
+
+
+def _volume(v: str) -> str:
+    parts = v.split(":")
+    eg = ' e.g. "/root/.cache/huggingface:/root/.cache/huggingface:ro"'
+    if len(parts) not in (2, 3):
+        raise ValueError(f"{_q(v)} is not src:dst[:mode] (no other ':' allowed),{eg}")
+    src, dst = parts[0], parts[1]
+    if not (src.startswith("/") or _VOLUME_NAME.fullmatch(src)):
+        raise ValueError(f"{_q(v)}: the source {_q(src)} is neither an absolute path nor a volume name,{eg}")
+    if not dst.startswith("/"):
+        raise ValueError(f"{_q(v)}: the destination {_q(dst)} is not an absolute path in the container,{eg}")
+    if not dst.strip("/"):
+        raise ValueError(f"{_q(v)}: the destination '/' would replace the container's root filesystem")
+    if len(parts) == 3:
+        modes = parts[2].split(",")
+        if (any(m not in _VOLUME_MODES for m in modes) or len(set(modes)) != len(modes)
+                or {"ro", "rw"} <= set(modes) or {"z", "Z"} <= set(modes)):
+            raise ValueError(f"{_q(v)}: the mode {_q(parts[2])} is not ro, rw, z, Z or a comma list of them")
+    return v
+
+
+_SIZE = re.compile(r"(?P<n>[0-9]+(?:\.[0-9]+)?)(?P<unit>[bkmgBKMG][bB]?)?")
+
+
+def _docker_size(v: str) -> str:
+    m = _SIZE.fullmatch(v)
+    if not m or float(m.group("n")) == 0:
+        raise ValueError(f"{_q(v)} is not a Docker size: digits with an optional b, k, m or g suffix, e.g. "
+                         "\"10.24g\"")
+    return v
+
+
+_ULIMITS = ("core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile", "nproc", "rss",
+            "rtprio", "rttime", "sigpending", "stack")
+
+
+def _ulimit_name(v: str) -> str:
+    if v not in _ULIMITS:
+        raise ValueError(f"unknown ulimit {_q(v)}: use one of {', '.join(_ULIMITS)}")
+    return v
+
+
+def _ulimit_value(v: int) -> int:
+    if not -1 <= v <= 2**63 - 1:
+        raise ValueError(f"{v} is not a ulimit value: -1 (unlimited) or a number >= 0")
+    return v
+
+
+def _image(v: str) -> str:
+    if not v or not _no_space(v):
+        raise ValueError(f"{_q(v)} is not an image reference: e.g. \"vllm/vllm-openai:latest\"")
+    return v
+
+
+def _endpoint(v: str) -> str:
+    if not v:
+        return v
+    bad = ValueError(f"expected an http:// or https:// URL with a host, e.g. \"http://192.168.200.12:8000\", "
+                     f"got {v!r}")
+    if not _no_space(v):
+        raise bad
+    try:
+        u = urlsplit(v)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise bad
+        port = u.port
+    except ValueError:
+        raise bad from None
+    if port is not None and not 1 <= port <= 65535:
+        raise bad
+    return v
+
+
+# Flags the supervisor sets itself, and the key to set instead (None: always set, just remove it).
+_SERVE_FLAGS: dict[str, str | None] = {
+    "--host": "deployments.serve.host", "--port": "deployments.serve.port",
+    "--tensor-parallel-size": "deployments.serve.tensor_parallel_size",
+    "-tp": "deployments.serve.tensor_parallel_size",
+    "--pipeline-parallel-size": "deployments.serve.pipeline_parallel_size",
+    "-pp": "deployments.serve.pipeline_parallel_size",
+    "--gpu-memory-utilization": "deployments.serve.gpu_memory_utilization",
+    "--distributed-executor-backend": "deployments.serve.distributed_executor_backend",
+    "--served-model-name": "deployments.serve.served_model_name",
+    "--reasoning-parser": "deployments.serve.reasoning_parser",
+    "--tool-call-parser": "deployments.serve.tool_call_parser",
+    "--api-key": "deployments.readiness.api_key_file or api_key_env",
+}
+_RAY_FLAGS: dict[str, str | None] = {
+    "--address": "the head's nodes[].fabric_ip and deployments.ray.port", "--head": "nodes[].role",
+    "--block": None, "--node-ip-address": "nodes[].fabric_ip", "--num-gpus": "nodes[].gpus",
+    "--port": "deployments.ray.port", "--dashboard-host": "the head's nodes[].fabric_ip",
+    "--dashboard-port": "deployments.ray.dashboard_port", "--include-dashboard": None,
+}
+
+
+def _own_flags(args: list[str], table: dict[str, str | None]) -> list[tuple[str, str]]:
+    out = []
+    for i, a in enumerate(args):
+        if not a.startswith("-"):
+            continue
+        flag = a.split("=", 1)[0]
+        if flag.startswith("--"):
+            flag = flag.replace("_", "-")
+        if flag in table:
+            instead = table[flag]
+            out.append((f".extra_args[{i}]", f"{flag} is set by the supervisor: "
+                        + (f"set {instead} instead" if instead else "remove it")))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
 class Node(_Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
     role: Literal["head", "worker"]
-    fabric_ip: str
-    fabric_interface: str = ""
-    ssh: str = ""
-    docker: str = "local"
+    fabric_ip: Annotated[str, AfterValidator(_fabric_ip)]
+    fabric_interface: Annotated[str, AfterValidator(_ifname)] = ""
+    ssh: Annotated[str, AfterValidator(_ssh_target)] = ""
+    docker: Annotated[str, AfterValidator(_docker_url)] = "local"
     nvidia_smi: Argv = ["nvidia-smi"]
     meminfo: Argv = ["cat", "/proc/meminfo"]
     ip: Argv = ["ip", "-o", "addr", "show"]
-    oob: Argv = []  # optional out-of-band check for `diagnose`, run on the head (e.g. a hypervisor's `pct exec`)
-    gpus: Annotated[int, Field(ge=0)] = 1
-    env: dict[str, str] = {}
-
-    @field_validator("fabric_ip")
-    @classmethod
-    def _ip(cls, v: str) -> str:
-        try:
-            ipaddress.ip_address(v)
-        except ValueError:
-            raise ValueError(f"not an IP address: {v!r}") from None
-        return v
-
-    @field_validator("docker")
-    @classmethod
-    def _docker(cls, v: str) -> str:
-        if v != "local" and not re.match(r"^(unix|ssh|tcp)://", v):
-            raise ValueError(f"expected 'local', unix://, ssh:// or tcp://, got {v!r}")
-        return v
+    oob: OptionalArgv = []  # optional out-of-band check for `diagnose`, run on the head (e.g. a hypervisor's `pct exec`)
+    gpus: Annotated[int, Field(ge=0, le=64)] = 1
+    env: dict[EnvName, str] = {}
 
     @property
     def remote(self) -> bool:
@@ -86,36 +472,60 @@ class Node(_Strict):
 
 
 class Stale(_Strict):
-    units: list[str] = ["vllm-proxy", "vllm-embeddings", "vllm-reranker", "vllm-cluster"]
+    units: list[Annotated[str, AfterValidator(_unit_name)]] = [
+        "vllm-proxy", "vllm-embeddings", "vllm-reranker", "vllm-cluster"]
     disable: bool = False
     mask: bool = False
-    containers: list[str] = ["vllm_node", "reranker", "vllm_embeddings"]
-    container_labels: list[str] = []
-    image_patterns: list[str] = []
+    containers: list[Annotated[str, AfterValidator(_container_name)]] = ["vllm_node", "reranker", "vllm_embeddings"]
+    container_labels: list[Annotated[str, AfterValidator(_label)]] = []
+    image_patterns: list[Annotated[str, AfterValidator(_image_pattern)]] = []
     allowed_gpu_processes: list[str] = ["Xorg", "gnome-shell"]
     residual_mib: Annotated[int, Field(ge=0)] = 512
-    memory_free_timeout: Seconds = 120
+    memory_free_timeout: Sec3600 = 120
 
 
 class Ray(_Strict):
-    image: str = "vllm/vllm-openai:latest"
-    port: int = 6379
-    dashboard_port: int = 8265
+    image: Annotated[str, AfterValidator(_image)] = "vllm/vllm-openai:latest"
+    port: Port = 6379
+    dashboard_port: Port = 8265
     command: Argv = ["ray", "start"]
-    extra_args: Argv = []
-    shm_size: str = "10.24g"
+    extra_args: list[str] = []
+    shm_size: Annotated[str, AfterValidator(_docker_size)] = "10.24g"
     gpus: bool = True
     privileged: bool = False
     ipc_host: bool = True
     init: bool = True
-    volumes: list[str] = []
-    ulimits: dict[str, int] = {}
-    env: dict[str, str] = {"RAY_memory_monitor_refresh_ms": "0"}
-    head_env: dict[str, str] = {}
-    join_timeout: Seconds = 180
+    volumes: list[Annotated[str, AfterValidator(_volume)]] = []
+    ulimits: dict[Annotated[str, AfterValidator(_ulimit_name)], Annotated[int, AfterValidator(_ulimit_value)]] = {}
+    env: dict[SharedEnvName, str] = {"RAY_memory_monitor_refresh_ms": "0"}
+    head_env: dict[SharedEnvName, str] = {}
+    join_timeout: Sec3600 = 180
     image_pull: Literal["never", "if-missing"] = "never"
+    pull_timeout: SecDay = 1800  # deadline for one image pull
 
     _split = field_validator("extra_args", mode="before")(_split_args)
+
+    @model_validator(mode="after")
+    def _checks(self) -> Ray:
+        problems = _own_flags(self.extra_args, _RAY_FLAGS)
+        # Docker takes one mount per source (the spec is keyed by it) and one per destination; the very
+        # same entry twice is harmless (the testbed's Python may live under /usr).
+        by_src: dict[str, str] = {}
+        by_dst: dict[str, str] = {}
+        for i, v in enumerate(self.volumes):
+            src, dst, *_ = v.split(":")
+            norm = v if len(v.split(":")) == 3 else v + ":rw"
+            dst = dst.rstrip("/")
+            if by_src.get(src, norm) != norm:
+                problems.append((f".volumes[{i}]", f"source {_q(src)} is mounted again differently "
+                                 f"({_q(by_src[src])}): one mount per source"))
+            elif by_dst.get(dst, src) != src:
+                problems.append((f".volumes[{i}]", f"destination {_q(dst)} is also the mount of {_q(by_dst[dst])}: "
+                                 "one mount per destination"))
+            by_src.setdefault(src, norm)
+            by_dst.setdefault(dst, src)
+        _raise(problems)
+        return self
 
 
 class Serve(_Strict):
@@ -125,18 +535,40 @@ class Serve(_Strict):
     tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
     pipeline_parallel_size: Annotated[int, Field(ge=1)] = 1
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.85
-    host: str = "0.0.0.0"
-    port: int = 8000
+    host: Annotated[str, AfterValidator(_bind_ip)] = "0.0.0.0"
+    port: Port = 8000
     reasoning_parser: str = ""
     tool_call_parser: str = ""
     distributed_executor_backend: Literal["ray"] = "ray"
     placement_strategy: Literal["SPREAD", "PACK", ""] = "SPREAD"
-    extra_args: Argv = []
-    env: dict[str, str] = {}
-    log_dir: str = "/tmp/spark-supervisor"
-    stop_timeout: Seconds = 30
+    extra_args: list[str] = []
+    env: dict[SharedEnvName, str] = {}
+    log_dir: AbsPath = "/tmp/spark-supervisor"
+    stop_timeout: Sec600 = 30
 
     _split = field_validator("extra_args", mode="before")(_split_args)
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("empty: give the model to serve, e.g. \"Qwen/Qwen3.5-122B-A10B-FP8\" or a path")
+        if v != v.strip():
+            raise ValueError(f"{_q(v)} has leading or trailing whitespace: remove it")
+        return v
+
+    @field_validator("served_model_name")
+    @classmethod
+    def _served_name(cls, v: str) -> str:
+        if not _no_space(v):
+            raise ValueError(f"{_q(v)} contains whitespace or control characters: clients send this name in "
+                             "requests; use e.g. \"Qwen3.5-122B-A10B-FP8\"")
+        return v
+
+    @model_validator(mode="after")
+    def _checks(self) -> Serve:
+        _raise(_own_flags(self.extra_args, _SERVE_FLAGS))
+        return self
 
     @property
     def name(self) -> str:
@@ -144,47 +576,96 @@ class Serve(_Strict):
 
 
 class Readiness(_Strict):
-    endpoint: str = ""
-    poll_interval: Seconds = 5
-    deadline: Seconds = 1200
-    stall_timeout: Seconds = 900  # no load progress (shard, milestone) this long: a stall, repaired
-    request_timeout: Seconds = 60
+    endpoint: Annotated[str, AfterValidator(_endpoint)] = ""
+    poll_interval: Sec600 = 5
+    deadline: SecWeek = 1200
+    stall_timeout: SecWeek = 900  # no load progress (shard, milestone) this long: a stall, repaired
+    request_timeout: Sec3600 = 60
     sanity_prompt: str = "Reply with the single word: ready"
-    sanity_max_tokens: Annotated[int, Field(ge=1)] = 32
-    api_key: str = ""
+    sanity_max_tokens: Annotated[int, Field(ge=1, le=4096)] = 32
+    api_key_file: OptionalAbsPath = ""  # a file holding the serve's API key, read at load
+    api_key_env: Annotated[str, AfterValidator(_opt_env_name)] = ""  # or an environment variable holding it
+
+    # The resolved key: set by parse(), never dumped, never in repr, compared by ==.
+    _api_key: str = PrivateAttr(default="")
+
+    @model_validator(mode="after")
+    def _checks(self) -> Readiness:
+        if self.api_key_file and self.api_key_env:
+            _raise([(".api_key_env", "set either api_key_file or api_key_env, not both")])
+        return self
 
 
 class Deployment(_Strict):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")] = "llm"
     nodes: list[str] = []
-    ray: Ray = Ray()
+    ray: Ray = Field(default_factory=Ray)
     serve: Serve
-    readiness: Readiness = Readiness()
+    readiness: Readiness = Field(default_factory=Readiness)  # a fresh one each: it holds the resolved key
+
+    @property
+    def api_key(self) -> str:
+        """The serve's API key from readiness.api_key_file / api_key_env, or "" when none."""
+        return self.readiness._api_key
 
 
 class Supervisor(_Strict):
-    state_dir: str = "/var/lib/spark-supervisor"
-    interval: Seconds = 5
-    transition_interval: Seconds = 1
-    full_observe_interval: Seconds = 60
-    io_timeout: Seconds = 20
-    ssh_connect_timeout: Seconds = 5
-    backoff_base: Seconds = 5
-    backoff_max: Seconds = 300
+    state_dir: AbsPath = "/var/lib/spark-supervisor"
+    interval: Sec3600 = 5
+    transition_interval: Sec600 = 1
+    full_observe_interval: SecDay = 60
+    io_timeout: Sec600 = 20
+    ssh_connect_timeout: Sec120 = 5
+    backoff_base: Sec3600 = 5
+    backoff_max: SecDay = 300
     ready_when: Literal["serving", "started"] = "serving"
-    start_stall_timeout: Seconds = 600  # no progress this long while starting: stop extending systemd's timeout
+    start_stall_timeout: SecDay = 600  # no progress this long while starting: stop extending systemd's timeout
     on_stop: Literal["leave", "teardown"] = "leave"
+
+    @model_validator(mode="after")
+    def _checks(self) -> Supervisor:
+        problems = []
+        if os.path.normpath(self.state_dir) == "/":
+            problems.append((".state_dir", "must not be '/': use e.g. /var/lib/spark-supervisor"))
+        if self.backoff_max < self.backoff_base:
+            problems.append((".backoff_max", f"{self.backoff_max:g} is less than backoff_base "
+                             f"{self.backoff_base:g}: the cap must be at least the first delay"))
+        _raise(problems)
+        return self
 
 
 class Healing(_Strict):
-    health_failure_threshold: Annotated[int, Field(ge=1)] = 2  # consecutive /health failures before a repair
-    deep_probe_interval: Seconds = 60  # a tiny real completion: /health stays 200 when workers are wedged
-    deep_probe_timeout: Seconds = 30
-    deep_failure_threshold: Annotated[int, Field(ge=1)] = 2
-    quick_check_interval: Seconds = 1  # Ray nodes and /health between ticks while serving
+    health_failure_threshold: Annotated[int, Field(ge=1, le=100)] = 2  # consecutive /health failures before a repair
+    deep_probe_interval: SecDay = 60  # a tiny real completion: /health stays 200 when workers are wedged
+    deep_probe_timeout: Sec3600 = 30
+    deep_failure_threshold: Annotated[int, Field(ge=1, le=100)] = 2
+    quick_check_interval: Sec60 = 1  # Ray nodes and /health between ticks while serving
     repair_budget: Annotated[int, Field(ge=0)] = 3
-    repair_window: Seconds = 6 * 3600
-    node_patience: Seconds = 300  # an unreachable peer: wait this long before tearing down the rest
+    repair_window: SecMonth = 6 * 3600
+    node_patience: SecDay = 300  # an unreachable peer: wait this long before tearing down the rest
+    unknown_patience: SecDay = 60  # an observation "unknown" this long: DEGRADED (never destructive)
+
+    @model_validator(mode="after")
+    def _checks(self) -> Healing:
+        if self.deep_probe_timeout >= self.deep_probe_interval:
+            _raise([(".deep_probe_timeout", f"{self.deep_probe_timeout:g} s is not less than deep_probe_interval "
+                     f"{self.deep_probe_interval:g} s: probes would overlap; lower it or raise the interval")])
+        return self
+
+
+class Retry(_Strict):
+    """How a transient adapter error (engine, SSH, HTTP hiccup) is retried, in tenacity's terms."""
+
+    stop_after_attempt: Annotated[int, Field(ge=1, le=10)] = 3
+    stop_after_delay: Sec600 = 10
+    wait_initial: Sec60 = 0.2
+    wait_max: Sec60 = 2
+
+    @model_validator(mode="after")
+    def _checks(self) -> Retry:
+        if self.wait_max < self.wait_initial:
+            _raise([(".wait_max", f"{self.wait_max:g} is less than wait_initial {self.wait_initial:g}")])
+        return self
 
 
 class Metrics(_Strict):
@@ -194,13 +675,21 @@ class Metrics(_Strict):
     @classmethod
     def _listen(cls, v: str) -> str:
         if v and not re.match(r"^[^:\s]*:\d{1,5}$", v):
-            raise ValueError(f"expected host:port, got {v!r}")
+            raise ValueError(f"expected host:port, e.g. \"127.0.0.1:9464\", got {v!r}")
+        if v:
+            _port(int(v.rpartition(":")[2]))
         return v
+
+    @property
+    def port(self) -> int:
+        """The port of ``listen``, 0 when metrics are off."""
+        return int(self.listen.rpartition(":")[2]) if self.listen else 0
 
 
 class Config(_Strict):
     supervisor: Supervisor = Supervisor()
     healing: Healing = Healing()
+    retry: Retry = Retry()
     metrics: Metrics = Metrics()
     nodes: list[Node]
     stale: Stale = Stale()
@@ -229,6 +718,7 @@ class Config(_Strict):
                 problems.append((f"nodes[{i}].docker", "a worker's engine is remote, e.g. \"ssh://root@spark-2\""))
         if len(self.deployments) != 1:
             problems.append(("deployments", f"exactly one deployment is supported, got {len(self.deployments)}"))
+        own_containers: dict[str, str] = {}
         for d, dep in enumerate(self.deployments):
             for j, nn in enumerate(dep.nodes):
                 if nn not in names:
@@ -236,13 +726,42 @@ class Config(_Strict):
             members = [n for n in self.nodes if not dep.nodes or n.name in dep.nodes]
             gpus = sum(n.gpus for n in members)
             want = dep.serve.tensor_parallel_size * dep.serve.pipeline_parallel_size
-            if want > gpus:
+            if not members:
+                pass  # no head, unknown nodes: said above
+            elif gpus == 0:
                 problems.append((f"deployments[{d}].serve.tensor_parallel_size",
-                                 f"TP x PP = {want} is larger than the {gpus} GPUs configured on its nodes"))
+                                 "its nodes have no GPUs: set nodes[].gpus"))
+            elif want > gpus:
+                problems.append((f"deployments[{d}].serve.tensor_parallel_size",
+                                 f"TP x PP = {want} is larger than the {gpus} GPUs configured on its nodes: make "
+                                 f"tensor_parallel_size x pipeline_parallel_size equal {gpus}, or add GPUs "
+                                 "(nodes[].gpus, deployments.nodes)"))
+            elif want < gpus:
+                problems.append((f"deployments[{d}].serve.tensor_parallel_size",
+                                 f"TP x PP = {want} is smaller than the {gpus} GPUs configured on its nodes "
+                                 f"({gpus - want} would sit idle or fail placement): make "
+                                 f"tensor_parallel_size x pipeline_parallel_size equal {gpus}, or list fewer "
+                                 "GPUs (nodes[].gpus, deployments.nodes)"))
             if dep.nodes and not any(n.role == "head" for n in members):
                 problems.append((f"deployments[{d}].nodes", "must include the head node"))
-        if problems:
-            raise ValueError("\n".join(f"@{k}@ {m}" for k, m in problems))
+            # Everything below listens on the head's host network: one port each.
+            ports = [(f"deployments[{d}].ray.port", dep.ray.port),
+                     (f"deployments[{d}].ray.dashboard_port", dep.ray.dashboard_port),
+                     (f"deployments[{d}].serve.port", dep.serve.port)]
+            if self.metrics.listen:
+                ports.append(("metrics.listen", self.metrics.port))
+            for i, (key, port) in enumerate(ports):
+                other = next((k for k, p in ports[:i] if p == port), None)
+                if other:
+                    problems.append((key, f"port {port} is also {other}: they share the head's host network; "
+                                          "give each its own port"))
+            for n in members:
+                own_containers[f"{dep.name}-ray-{n.name}"] = n.name
+        for i, c in enumerate(self.stale.containers):
+            if c in own_containers:
+                problems.append((f"stale.containers[{i}]", f"{c!r} is the supervisor's own Ray container on "
+                                                           f"{own_containers[c]}: remove it from the list"))
+        _raise(problems)
         return self
 
     @property
@@ -266,6 +785,15 @@ class Config(_Strict):
 _VAR = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)\})")
 
 
+def _part(k: str) -> str:
+    """One key of a path, quoted the TOML way when it is not a bare key."""
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _q(k)
+
+
+def _join(path: str, k: str) -> str:
+    return f"{path}.{_part(k)}" if path else _part(k)
+
+
 def _expand(value: Any, path: str, problems: list[str], env: dict[str, str]) -> Any:
     if isinstance(value, str):
         def sub(m: re.Match[str]) -> str:
@@ -278,10 +806,34 @@ def _expand(value: Any, path: str, problems: list[str], env: dict[str, str]) -> 
             return env[name]
         return _VAR.sub(sub, value)
     if isinstance(value, dict):
-        return {k: _expand(v, f"{path}.{k}" if path else k, problems, env) for k, v in value.items()}
+        return {k: _expand(v, _join(path, str(k)), problems, env) for k, v in value.items()}
     if isinstance(value, list):
         return [_expand(v, f"{path}[{i}]", problems, env) for i, v in enumerate(value)]
     return value
+
+
+def _control(s: str) -> str:
+    """The first control character of ``s`` other than tab, as U+XXXX, or ""."""
+    for c in s:
+        if c != "\t" and unicodedata.category(c) == "Cc":
+            return f"U+{ord(c):04X}"
+    return ""
+
+
+def _controls(value: Any, path: str, problems: list[str]) -> None:
+    if isinstance(value, str):
+        if c := _control(value):
+            problems.append(f"{path or '(top level)'}: contains the control character {c}: remove it (tab "
+                            "is the only one allowed)")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if c := _control(str(k)):
+                problems.append(f"{_join(path, str(k))}: the key contains the control character {c}: rename it")
+            else:
+                _controls(v, _join(path, str(k)), problems)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _controls(v, f"{path}[{i}]", problems)
 
 
 def _key(loc: tuple[int | str, ...]) -> str:
@@ -289,47 +841,188 @@ def _key(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif not part.startswith(("function-", "tagged-union")):
-            out += ("." if out else "") + part
+        elif part == "[key]" or part.startswith(("function-", "tagged-union")):
+            continue
+        else:
+            out = _join(out, part)
     return out or "(top level)"
+
+
+def _inner_model(ann: Any) -> type[BaseModel] | None:
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for a in typing.get_args(ann):
+        if m := _inner_model(a):
+            return m
+    return None
+
+
+def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys allowed where ``loc`` points (for "did you mean"), or []."""
+    model: type[BaseModel] | None = Config
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        if model is None or part not in model.model_fields:
+            return []
+        model = _inner_model(model.model_fields[part].annotation)
+    return list(model.model_fields) if model else []
+
+
+# Keys that existed once: say what replaced them instead of "unknown key".
+_REMOVED = {
+    ("readiness", "api_key"): "removed: a key written in the config ends up on command lines and in the "
+                              "journal; put it in a root-only file and set api_key_file = \"/etc/spark-supervisor/"
+                              "api-key\", or set api_key_env to the name of an environment variable of the "
+                              "supervisor",
+}
 
 
 def _format(err: ValidationError) -> list[str]:
     lines = []
-    for e in err.errors():
+    for e in err.errors(include_url=False, include_input=False):
         msg = e["msg"].removeprefix("Value error, ")
+        loc = e["loc"]
+        key = _key(loc)
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
+            strs = tuple(p for p in loc if isinstance(p, str))
+            msg = (_REMOVED.get((strs[-2], strs[-1])) if len(strs) >= 2 else None) or "unknown key"
+            if msg == "unknown key" and strs:
+                close = difflib.get_close_matches(strs[-1], _fields_at(loc), n=1, cutoff=0.75)
+                if close:
+                    msg += f" (did you mean {close[0]!r}?)"
+        elif e["type"] == "finite_number":
+            msg = "nan and inf are not allowed: give a finite number"
         elif e["type"] == "missing":
             msg = "required key is missing"
-        key = _key(e["loc"])
         for part in msg.split("\n"):
             m = re.match(r"@(.*?)@ (.*)", part)
-            lines.append(f"{m.group(1)}: {m.group(2)}" if m else f"{key}: {part}")
+            if not m:
+                lines.append(f"{key}: {part}")
+            elif m.group(1).startswith((".", "[")):
+                lines.append(f"{(key if key != '(top level)' else '') + m.group(1)}: {m.group(2)}".lstrip("."))
+            else:
+                lines.append(f"{m.group(1)}: {m.group(2)}")
     return lines
 
 
-def parse(data: dict[str, Any], source: str, env: dict[str, str] | None = None) -> Config:
+def _read(path: Path, limit: int, *, regular: bool = False) -> tuple[bytes, str]:
+    """The bytes of a small file, or a problem saying why not (never raises).
+
+    ``regular``: only a regular file (a FIFO would block the caller, a device is never a key)."""
+    try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            return b"", "is a directory: give the path of a file"
+        if regular and not stat.S_ISREG(st.st_mode):
+            return b"", "is not a regular file"
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as e:
+        return b"", e.strerror or type(e).__name__
+    except ValueError as e:  # e.g. a NUL in the path
+        return b"", str(e)
+    if len(raw) > limit:
+        return b"", f"larger than {limit} bytes: not the file you meant?"
+    return raw, ""
+
+
+def _resolve_key(r: Readiness, env: dict[str, str]) -> tuple[str, str, str]:
+    """(key, problem, field) for one readiness table; the key itself never goes into a problem."""
+    if r.api_key_file:
+        raw, why = _read(Path(r.api_key_file), MAX_KEY_BYTES, regular=True)
+        if why:
+            return "", (f"cannot read {r.api_key_file}: {why}: it must be a file holding the API key, readable "
+                        "by the supervisor (root)"), "api_key_file"
+        try:
+            key = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            return "", f"{r.api_key_file} is not UTF-8 text: put the API key in it as one line", "api_key_file"
+        where, fld = r.api_key_file, "api_key_file"
+    elif r.api_key_env:
+        key, where, fld = env.get(r.api_key_env, "").strip(), f"environment variable {r.api_key_env}", "api_key_env"
+        if r.api_key_env not in env:
+            return "", (f"environment variable {r.api_key_env} is not set for the supervisor (for the unit: "
+                        "Environment= or EnvironmentFile= in a drop-in)"), fld
+    else:
+        return "", "", ""
+    if not key:
+        return "", f"{where} is empty: put the API key in it", fld
+    if not re.fullmatch(r"[\x21-\x7e]+", key):
+        return "", (f"the key in {where} must be one line of printable ASCII without spaces (it is sent in an "
+                    "HTTP header)"), fld
+    return key, "", fld
+
+
+def _source(path: str | Path) -> str:
+    """The file as named in problems: quoted when its name would break the one-line format."""
+    s = str(path)
+    return _q(s) if _control(s) else s
+
+
+def _parse(data: Any, source: str, env: dict[str, str]) -> Config:
+    if not isinstance(data, dict):
+        raise ConfigError([f"{source}: (top level): expected a table of keys, got {type(data).__name__}"])
+    if not data:
+        raise ConfigError([f"{source}: (top level): the config is empty: it needs at least [[nodes]] and "
+                           "[[deployments]] (see etc/spark-supervisor.toml)"])
     problems: list[str] = []
-    data = _expand(data, "", problems, dict(os.environ) if env is None else env)
+    data = _expand(data, "", problems, env)
+    _controls(data, "", problems)  # as written, or brought in by an environment variable
     if problems:
         raise ConfigError([f"{source}: {p}" for p in problems])
     try:
-        return Config.model_validate(data)
+        cfg = Config.model_validate(data)
     except ValidationError as e:
         raise ConfigError([f"{source}: {p}" for p in _format(e)]) from None
+    for d, dep in enumerate(cfg.deployments):
+        key, why, fld = _resolve_key(dep.readiness, env)
+        if why:
+            problems.append(f"{source}: deployments[{d}].readiness.{fld}: {why}")
+        dep.readiness._api_key = key
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def parse(data: dict[str, Any], source: str, env: dict[str, str] | None = None) -> Config:
+    """Validate a config already read; raises ConfigError only."""
+    try:
+        source = _source(source)
+        return _parse(data, source, dict(os.environ) if env is None else env)
+    except ConfigError:
+        raise
+    except RecursionError:
+        raise ConfigError([f"{source}: (top level): nested too deeply to be a config"]) from None
+    except Exception as e:  # a bug here must still read as a config problem, never as a traceback
+        raise ConfigError([f"{source}: (top level): cannot check this config ({type(e).__name__}); "
+                           "please report it"]) from None
 
 
 def load(path: str | Path, env: dict[str, str] | None = None) -> Config:
-    path = Path(path)
+    """Read and validate a config file; raises ConfigError only, whatever the file is."""
+    src = _source(path)
     try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except OSError as e:
-        raise ConfigError([f"{path}: cannot read: {e.strerror}"]) from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError([f"{path}: not valid TOML: {e}"]) from None
-    return parse(data, str(path), env)
+        p = Path(path)
+        raw, why = _read(p, MAX_CONFIG_BYTES)
+        if why:
+            raise ConfigError([f"{src}: cannot read: {why}"])
+        try:
+            text = raw.decode("utf-8").removeprefix("\ufeff")
+        except UnicodeDecodeError as e:
+            raise ConfigError([f"{src}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}): is this "
+                               "the config file? save it as UTF-8"]) from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError([f"{src}: not valid TOML: {e}"]) from None
+        return parse(data, src, env)
+    except ConfigError:
+        raise
+    except RecursionError:
+        raise ConfigError([f"{src}: not valid TOML: nested too deeply"]) from None
+    except Exception as e:
+        raise ConfigError([f"{src}: cannot load ({type(e).__name__}); please report it"]) from None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -340,12 +1033,16 @@ def _digest(obj: Any) -> str:
 def ray_hash(cfg: Config, dep: Deployment) -> str:
     """What shapes the Ray containers: changing it replaces the whole deployment."""
     nodes = [n.model_dump(exclude={"nvidia_smi", "meminfo", "ip", "oob"}) for n in cfg.members(dep)]
-    return _digest({"nodes": nodes, "ray": dep.ray.model_dump(exclude={"join_timeout", "image_pull"})})
+    return _digest({"nodes": nodes,
+                    "ray": dep.ray.model_dump(exclude={"join_timeout", "image_pull", "pull_timeout"})})
 
 
 def serve_hash(cfg: Config, dep: Deployment) -> str:
     """What shapes the serve: changing it restarts the serve (and Ray, if ray_hash changed too)."""
-    return _digest({"ray": ray_hash(cfg, dep), "serve": dep.serve.model_dump(exclude={"stop_timeout"})})
+    spec: dict[str, Any] = {"ray": ray_hash(cfg, dep), "serve": dep.serve.model_dump(exclude={"stop_timeout"})}
+    if dep.api_key:  # a new key relaunches the serve; only a digest of it is hashed
+        spec["api_key_sha256"] = hashlib.sha256(dep.api_key.encode()).hexdigest()
+    return _digest(spec)
 
 
 def file_hash(path: str | Path) -> str:

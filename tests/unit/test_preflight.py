@@ -35,10 +35,9 @@ def test_a_fabric_ip_on_the_wrong_interface_and_a_missing_nccl_interface() -> No
 
 def test_a_cluster_wide_vllm_host_ip_and_pack_placement() -> None:
     d = data()
-    d["deployments"][0]["ray"] = {"env": {"VLLM_HOST_IP": "192.168.200.12"}}
     d["deployments"][0]["serve"]["placement_strategy"] = "PACK"
     c = cfg(d)
-    # node_env wins over ray.env, so the per-node value holds; PACK across one-GPU nodes does not.
+    # (a cluster-wide VLLM_HOST_IP in ray.env is refused by the config itself.) PACK across one-GPU nodes is not.
     assert preflight(c, with_ifaces(c)) == [
         'TP x PP = 2 spans nodes with 1 GPU each: set placement_strategy = "SPREAD"']
     d["nodes"][1]["env"] = {"VLLM_HOST_IP": "192.168.200.12"}
