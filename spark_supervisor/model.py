@@ -35,6 +35,12 @@ class Container:
     def running(self) -> bool:
         return self.state == "running"
 
+    @property
+    def lost(self) -> bool:
+        """Positive evidence that it no longer runs: its engine says it exited, died or never started.
+        paused, restarting and removing are in between: not evidence of anything yet."""
+        return self.state in ("exited", "dead", "created")
+
 
 @dataclass(frozen=True)
 class Unit:
@@ -106,7 +112,10 @@ class RayObservation:
 
 @dataclass(frozen=True)
 class ServeObservation:
-    """The serve process inside the Ray head container, as its wrapper recorded it."""
+    """The serve process inside the Ray head container, as its wrapper recorded it.
+
+    ``error`` set: this tick could not look (the exec failed or timed out); the other fields are then the
+    last state that was seen, carried forward, and must not be read as evidence of anything."""
 
     present: bool
     pid: int = 0
@@ -116,6 +125,7 @@ class ServeObservation:
     spec_hash: str = ""
     started_at: str = ""
     log_tail: str = ""
+    error: str = ""
 
     @property
     def identity(self) -> str:
@@ -261,6 +271,8 @@ class Status:
     deep: Tracker = field(default_factory=Tracker)
     repairs_in_window: int = 0  # from the persisted repair log
     next_repair_at: float = 0.0  # jittered exponential spacing between repairs
+    unknown_since: dict[str, float] = field(default_factory=dict)  # what could not be seen -> since when
+    unknown_counts: dict[str, int] = field(default_factory=dict)  # ticks each could not be seen (lifetime)
 
     def advance(self, phase: Phase, reason: str, now: float, wall: float) -> bool:
         """Set the phase; return True when it (or its reason) changed."""

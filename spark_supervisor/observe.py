@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 import httpx
 
 from . import commands
-from .adapters import AdapterError
+from .adapters import AdapterError, Unreachable
 from .adapters.docker import DockerEngine
 from .adapters.nvidia import parse_meminfo, parse_smi_xml
 from .adapters.ray import RayDashboard
@@ -55,7 +56,7 @@ class World:
         self.http = httpx.Client(trust_env=False)
         head = cfg.head
         self.ray = RayDashboard(self.http, f"http://{head.fabric_ip}:{dep.ray.dashboard_port}", sup.io_timeout)
-        self.api = VllmApi(self.http, cfg.endpoint(dep), api_key=dep.readiness.api_key,
+        self.api = VllmApi(self.http, cfg.endpoint(dep), api_key=dep.api_key,
                            timeout=min(sup.io_timeout, 5))
         self.pool = cf.ThreadPoolExecutor(max_workers=len(cfg.nodes) + 2, thread_name_prefix="observe")
         self.probes = cf.ThreadPoolExecutor(max_workers=4 * len(cfg.nodes), thread_name_prefix="probe")
@@ -135,9 +136,9 @@ def observe_node(a: NodeAdapters, cfg: Config, full: bool, probes: cf.Executor |
     for what, fut in pending.items():
         try:
             got[what] = fut.result(timeout=cfg.supervisor.io_timeout + cfg.supervisor.ssh_connect_timeout)
+        except Unreachable as e:
+            return NodeObservation(name, error=str(e))
         except AdapterError as e:
-            if e.reason == "SshUnreachable":
-                return NodeObservation(name, error=str(e))
             errors.append(f"{what}: {e}")
         except cf.TimeoutError:
             errors.append(f"{what}: no answer")
@@ -159,16 +160,20 @@ def parse_serve_state(out: str, container_id: str = "") -> ServeObservation:
 
 
 def observe_serve(world: World, head_container: Container | None) -> ServeObservation | None:
+    """None: no running head container to look in. Raises AdapterError when the exec fails: unknown."""
     if head_container is None or not head_container.running:
         return None
     dep = world.cfg.deployment
-    try:
-        code, out = world.head().docker.exec(head_container.name, commands.serve_state(dep))
-    except AdapterError:
-        return None
+    code, out = world.head().docker.exec(head_container.name, commands.serve_state(dep))
     if code == 3:
         return ServeObservation(False)
-    return parse_serve_state(out, head_container.id)
+    if code != 0:
+        raise AdapterError("ServeStateFailed", f"the serve-state script exited {code}: {out.strip()[-200:]}")
+    serve = parse_serve_state(out, head_container.id)
+    key = dep.api_key
+    if key and key in serve.log_tail:  # vLLM echoes its arguments and environment in some versions
+        serve = dataclasses.replace(serve, log_tail=serve.log_tail.replace(key, "[redacted]"))
+    return serve
 
 
 class Observer:
@@ -188,11 +193,18 @@ class Observer:
             health = w.api.observe_health()
             if health.state == "up" and health.health == 200:
                 return last, EndpointObservation("up", "", 200, ep_last.models)
-        serve = observe_serve(w, head_c)
-        endpoint = w.api.observe() if serve is not None and serve.running else None
+        try:
+            serve = observe_serve(w, head_c)
+        except AdapterError as e:
+            # Could not look: carry the last state seen, marked unknown; never read as "no serve".
+            seen = last if last is not None and head_c is not None and last.container_id == head_c.id else None
+            serve = dataclasses.replace(seen or ServeObservation(False), error=str(e))
+        endpoint = w.api.observe() if serve is not None and (serve.running or serve.error) else None
         if endpoint is None and serve is not None:
             endpoint = EndpointObservation("unknown")
-        self._serve, self._endpoint = serve, endpoint
+        if serve is None or not serve.error:
+            self._serve = serve
+        self._endpoint = endpoint
         return serve, endpoint
 
     def observe(self, full: bool) -> Observation:

@@ -4,6 +4,13 @@ The phase follows from what is observed, never from memory of what was done: sta
 -> CLEANING; no healthy Ray cluster -> STARTING_RAY; no serve -> STARTING_VLLM; serve not answering
 -> LOADING; answering but not yet judged -> VERIFYING; judged sane -> SERVING. Deadlines count from
 the moment the current phase was entered (``Status.since``).
+
+Unknown is not absent. An observation that failed (a node that did not answer, Ray's dashboard timing
+out, the serve-state exec failing) is never read as "gone": it holds the current phase, is shown in the
+reason as ``ObservationUnknown``, and after ``healing.unknown_patience`` turns the phase DEGRADED. Only
+positive evidence removes, restarts or launches anything: a container its engine lists as exited or
+absent, a Ray node that Ray's (reachable) dashboard does not list alive, a serve whose recorded pid is
+not running, a probe failing past its threshold.
 """
 
 from __future__ import annotations
@@ -87,6 +94,30 @@ def gpu_blockers(obs: Observation, cfg: Config, dep: Deployment) -> list[str]:
     return held
 
 
+def gpu_unknown(obs: Observation, cfg: Config, dep: Deployment) -> list[str]:
+    """Members whose GPU memory could not be read this tick: nothing may start there on a guess."""
+    out = []
+    for node in cfg.members(dep):
+        o = obs.nodes[node.name]
+        if o.gpu is None and o.memory is None:
+            errors = [e for e in o.probe_errors if e.startswith(("nvidia-smi", "meminfo"))]
+            out.append(f"{node.name}: " + ("; ".join(errors) or "GPU memory not read"))
+    return out
+
+
+def unknowns(obs: Observation, cfg: Config) -> dict[str, str]:
+    """What this tick could not see that matters to the deployment: what -> the error. Never evidence."""
+    dep = cfg.deployment
+    out = {f"node {o.name}": o.error for o in obs.nodes.values() if o.error}
+    head = obs.nodes.get(cfg.head.name)
+    head_up = head is not None and any(c.running for c in _owned(head, dep))
+    if head_up and (obs.ray is None or not obs.ray.reachable):
+        out["ray dashboard"] = (obs.ray.error if obs.ray else "") or "no answer"
+    if obs.serve is not None and obs.serve.error:
+        out["serve state"] = obs.serve.error
+    return out
+
+
 def _owned(o: NodeObservation, dep: Deployment) -> list[Container]:
     return [c for c in o.containers if c.labels.get(OWNER_LABEL) == dep.name]
 
@@ -102,31 +133,64 @@ def _teardown(cfg: Config, obs: Observation, dep: Deployment, why: str) -> tuple
 
 
 def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
-    dep = cfg.deployment
-    members = cfg.members(dep)
     if st.phase == Phase.FAILED:  # until a config change (SIGHUP) or `spark-supervisor reset`
         return Decision(Phase.FAILED, st.reason)
     if st.phase == Phase.BACKOFF and now < st.backoff_until:
         return Decision(Phase.BACKOFF, st.reason)
+    return _with_unknowns(_plan(obs, st, cfg, now), obs, st, cfg, now)
 
-    # 1. Every node must answer before anything is decided about the gang. A deployment that still
-    # runs on the reachable nodes is left alone for a while: the peer may only be rebooting.
-    down = [o for o in obs.nodes.values() if o.error]
+
+def _hold(st: Status) -> Phase:
+    """The phase to stay in while something could not be seen."""
+    return Phase.DEGRADED if st.phase in (Phase.BACKOFF, Phase.FAILED, Phase.STOPPING) else st.phase
+
+
+def _with_unknowns(d: Decision, obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
+    """Show what could not be seen in a decision that was taken without it; DEGRADED after the patience.
+    Repairs and failures stand on their own evidence and are left as they are."""
+    seen_not = unknowns(obs, cfg)
+    if not seen_not or d.repair or d.fatal or d.failure or d.phase in (Phase.CLEANING, Phase.BACKOFF):
+        return d
+    if d.reason.startswith(("ObservationUnknown", "NodeLost")):
+        return d
+    age = max((now - st.unknown_since.get(k, now) for k in seen_not), default=0.0)
+    what = "; ".join(f"{k}: {v}" for k, v in seen_not.items())
+    if age > cfg.healing.unknown_patience:
+        return Decision(Phase.DEGRADED, f"ObservationUnknown: {what} (for {age:.0f}s)", d.actions)
+    return Decision(d.phase, f"ObservationUnknown: {what}", d.actions)
+
+
+def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
+    dep = cfg.deployment
+    members = cfg.members(dep)
+    member_names = {n.name for n in members}
+
+    # 1. Nodes that did not answer are unknown, not empty. Nothing is decided about a gang one of whose
+    # members cannot be seen, and nothing is ever torn down for it: if the node is really gone, a
+    # repair could not complete anyway, and if it is only unreachable the model is still serving.
+    down = [o for o in obs.nodes.values() if o.error and o.name in member_names]
     if down:
         why = "; ".join(f"{o.name}: {o.error}" for o in down)
-        if any(_owned(o, dep) for o in obs.nodes.values()):
-            if st.phase == Phase.DEGRADED and st.in_phase(now) > cfg.healing.node_patience:
-                gone = ", ".join(o.name for o in down)
-                return _repair("gang", f"NodeLost: {gone} unreachable for {cfg.healing.node_patience:.0f}s ({why})",
-                               _teardown(cfg, obs, dep, "node lost"), st, cfg, now)
-            return Decision(Phase.DEGRADED, f"waiting for {', '.join(o.name for o in down)}: {why}")
-        return Decision(Phase.BACKOFF, "NodeUnreachable: " + why, failure=True)
+        deployed = any(_owned(o, dep) for o in obs.nodes.values()) or st.phase in _DEPLOYED
+        if not deployed:
+            return Decision(Phase.BACKOFF, "NodeUnreachable: " + why, failure=True)
+        ray = obs.ray
+        alive = {n.ip for n in ray.alive} if ray is not None and ray.reachable else None
+        ips = {n.name: n.fabric_ip for n in members}
+        gone = [o.name for o in down if alive is not None and ips[o.name] not in alive]
+        if gone:  # Ray, which can still be asked, confirms the loss: wait for the node to come back
+            return Decision(Phase.DEGRADED, f"NodeLost: {', '.join(gone)} unreachable and not alive in Ray "
+                            f"({why}); waiting for it to return")
+        return Decision(_hold(st), f"ObservationUnknown: {why}")
 
-    # 2. Stale units and containers on any node, and containers we own under another deployment name.
+    # 2. Stale units and containers on any node that answered, and containers we own under another
+    # deployment name.
     actions: list[Action] = []
     found: list[str] = []
     for node in cfg.nodes:
         o = obs.nodes[node.name]
+        if o.error:
+            continue
         units = stale_units(o, cfg)
         if units:
             actions.append(StopUnits(node.name, units, cfg.stale.disable, cfg.stale.mask))
@@ -146,6 +210,7 @@ def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
     # 3. Our Ray containers: all present, running and of the current spec, or none at all.
     rh = ray_hash(cfg, dep)
     problems: list[str] = []
+    between: list[str] = []
     any_owned = False
     for node in members:
         cs = _owned(obs.nodes[node.name], dep)
@@ -158,72 +223,105 @@ def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
             problems.append(f"{node.name}: no Ray container")
         elif any(c.labels.get(HASH_LABEL) != rh for c in cs):
             problems.append(f"{node.name}: spec changed")
-        else:
+        elif any(c.lost for c in cs) or len(cs) > 1:
             problems.append(f"{node.name}: Ray container {cs[0].state}")
+        else:  # paused, restarting, removing: neither running nor gone
+            between.append(f"{node.name}: Ray container {cs[0].state}")
     if any_owned and problems:
         if all("spec changed" in p for p in problems):
             return Decision(Phase.CLEANING, "SpecChanged: replacing the deployment", _teardown(cfg, obs, dep, "replace"))
         return _repair("gang", "PartialDeployment: " + "; ".join(problems), _teardown(cfg, obs, dep, "gang restart"),
                        st, cfg, now)
+    if between:
+        return Decision(_hold(st), "ContainerInTransition: " + "; ".join(between))
 
     if not any_owned:
         if st.phase in _DEPLOYED:  # everything we ran vanished (a power cut, `docker rm -f` on both nodes)
             return _repair("gang", "DeploymentLost: no Ray container on any node", (), st, cfg, now)
         if not obs.full:
             return Decision(Phase.DETECTING, "")
+        unseen = gpu_unknown(obs, cfg, dep)
+        if unseen:  # nothing starts on a guess; DEGRADED once it lasts
+            late = st.phase == Phase.DEGRADED or (st.phase == Phase.CLEANING
+                                                  and st.in_phase(now) > cfg.healing.unknown_patience)
+            return Decision(Phase.DEGRADED if late else Phase.CLEANING,
+                            "ObservationUnknown: GPU memory: " + "; ".join(unseen))
         held = gpu_blockers(obs, cfg, dep)
         if held:
             if st.phase == Phase.CLEANING and st.in_phase(now) > cfg.stale.memory_free_timeout:
-                return Decision(Phase.CLEANING, "GpuMemoryHeld: " + "; ".join(held), failure=True)
+                return Decision(Phase.FAILED, f"GpuMemoryHeld: still held after {cfg.stale.memory_free_timeout:.0f}s: "
+                                + "; ".join(held) + " (not ours: stop it, then `spark-supervisor reset`)",
+                                fatal=True)
             return Decision(Phase.CLEANING, "WaitingForGpuMemory: " + "; ".join(held))
         return Decision(Phase.STARTING_RAY, f"0/{len(members)} nodes",
                         tuple(StartRay(n.name) for n in members))
 
-    # 4. Ray: every configured node ALIVE on its fabric IP, with the GPUs it was given.
+    # 4. Ray: every configured node ALIVE on its fabric IP, with the GPUs it was given. A dashboard that
+    # does not answer says nothing about the nodes: with a serve to watch, go on without Ray's view.
     ray = obs.ray
-    want_ips = {n.fabric_ip for n in members}
-    want_gpus = float(sum(n.gpus for n in members))
-    alive_ips = {n.ip for n in ray.alive} if ray and ray.reachable else set()
-    serve_seen = obs.serve is not None and obs.serve.present and obs.serve.running
-    wrong = sorted(alive_ips - want_ips)
-    if wrong:
-        return Decision(Phase.FAILED, f"RayNodeWrongIp: a node registered with {', '.join(wrong)}, expected the "
-                        f"fabric IPs {', '.join(sorted(want_ips))}: set fabric_ip/VLLM_HOST_IP per node",
-                        _teardown(cfg, obs, dep, "wrong ip"), fatal=True)
-    gpus = ray.gpus if ray and ray.reachable else 0.0
-    if not (want_ips <= alive_ips and gpus >= want_gpus):
-        lost = sorted(n.name for n in members if n.fabric_ip not in alive_ips)
-        status = f"{len(alive_ips)}/{len(members)} nodes, {gpus:.1f}/{want_gpus:.1f} GPUs"
-        if serve_seen or st.phase in (Phase.SERVING, Phase.VERIFYING, Phase.LOADING):
-            return _repair("gang", f"RayNodeLost: {', '.join(lost) or 'GPUs'} ({status})",
-                           _teardown(cfg, obs, dep, "ray node lost"), st, cfg, now)
-        if st.phase == Phase.STARTING_RAY and st.in_phase(now) > dep.ray.join_timeout:
-            why = ray.error if ray and not ray.reachable else f"waiting for {', '.join(lost)}"
-            return _repair("gang", f"RayJoinTimeout: {status} after {dep.ray.join_timeout:.0f}s ({why})",
-                           _teardown(cfg, obs, dep, "join timeout"), st, cfg, now)
-        return Decision(Phase.STARTING_RAY, status)
-
-    # 5. The serve, inside the head's Ray container.
     s = obs.serve
+    serve_known = s is not None and s.present
+    if ray is None or not ray.reachable:
+        if not serve_known:
+            if st.phase == Phase.STARTING_RAY and st.in_phase(now) > dep.ray.join_timeout:
+                why = (ray.error if ray else "") or "no answer"
+                return _repair("gang", f"RayJoinTimeout: Ray not reachable after {dep.ray.join_timeout:.0f}s ({why})",
+                               _teardown(cfg, obs, dep, "join timeout"), st, cfg, now)
+            if st.phase == Phase.STARTING_RAY:
+                return Decision(Phase.STARTING_RAY, f"0/{len(members)} nodes (dashboard not answering yet)")
+            return Decision(_hold(st), f"ObservationUnknown: ray dashboard: {(ray.error if ray else '') or 'no answer'}")
+    else:
+        want_ips = {n.fabric_ip for n in members}
+        want_gpus = float(sum(n.gpus for n in members))
+        alive_ips = {n.ip for n in ray.alive}
+        serve_seen = s is not None and s.present and (s.running or bool(s.error))
+        wrong = sorted(alive_ips - want_ips)
+        if wrong:
+            return Decision(Phase.FAILED, f"RayNodeWrongIp: a node registered with {', '.join(wrong)}, expected the "
+                            f"fabric IPs {', '.join(sorted(want_ips))}: set fabric_ip/VLLM_HOST_IP per node",
+                            _teardown(cfg, obs, dep, "wrong ip"), fatal=True)
+        if not (want_ips <= alive_ips and ray.gpus >= want_gpus):
+            lost = sorted(n.name for n in members if n.fabric_ip not in alive_ips)
+            status = f"{len(alive_ips)}/{len(members)} nodes, {ray.gpus:.1f}/{want_gpus:.1f} GPUs"
+            if serve_seen or st.phase in (Phase.SERVING, Phase.VERIFYING, Phase.LOADING):
+                return _repair("gang", f"RayNodeLost: {', '.join(lost) or 'GPUs'} ({status})",
+                               _teardown(cfg, obs, dep, "ray node lost"), st, cfg, now)
+            if st.phase == Phase.STARTING_RAY and st.in_phase(now) > dep.ray.join_timeout:
+                return _repair("gang", f"RayJoinTimeout: {status} after {dep.ray.join_timeout:.0f}s "
+                               f"(waiting for {', '.join(lost)})", _teardown(cfg, obs, dep, "join timeout"), st, cfg, now)
+            return Decision(Phase.STARTING_RAY, status)
+
+    # 5. The serve, inside the head's Ray container. A serve state that could not be read is the last
+    # one seen: nothing is launched or stopped on it, the endpoint's own evidence still counts.
     sh = serve_hash(cfg, dep)
+    if s is not None and s.error and not s.present:
+        return Decision(_hold(st), f"ObservationUnknown: serve state: {s.error}")
     if s is None or not s.present:
         if st.preflight:  # a fabric mistake: found now instead of after a 15-minute load
             return Decision(Phase.FAILED, "PreflightFailed: " + "; ".join(st.preflight), fatal=True)
         return Decision(Phase.STARTING_VLLM, f"launching {dep.serve.name}", (StartServe(),))
-    if s.spec_hash != sh:
-        return Decision(Phase.STARTING_VLLM, "ServeSpecChanged: relaunching",
-                        (StopServe("spec changed"), StartServe()))
     progress = logscan.scan(s.log_tail)
-    if not s.running:
-        fail = progress.failure
-        if fail is not None and fail.deterministic:  # the same again on retry: stop and say why
-            return Decision(Phase.FAILED, f"ServeFailed: {fail.reason}: {fail.hint} ({fail.line})",
-                            (StopServe("failed"),), fatal=True)
-        reason = f"ServeFailed: {fail.reason} ({fail.line})" if fail else f"ServeExited: exit code {s.exit_code}"
-        return _repair("serve", reason, (StopServe("exited"), StartServe()), st, cfg, now)
+    if not s.error:
+        if s.spec_hash != sh:
+            return Decision(Phase.STARTING_VLLM, "ServeSpecChanged: relaunching",
+                            (StopServe("spec changed"), StartServe()))
+        if not s.running:
+            fail = progress.failure
+            if fail is not None and fail.deterministic:  # the same again on retry: stop and say why
+                return Decision(Phase.FAILED, f"ServeFailed: {fail.reason}: {fail.hint} ({fail.line})",
+                                (StopServe("failed"),), fatal=True)
+            reason = f"ServeFailed: {fail.reason} ({fail.line})" if fail else f"ServeExited: exit code {s.exit_code}"
+            return _repair("serve", reason, (StopServe("exited"), StartServe()), st, cfg, now)
 
     ep = obs.endpoint
     name = dep.serve.name
+    h = cfg.healing
+    v = st.verdict
+    verified = v is not None and v.passed and v.serve == s.identity
+    if verified and st.phase in (Phase.SERVING, Phase.DEGRADED):
+        # Judged sane: from here on the liveness trackers decide, counted past their thresholds; one
+        # /health that failed or could not be read is not a reason to leave SERVING.
+        return _serving(obs, st, cfg, now)
     if ep is None or ep.state != "up" or name not in ep.models:
         if (st.phase == Phase.LOADING and st.load_progress_at
                 and now - st.load_progress_at > dep.readiness.stall_timeout):
@@ -238,22 +336,25 @@ def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
         elif ep is not None and ep.state == "up":
             detail = f"API up, {name} not listed yet"
         return Decision(Phase.LOADING, detail)
-    h = cfg.healing
-    v = st.verdict
-    if v is None or not v.passed or v.serve != s.identity:
+    if not verified:
         if st.deep.failures >= h.deep_failure_threshold:
             return _repair("serve", f"ServeWedged: {st.deep.failures} sanity completions failed ({st.deep.detail})",
                            (StopServe("wedged"), StartServe()), st, cfg, now)
         return Decision(Phase.VERIFYING, "sanity completion", (Verify(s.identity),))
+    return _serving(obs, st, cfg, now)
 
-    # 6. Serving: liveness with thresholds. Trackers restart with each serve instance (the hold).
+
+def _serving(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
+    """6. Serving: liveness with thresholds. Trackers restart with each serve instance (the hold)."""
+    h, dep, s = cfg.healing, cfg.deployment, obs.serve
+    assert s is not None
     if st.health.failures >= h.health_failure_threshold:
         return _repair("serve", f"ServeUnhealthy: /health failed {st.health.failures} times ({st.health.detail})",
                        (StopServe("unhealthy"), StartServe()), st, cfg, now)
     if st.deep.failures >= h.deep_failure_threshold:
         return _repair("serve", f"ServeWedged: {st.deep.failures} deep probes failed ({st.deep.detail})",
                        (StopServe("wedged"), StartServe()), st, cfg, now)
-    serving = f"{name} on {len(members)} nodes"
+    serving = f"{dep.serve.name} on {len(cfg.members(dep))} nodes"
     if now - max(st.deep.last_at, st.since) >= h.deep_probe_interval:
         return Decision(Phase.SERVING, serving, (Verify(s.identity, deep=True),))
     return Decision(Phase.SERVING, serving)

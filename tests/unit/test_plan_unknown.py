@@ -1,0 +1,158 @@
+"""Unknown is not absent: each observation that could not be made, one at a time, with a fake clock.
+
+An observation that failed holds the phase and is shown; only positive evidence of loss repairs."""
+
+from dataclasses import replace
+
+from spark_supervisor.model import (
+    EndpointObservation,
+    NodeObservation,
+    Phase,
+    RayNode,
+    RayObservation,
+    RemoveContainers,
+    StartRay,
+    StartServe,
+    Status,
+    StopServe,
+    Tracker,
+    Verdict,
+)
+from spark_supervisor.plan import plan, unknowns
+from tests.helpers import cfg, node_obs, obs, ray_container, ray_ok, serve_running
+
+C = cfg()
+UP = EndpointObservation("up", health=200, models=("Qwen3.5",))
+RAY_TIMEOUT = RayObservation(False, "RayDashboardUnreachable: ReadTimeout timed out")
+
+
+def serving(since: float = 0.0, unknown: dict[str, float] | None = None, **kw) -> Status:
+    st = Status(verdict=Verdict(True, "ok", serve_running(C).identity), **kw)
+    st.advance(Phase.SERVING, "", since, since)
+    st.unknown_since = dict(unknown or {})
+    return st
+
+
+def destructive(d) -> bool:
+    return bool(d.repair) or any(isinstance(a, (RemoveContainers, StopServe, StartServe, StartRay)) for a in d.actions)
+
+
+def test_a_ray_dashboard_timeout_while_serving_holds_serving_and_says_so() -> None:
+    o = obs(C, deployed=True, ray=RAY_TIMEOUT, serve=serve_running(C), endpoint=UP)
+    assert unknowns(o, C) == {"ray dashboard": RAY_TIMEOUT.error}
+    d = plan(o, serving(unknown={"ray dashboard": 5}), C, 10)
+    assert d.phase == Phase.SERVING and not destructive(d)
+    assert d.reason == f"ObservationUnknown: ray dashboard: {RAY_TIMEOUT.error}"
+
+
+def test_an_unknown_that_lasts_past_the_patience_degrades_but_still_tears_nothing_down() -> None:
+    o = obs(C, deployed=True, ray=RAY_TIMEOUT, serve=serve_running(C), endpoint=UP)
+    late = 5 + C.healing.unknown_patience + 1
+    d = plan(o, serving(unknown={"ray dashboard": 5}), C, late)
+    assert d.phase == Phase.DEGRADED and not destructive(d)
+    assert d.reason.startswith("ObservationUnknown: ray dashboard:") and d.reason.endswith(
+        f"(for {C.healing.unknown_patience + 1:.0f}s)")
+
+
+def test_ray_saying_a_node_is_dead_is_evidence_and_repairs_the_gang() -> None:
+    lost = RayObservation(True, nodes=(RayNode("a", "192.168.200.12", True, 1.0),
+                                       RayNode("b", "192.168.200.13", False, 1.0)))
+    d = plan(obs(C, deployed=True, ray=lost, serve=serve_running(C), endpoint=UP), serving(), C, 10)
+    assert d.repair == "gang" and d.reason.startswith("RayNodeLost: spark-2")
+
+
+def test_a_failed_serve_state_exec_never_launches_a_second_serve() -> None:
+    unknown = replace(serve_running(C), error="DockerTimeout: exec on spark-1: no answer within 25s")
+    d = plan(obs(C, deployed=True, serve=unknown, endpoint=UP), serving(), C, 10)
+    assert d.phase == Phase.SERVING and not destructive(d)
+    assert d.reason.startswith("ObservationUnknown: serve state: DockerTimeout")
+
+
+def test_a_failed_serve_state_exec_with_nothing_seen_before_holds_without_launching() -> None:
+    from spark_supervisor.model import ServeObservation
+    unknown = ServeObservation(False, error="ServeStateFailed: the serve-state script exited 126")
+    st = Status()
+    st.advance(Phase.DETECTING, "", 0, 0)
+    d = plan(obs(C, deployed=True, serve=unknown), st, C, 10)
+    assert d.phase == Phase.DETECTING and not destructive(d)
+    assert d.reason == "ObservationUnknown: serve state: ServeStateFailed: the serve-state script exited 126"
+
+
+def test_health_failing_past_its_threshold_is_evidence_even_while_the_serve_state_is_unknown() -> None:
+    unknown = replace(serve_running(C), error="DockerTimeout: exec")
+    refused = EndpointObservation("refused")
+    d = plan(obs(C, deployed=True, serve=unknown, endpoint=refused),
+             serving(health=Tracker(failures=2, detail="refused")), C, 10)
+    assert d.repair == "serve" and d.reason.startswith("ServeUnhealthy")
+
+
+def test_an_endpoint_that_could_not_be_read_while_serving_is_not_a_load() -> None:
+    err = EndpointObservation("error", "/health: ReadTimeout")
+    d = plan(obs(C, deployed=True, serve=serve_running(C), endpoint=err), serving(), C, 10)
+    assert d.phase == Phase.SERVING and not destructive(d)
+
+
+def test_an_unreachable_worker_holds_even_past_the_node_patience_while_ray_sees_it_alive() -> None:
+    nodes = {"spark-1": node_obs("spark-1", (ray_container(C, "spark-1"),)),
+             "spark-2": NodeObservation("spark-2", error="SshUnreachable: timed out")}
+    o = obs(C, nodes=nodes, serve=serve_running(C), endpoint=UP, ray=RayObservation(True, nodes=(
+        RayNode("a", "192.168.200.12", True, 1.0), RayNode("b", "192.168.200.13", True, 1.0))))
+    for now in (10, C.healing.node_patience + 10):
+        d = plan(o, serving(), C, now)
+        assert d.phase == Phase.SERVING and not destructive(d) and not d.actions
+        assert d.reason == "ObservationUnknown: spark-2: SshUnreachable: timed out"
+
+
+def test_an_unreachable_worker_that_ray_reports_dead_is_lost_but_nothing_is_half_torn_down() -> None:
+    nodes = {"spark-1": node_obs("spark-1", (ray_container(C, "spark-1"),)),
+             "spark-2": NodeObservation("spark-2", error="SshUnreachable: timed out")}
+    dead = RayObservation(True, nodes=(RayNode("a", "192.168.200.12", True, 1.0),
+                                       RayNode("b", "192.168.200.13", False, 1.0)))
+    d = plan(obs(C, nodes=nodes, ray=dead, serve=serve_running(C)), serving(), C, 10)
+    assert d.phase == Phase.DEGRADED and not destructive(d) and not d.actions
+    assert d.reason.startswith("NodeLost: spark-2 unreachable and not alive in Ray")
+
+
+def test_an_unreachable_worker_with_nothing_deployed_backs_off() -> None:
+    nodes = {"spark-1": node_obs("spark-1"), "spark-2": NodeObservation("spark-2", error="DockerTimeout: x")}
+    st = Status()
+    st.advance(Phase.DETECTING, "", 0, 0)
+    d = plan(obs(C, nodes=nodes), st, C, 1)
+    assert d.phase == Phase.BACKOFF and d.failure and not d.actions
+
+
+def test_a_paused_container_is_neither_running_nor_gone() -> None:
+    nodes = {"spark-1": node_obs("spark-1", (ray_container(C, "spark-1"),)),
+             "spark-2": node_obs("spark-2", (ray_container(C, "spark-2", state="paused"),))}
+    d = plan(obs(C, nodes=nodes, ray=ray_ok(C), serve=serve_running(C), endpoint=UP), serving(), C, 10)
+    assert d.phase == Phase.SERVING and not destructive(d)
+    assert d.reason == "ContainerInTransition: spark-2: Ray container paused"
+
+
+def test_an_exited_container_is_evidence() -> None:
+    nodes = {"spark-1": node_obs("spark-1", (ray_container(C, "spark-1"),)),
+             "spark-2": node_obs("spark-2", (ray_container(C, "spark-2", state="exited"),))}
+    d = plan(obs(C, nodes=nodes, serve=serve_running(C), endpoint=UP), serving(), C, 10)
+    assert d.repair == "gang" and d.reason == "PartialDeployment: spark-2: Ray container exited"
+
+
+def test_gpu_memory_that_could_not_be_read_starts_nothing() -> None:
+    blind = node_obs("spark-2", gpu=None, memory=None,
+                     probe_errors=("nvidia-smi: CommandTimeout: nvidia-smi did not finish within 20s",
+                                   "meminfo: CommandTimeout: cat did not finish within 20s"))
+    st = Status()
+    st.advance(Phase.CLEANING, "", 0, 0)
+    d = plan(obs(C, nodes={"spark-1": node_obs("spark-1"), "spark-2": blind}), st, C, 1)
+    assert d.phase == Phase.CLEANING and not d.actions
+    assert d.reason.startswith("ObservationUnknown: GPU memory: spark-2: nvidia-smi: CommandTimeout")
+    d = plan(obs(C, nodes={"spark-1": node_obs("spark-1"), "spark-2": blind}), st, C,
+             2 + C.healing.unknown_patience)
+    assert d.phase == Phase.DEGRADED and not d.actions
+
+
+def test_ray_unknown_before_the_serve_launch_launches_nothing() -> None:
+    st = Status()
+    st.advance(Phase.STARTING_VLLM, "", 0, 0)
+    d = plan(obs(C, deployed=True, ray=RAY_TIMEOUT), st, C, 1)
+    assert d.phase == Phase.STARTING_VLLM and not d.actions
+    assert d.reason.startswith("ObservationUnknown: ray dashboard")
