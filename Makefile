@@ -65,10 +65,10 @@ install:  ## on a real head node: venv under $(PREFIX), the unit, an example con
 	  $(PYTHON) -m venv $(PREFIX)/venv && $(PREFIX)/venv/bin/pip install -q "$$src" && rm -rf "$$src"
 	install -m 0644 README.md $(PREFIX)/README.md
 	install -D -m 0644 systemd/spark-supervisor.service $(UNIT_DIR)/spark-supervisor.service
-	install -d -m 0755 $(CONFIG_DIR)
+	install -d -m 0700 $(CONFIG_DIR)
 	@if [ -e $(CONFIG_DIR)/spark-supervisor.toml ]; then echo "kept the existing $(CONFIG_DIR)/spark-supervisor.toml"; \
-	  else install -m 0644 etc/spark-supervisor.toml $(CONFIG_DIR)/spark-supervisor.toml; fi
-	install -m 0644 etc/spark-supervisor.toml $(CONFIG_DIR)/spark-supervisor.toml.example
+	  else install -m 0600 etc/spark-supervisor.toml $(CONFIG_DIR)/spark-supervisor.toml; fi
+	install -m 0600 etc/spark-supervisor.toml $(CONFIG_DIR)/spark-supervisor.toml.example
 	-systemctl daemon-reload
 	@echo "next: edit $(CONFIG_DIR)/spark-supervisor.toml, then: systemctl enable --now spark-supervisor"
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
+from collections.abc import Callable
 
 from . import commands
+from . import retry as retry_mod
 from .adapters import AdapterError
 from .config import serve_hash
 from .model import Action, RemoveContainers, StartRay, StartServe, StopServe, StopUnits, Verdict, Verify
@@ -15,24 +17,20 @@ from .observe import World
 
 
 class ActionFailed(Exception):
-    def __init__(self, reason: str):
+    """An action could not be carried out. ``deterministic``: it would fail the same way on retry
+    (a missing image with pulls disabled): FAILED with the reason instead of burning retries."""
+
+    def __init__(self, reason: str, *, deterministic: bool = False):
         super().__init__(reason)
         self.reason = reason
-
-
-def _transient(e: BaseException) -> bool:
-    return isinstance(e, AdapterError) and e.reason in ("DockerUnreachable", "CommandTimeout")
-
-
-# One quick retry of a single operation on a transient engine/SSH hiccup; recovering a phase is the
-# loop's job, so this never waits long.
-_retry = retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(2),
-               wait=wait_random_exponential(multiplier=0.2, max=1), reraise=True)
+        self.deterministic = deterministic
 
 
 class Actor:
-    def __init__(self, world: World, log: Any):
-        self.world, self.log = world, log
+    def __init__(self, world: World, log: Any, heartbeat: Callable[[], None] | None = None):
+        self.world, self.log, self.heartbeat = world, log, heartbeat
+        # A transient engine/SSH hiccup is retried within one operation, as the config's [retry] says.
+        self._retry = retry_mod.from_config(world.cfg.retry)
 
     def run(self, action: Action) -> Verdict | None:
         try:
@@ -55,7 +53,7 @@ class Actor:
                         self.log.info(f"clean.unit_{done}", node=node, unit=unit)
             case RemoveContainers(node=node, containers=names, why=why):
                 with ThreadPoolExecutor(max_workers=len(names)) as pool:  # `docker rm -f` waits for each stop
-                    removed = list(pool.map(_retry(w.nodes[node].docker.remove), names))
+                    removed = list(pool.map(self._retry(w.nodes[node].docker.remove), names))
                 for name, existed in zip(names, removed, strict=True):
                     if existed:
                         self.log.info("clean.container_removed", node=node, container=name, why=why)
@@ -63,7 +61,7 @@ class Actor:
                 a = w.nodes[node]
                 spec = commands.ray_container(cfg, dep, a.node)
                 self._ensure_image(a, spec.image)
-                cid = _retry(a.docker.run)(spec)
+                cid = self._retry(a.docker.run)(spec)
                 self.log.info("ray.container_started", node=node, container=spec.name, id=cid,
                               role=a.node.role, node_ip=a.node.fabric_ip)
             case StartServe():
@@ -99,6 +97,17 @@ class Actor:
         policy = self.world.cfg.deployment.ray.image_pull
         if policy == "never":
             raise ActionFailed(f"ImageMissing: {image} is not on {a.node.name} and image_pull = \"never\" "
-                               f"(load it with `docker load` or set image_pull = \"if-missing\")")
-        self.log.warning("image.pulling", node=a.node.name, image=image)
-        a.docker.pull(image)
+                               f"(load it with `docker load` or set image_pull = \"if-missing\")",
+                               deterministic=True)
+        timeout = self.world.cfg.deployment.ray.pull_timeout
+        self.log.warning("image.pulling", node=a.node.name, image=image, timeout_s=timeout)
+        last = [0.0]
+
+        def progress(done: int, total: int) -> None:
+            now = time.monotonic()
+            if now - last[0] >= 10:
+                last[0] = now
+                self.log.info("image.pull_progress", node=a.node.name, image=image,
+                              done_mib=done >> 20, total_mib=total >> 20)
+        a.docker.pull(image, timeout=timeout, heartbeat=self.heartbeat, progress=progress)
+        self.log.info("image.pulled", node=a.node.name, image=image)

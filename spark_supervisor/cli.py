@@ -14,17 +14,18 @@ import time
 from typing import Any
 
 DEFAULT_CONFIG = os.environ.get("SPARK_SUPERVISOR_CONFIG", "/etc/spark-supervisor/spark-supervisor.toml")
-EXIT_CONFIG = 2
+EXIT_CONFIG = 2  # `check` and the other commands: the config is unusable
+EX_CONFIG = 78  # `run`: sysexits' EX_CONFIG; the unit's RestartPreventExitStatus=78 stops the restart loop
 
 
-def _load(path: str) -> Any:
+def _load(path: str, code: int = EXIT_CONFIG) -> Any:
     from . import config
     try:
         return config.load(path)
     except config.ConfigError as e:
         for line in e.problems:
             print(line, file=sys.stderr)
-        raise SystemExit(EXIT_CONFIG) from None
+        raise SystemExit(code) from None
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -69,15 +70,18 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from . import logs
-    cfg = _load(args.config)
+    cfg = _load(args.config, EX_CONFIG)
     logs.setup()
     from .daemon import AlreadyRunning, Daemon, lock_state_dir
     try:
-        lock_state_dir(cfg.supervisor.state_dir)
+        fd = lock_state_dir(cfg.supervisor.state_dir)
     except (AlreadyRunning, OSError) as e:
         print(f"spark-supervisor: {e}", file=sys.stderr)
         return 1
-    return Daemon(args.config, cfg, log=logs.get()).run()
+    try:
+        return Daemon(args.config, cfg, log=logs.get()).run()
+    finally:
+        os.ftruncate(fd, 0)  # no PID left behind for anyone to signal
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -190,24 +194,25 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
-    """Re-arm FAILED and forget the repair budget: SIGUSR1 to the running daemon, or clear it on disk."""
-    import signal
-
-    from . import statefile
+    """Re-arm FAILED and forget the repair budget: through the daemon's control socket, or on disk when
+    no daemon holds the state directory (never by signalling a PID read from a file)."""
+    from . import control, statefile
     cfg = _load(args.config)
     state_dir = cfg.supervisor.state_dir
     try:
-        from pathlib import Path
-        pid = int(Path(state_dir, "lock").read_text().strip() or 0)
-        os.kill(pid, 0)
-    except (OSError, ValueError):
-        pid = 0
-    if pid:
-        os.kill(pid, signal.SIGUSR1)
-        print(f"asked spark-supervisor (pid {pid}) to re-arm and forget its repair budget")
-    else:
-        statefile.RepairLog(state_dir).clear()
-        print(f"no daemon running; cleared the repair budget in {state_dir}")
+        print(control.request(state_dir, "reset"))
+        return 0
+    except control.Unavailable as e:
+        if control.daemon_holds_lock(state_dir):
+            print(f"a spark-supervisor holds {state_dir}/lock but its control socket does not answer ({e}); "
+                  "nothing was changed", file=sys.stderr)
+            return 1
+    log = statefile.RepairLog(state_dir)
+    log.clear()
+    if log.problem:
+        print(log.problem, file=sys.stderr)
+        return 1
+    print(f"no daemon running; cleared the repair budget in {state_dir}")
     return 0
 
 

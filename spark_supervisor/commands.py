@@ -82,9 +82,7 @@ def serve_argv(dep: Deployment) -> list[str]:
         argv += ["--reasoning-parser", s.reasoning_parser]
     if s.tool_call_parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
-    if dep.readiness.api_key:
-        argv += ["--api-key", dep.readiness.api_key]
-    return argv + list(s.extra_args)
+    return argv + list(s.extra_args)  # the API key goes through the environment: argv is public (ps)
 
 
 def serve_env(cfg: Config, dep: Deployment) -> dict[str, str]:
@@ -92,6 +90,8 @@ def serve_env(cfg: Config, dep: Deployment) -> dict[str, str]:
     if dep.serve.placement_strategy:
         env.setdefault("VLLM_DISTRIBUTED_EXECUTOR_CONFIG",
                        json.dumps({"placement_group_options": {"strategy": dep.serve.placement_strategy}}))
+    if dep.api_key:
+        env["VLLM_API_KEY"] = dep.api_key  # vLLM reads it when --api-key is absent; never on argv or in logs
     return env
 
 
@@ -102,8 +102,12 @@ def serve_dir(dep: Deployment) -> str:
 # Runs the serve in the background inside the Ray head container and records, in directory $1:
 # pid, spec (hash), started (UTC), log (stdout+stderr) and, once it ends, exit (its exit code).
 # $2 is the spec hash; the rest is the serve's argv. Nothing from config is interpolated into it.
+# It refuses to start while the serve it recorded still runs: two serves on one GPU wedge both, and the
+# supervisor may have launched on a stale view (defence in depth behind the planner's own rule).
 SERVE_WRAPPER = (
     'd=$1; h=$2; shift 2; mkdir -p "$d" && cd "$d" || exit 1; '
+    'p=$(cat pid 2>/dev/null); if [ -n "$p" ] && [ ! -f exit ] && kill -0 "$p" 2>/dev/null; then '
+    'echo "spark-serve: pid $p still runs, not starting a second serve" >&2; exit 75; fi; '
     'rm -f exit; [ -f log ] && mv -f log log.prev; echo "$h" >spec; date -u +%FT%TZ >started; '
     '"$@" >log 2>&1 </dev/null & echo $! >pid; wait $!; echo $? >exit'
 )
@@ -113,7 +117,7 @@ SERVE_STATE = (
     'cd "$1" 2>/dev/null || exit 3; p=$(cat pid 2>/dev/null); r=0; '
     '[ -n "$p" ] && [ ! -f exit ] && kill -0 "$p" 2>/dev/null && r=1; '
     'echo "${p:-0} $(cat spec 2>/dev/null) $(cat started 2>/dev/null) $r $(cat exit 2>/dev/null)"; '
-    'tail -c "$2" log 2>/dev/null'
+    'tail -c "$2" log 2>/dev/null; exit 0'
 )
 
 # Signals the serve (TERM, then KILL after $3 seconds) and forgets it, keeping its log as log.prev.

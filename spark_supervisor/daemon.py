@@ -41,12 +41,11 @@ from .model import (
 )
 from .metrics import Metrics, NoMetrics
 from .notify import Notifier
+from .control import ControlServer
 from .observe import Observer, World
-from .plan import plan
+from .plan import plan, unknowns
 from .preflight import preflight
-
-# Failed actions that fail the same way on retry: FAILED with the reason, instead of burning retries.
-DETERMINISTIC_ACTION_FAILURES = {"ImageMissing"}
+from .retry import backoff_delay
 
 # Phases during which a full observation (units, nvidia-smi, meminfo) is needed every tick.
 _FULL_PHASES = {Phase.DETECTING, Phase.CLEANING, Phase.BACKOFF, Phase.FAILED, Phase.DEGRADED}
@@ -61,11 +60,6 @@ def fingerprint(ray: RayObservation | None, endpoint: EndpointObservation | None
     return alive, probes.health_result(endpoint)
 
 
-def backoff_delay(failures: int, base: float, cap: float, rnd: float) -> float:
-    """Jittered exponential backoff: the n-th consecutive failure waits up to base * 2^(n-1), capped."""
-    return min(cap, base * 2 ** max(0, failures - 1)) * (0.5 + 0.5 * rnd)
-
-
 class Backend(Protocol):
     """What the loop needs from the world; RealBackend in production, a fake in unit tests."""
 
@@ -77,9 +71,9 @@ class Backend(Protocol):
 
 
 class RealBackend:
-    def __init__(self, cfg: Config, log: Any):
+    def __init__(self, cfg: Config, log: Any, heartbeat: Callable[[], None] | None = None):
         self.world = World(cfg, control_dir=control_dir(cfg.supervisor.state_dir))
-        self.observer, self.actor, self.log = Observer(self.world), Actor(self.world, log), log
+        self.observer, self.actor, self.log = Observer(self.world), Actor(self.world, log, heartbeat), log
         self.quick_probe = QuickProbe(self.world.ray.url, self.world.api.url)
 
     def observe(self, full: bool) -> Observation:
@@ -107,29 +101,39 @@ class Daemon:
                  rng: Callable[[], float] = random.random):
         self.config_path, self.cfg, self.log = config_path, cfg, log
         self.config_hash = config_mod.file_hash(config_path)
-        self._backend_factory = backend_factory or (lambda c: RealBackend(c, log))
         self.notifier = notifier or Notifier()
+        self._backend_factory = backend_factory or (
+            lambda c: RealBackend(c, log, heartbeat=lambda: self.notifier.watchdog(self.clock())))
         self.clock, self.wall, self.rng = clock, wall, rng
         self.status = Status()
         self.backend = self._backend_factory(cfg)
         self.last_obs: Observation | None = None
         self.last_full: Observation | None = None
         self._last_doc = ""
-        self._signals: collections.deque[int] = collections.deque()
+        self._signals: collections.deque[int | str] = collections.deque()  # signals and control requests
+        self.control: ControlServer | None = None
         self._wake = threading.Event()
         self._milestone = ""
         self._load_key: tuple[object, ...] | None = None
         self._last_progress = clock()
+        self._best_rank = -1
         self._stall_logged = False
         self._last_status = ""
         self._tracked_serve = ""
         self._eager = 0  # consecutive ticks run at once after acting
         self._fingerprint: Fingerprint = (None, "unknown")
-        self.repairs = statefile.RepairLog(cfg.supervisor.state_dir)
+        self.repairs = self._repair_log(cfg)
+        self._state_write_error = ""
         self._bringup_at = clock()  # the start of the current bring-up (daemon start, a repair): time to ready
         self.metrics = self._metrics(cfg)
         self.reload_error = ""  # kept in STATUS= until a reload succeeds
         self.stopped = False
+
+    def _repair_log(self, cfg: Config) -> statefile.RepairLog:
+        log = statefile.RepairLog(cfg.supervisor.state_dir, self.wall())
+        if log.problem:
+            self.log.warning("state.repairs_unusable", problem=log.problem)
+        return log
 
     def _metrics(self, cfg: Config) -> Metrics | NoMetrics:
         if not cfg.metrics.listen:
@@ -161,10 +165,11 @@ class Daemon:
         if decision.repair:
             self._start_repair(decision, now)
         failure = decision.reason if decision.failure else ""
+        fatal = False
         for action, result in self._run(decision.actions):
             if isinstance(result, ActionFailed):
                 self.log.warning("action.failed", action=type(action).__name__, reason=result.reason)
-                failure = result.reason
+                failure, fatal = result.reason, result.deterministic
                 break
             verdict = result
             if isinstance(action, Verify) and verdict is not None:
@@ -178,8 +183,8 @@ class Daemon:
                         failure = f"SanityFailed: {verdict.why}"
         before = (st.phase, st.reason, st.progress)
         self._progress(obs, now)
-        self._advance(decision, failure, now)
-        if (st.phase, st.reason, st.progress) != before:
+        self._advance(decision, failure, fatal, now)
+        if self._progressed(before):
             self._last_progress = now
         self._extend_start(now)
         self._fingerprint = fingerprint(obs.ray, obs.endpoint)
@@ -239,7 +244,10 @@ class Daemon:
         if identity != self._tracked_serve:
             self._tracked_serve = identity
             st.health, st.deep = Tracker(), Tracker(last_at=now)
-        if st.phase == Phase.SERVING and obs.serve is not None and obs.serve.running:
+        self._track_unknown(obs, now)
+        watched = st.phase == Phase.SERVING or (st.phase == Phase.DEGRADED and st.verdict is not None
+                                                 and st.verdict.passed and st.verdict.serve == identity)
+        if watched and obs.serve is not None and (obs.serve.running or obs.serve.error):
             result = probes.health_result(obs.endpoint)
             detail = obs.endpoint.detail or obs.endpoint.state if obs.endpoint else ""
             if obs.endpoint is not None and obs.endpoint.state == "up":
@@ -249,8 +257,36 @@ class Daemon:
             if result == "failure":
                 self.log.warning("probe.health_failed", failures=st.health.failures, detail=detail)
 
+    def _track_unknown(self, obs: Observation, now: float) -> None:
+        """What could not be seen: since when (for the planner's patience), and how often (shown)."""
+        st = self.status
+        seen_not = unknowns(obs, self.cfg)
+        for what, error in seen_not.items():
+            if what not in st.unknown_since:
+                st.unknown_since[what] = now
+                self.log.warning("observe.unknown", what=what, error=error)
+            st.unknown_counts[what] = st.unknown_counts.get(what, 0) + 1
+            self.metrics.unknown(what)
+        for what in [w for w in st.unknown_since if w not in seen_not]:
+            self.log.info("observe.known_again", what=what, unknown_s=round(now - st.unknown_since.pop(what), 1))
+
+    # Phases a start climbs through; reaching a further one (or the load moving) is progress.
+    _RANK = {Phase.DETECTING: 0, Phase.CLEANING: 1, Phase.STARTING_RAY: 2, Phase.STARTING_VLLM: 3,
+             Phase.LOADING: 4, Phase.VERIFYING: 5, Phase.SERVING: 6}
+
+    def _progressed(self, before: tuple[Phase, str, str]) -> bool:
+        """Progress extends systemd's start timeout: a phase further than any reached since the bring-up
+        began, or the load moving. Going round in circles (waiting, backing off, retrying) is not."""
+        st = self.status
+        rank = self._RANK.get(st.phase, -1)
+        if rank > self._best_rank:
+            self._best_rank = rank
+            return True
+        return bool(st.progress) and st.progress != before[2]
+
     def _start_repair(self, decision: Decision, now: float) -> None:
         st, h = self.status, self.cfg.healing
+        self._best_rank = 0
         self.repairs.add(self.wall(), decision.repair, decision.reason)
         self.metrics.repaired(decision.repair, decision.reason)
         self._bringup_at = now
@@ -276,10 +312,10 @@ class Daemon:
             self._milestone = p.milestone
             self.log.info("load.progress", milestone=p.milestone, progress=st.progress, version=p.version)
 
-    def _advance(self, decision: Decision, failure: str, now: float) -> None:
+    def _advance(self, decision: Decision, failure: str, fatal: bool, now: float) -> None:
         st, sup = self.status, self.cfg.supervisor
         phase, reason = decision.phase, decision.reason
-        if decision.fatal or (failure and failure.split(":")[0] in DETERMINISTIC_ACTION_FAILURES):
+        if decision.fatal or fatal:
             phase, reason = Phase.FAILED, failure or reason
             self.log.error("reconcile.failed", reason=reason,
                            hint="fix the cause, then `systemctl reload spark-supervisor` or `spark-supervisor reset`")
@@ -347,15 +383,21 @@ class Daemon:
             nodes = {k: dataclasses.replace(full[k], containers=v.containers, error=v.error) if k in full else v
                      for k, v in obs.nodes.items()}
             obs = Observation(obs.at, obs.full, nodes, obs.ray, obs.serve, obs.endpoint)
+        problems = tuple(p for p in (self.repairs.problem, self._state_write_error) if p)
         doc = statefile.document(self.status, obs, self.cfg, self.config_path, self.config_hash,
-                                 self.wall(), self.wall() - now)
+                                 self.wall(), self.wall() - now, problems)
         key = json.dumps({k: v for k, v in doc.items() if k != "daemon"}, sort_keys=True)
         if key != self._last_doc:
             self._last_doc = key
             try:
                 statefile.write(self.cfg.supervisor.state_dir, doc)
+                self._state_write_error = ""
             except OSError as e:
-                self.log.error("status.write_failed", error=str(e), state_dir=self.cfg.supervisor.state_dir)
+                if not self._state_write_error:
+                    self.log.error("status.write_failed", error=str(e), state_dir=self.cfg.supervisor.state_dir)
+                self._state_write_error = f"cannot write the status file: {e.strerror or e}"
+                self._last_doc = ""  # try again next tick
+                self.metrics.state_write_failed("status")
 
     # --------------------------------------------------------------------------- signals and loop
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -363,6 +405,14 @@ class Daemon:
             raise SystemExit(1)  # a second SIGTERM: leave at once
         self._signals.append(signum)
         self._wake.set()
+
+    def _on_request(self, command: str) -> str:
+        """From the control socket's thread: record and wake, like a signal; the loop acts on it."""
+        if command == "ping":
+            return f"spark-supervisor {os.getpid()}: {self.status.phase.value}"
+        self._signals.append(command)
+        self._wake.set()
+        return f"spark-supervisor (pid {os.getpid()}) will re-arm and forget its repair budget"
 
     def reload(self) -> None:
         self.notifier.reloading()
@@ -373,17 +423,29 @@ class Daemon:
             self.reload_error = e.problems[0]
             self._reload_done()
             return
+        except Exception as e:  # whatever the file holds, a reload must never take the supervisor down
+            self.log.exception("config.unreadable", path=self.config_path, kept="previous config")
+            self.reload_error = f"{self.config_path}: {type(e).__name__}: {e}"[:300]
+            self._reload_done()
+            return
         self.reload_error = ""
         changed = new != self.cfg
         self.log.info("config.reloaded", path=self.config_path, changed=changed,
                       ray_hash=config_mod.ray_hash(new, new.deployment),
                       serve_hash=config_mod.serve_hash(new, new.deployment))
         if changed:
+            try:
+                backend = self._backend_factory(new)
+            except Exception as e:
+                self.log.exception("config.unusable", path=self.config_path, kept="previous config")
+                self.reload_error = f"{self.config_path}: cannot set up: {type(e).__name__}: {e}"[:300]
+                self._reload_done()
+                return
             old_metrics = self.cfg.metrics
             self.backend.close()
             self.cfg, self.config_hash = new, config_mod.file_hash(self.config_path)
-            self.backend = self._backend_factory(new)
-            self.repairs = statefile.RepairLog(new.supervisor.state_dir)
+            self.backend = backend
+            self.repairs = self._repair_log(new)
             if new.metrics != old_metrics:
                 self.metrics.close()
                 self.metrics = self._metrics(new)
@@ -412,11 +474,17 @@ class Daemon:
         self._write_status(self.clock())
         self.backend.close()
         self.metrics.close()
+        if self.control is not None:
+            self.control.close()
         self.stopped = True
 
     def run(self) -> int:
         for handled in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(handled, self._on_signal)
+        try:
+            self.control = ControlServer(self.cfg.supervisor.state_dir, self._on_request)
+        except OSError as e:  # `reset` then says it cannot reach us; the daemon itself goes on
+            self.log.error("control.unavailable", error=str(e))
         self.log.info("daemon.started", config=self.config_path, config_hash=self.config_hash,
                       deployment=self.cfg.deployment.name, nodes=[n.name for n in self.cfg.nodes],
                       state_dir=self.cfg.supervisor.state_dir)
@@ -425,7 +493,7 @@ class Daemon:
                 sig = self._signals.popleft()
                 if sig == signal.SIGHUP:
                     self.reload()
-                elif sig == signal.SIGUSR1:
+                elif sig in (signal.SIGUSR1, "reset"):
                     self.rearm("reset")
                 else:
                     self.shutdown()
@@ -484,6 +552,7 @@ class Daemon:
     def rearm(self, why: str) -> None:
         """Leave FAILED (and forget the repair budget when the operator asks for a reset)."""
         st = self.status
+        self._best_rank = 0
         if why == "reset":
             self.repairs.clear()
         st.failures, st.backoff_until, st.next_repair_at = 0, 0.0, 0.0

@@ -31,6 +31,10 @@ class Metrics:
         self.ray_nodes = pc.Gauge(f"{p}ray_nodes_alive", "Ray nodes ALIVE", registry=reg)
         self.gpus = pc.Gauge(f"{p}ray_gpus", "GPUs registered by the alive Ray nodes", registry=reg)
         self.budget = pc.Gauge(f"{p}repair_budget_used", "repairs in the current window", registry=reg)
+        self.unknowns = pc.Counter(f"{p}observations_unknown", "ticks in which something could not be seen",
+                                   ["what"], registry=reg)
+        self.state_write_errors = pc.Counter(f"{p}state_write_errors", "failed writes of a state file",
+                                             ["file"], registry=reg)
         self.server, self.thread = pc.start_http_server(int(port), addr=host or "127.0.0.1", registry=reg)
 
     def update(self, st: Status, obs: Observation | None, now: float) -> None:
@@ -48,6 +52,12 @@ class Metrics:
 
     def repaired(self, kind: str, reason: str) -> None:
         self.repairs.labels(kind, reason.split(":")[0]).inc()
+
+    def unknown(self, what: str) -> None:
+        self.unknowns.labels(what).inc()
+
+    def state_write_failed(self, file: str) -> None:
+        self.state_write_errors.labels(file).inc()
 
     def probed(self, probe: str, result: str, verdict: Verdict | None = None) -> None:
         self.probes.labels(probe, result).inc()

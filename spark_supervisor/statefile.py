@@ -10,13 +10,18 @@ config{path, hash}, daemon{pid, updated}.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import math
 import os
 import tempfile
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import tenacity
 
 from .config import OWNER_LABEL, Config, ray_hash, serve_hash
 from .model import Observation, Status
@@ -29,7 +34,8 @@ def iso(wall: float) -> str:
 
 
 def document(st: Status, obs: Observation | None, cfg: Config, config_path: str, config_hash: str,
-             now_wall: float, mono_to_wall: float) -> dict[str, Any]:
+             now_wall: float, mono_to_wall: float, state_problems: tuple[str, ...] = ()) -> dict[str, Any]:
+    now_mono = now_wall - mono_to_wall
     dep = cfg.deployment
     doc: dict[str, Any] = {
         "schema": 1,
@@ -43,6 +49,10 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
         "liveness": {"health": dataclasses.asdict(st.health), "deep": dataclasses.asdict(st.deep)},
         "repairs": {"in_window": st.repairs_in_window, "budget": cfg.healing.repair_budget,
                     "window_s": cfg.healing.repair_window},
+        "unknown": {what: {"since_s": round(now_mono - since, 1), "ticks": st.unknown_counts.get(what, 0)}
+                    for what, since in st.unknown_since.items()},
+        "unknown_ticks_total": dict(st.unknown_counts),
+        "state_problems": list(state_problems),
         "progress": st.progress,
         "load_fraction": round(st.load_fraction, 3),
         "eta_s": round(st.eta_s) if st.eta_s is not None else None,
@@ -78,19 +88,37 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
     return doc
 
 
-def write(state_dir: str, doc: dict[str, Any]) -> None:
-    """Atomically replace the status file (readers never see half a document)."""
-    path = Path(state_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path, prefix=".status.")
+def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write, fsync, rename, fsync the directory: after a crash or power cut the file is the old one or
+    the new one, never half of either."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path / FILE)
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+# A state write that fails (disk full, read-only remount) is retried a few times at once, then shown.
+_write_retry = tenacity.retry(retry=tenacity.retry_if_exception_type(OSError), stop=tenacity.stop_after_attempt(3),
+                              wait=tenacity.wait_random_exponential(multiplier=0.05, max=0.5), reraise=True)
+
+
+def write(state_dir: str, doc: dict[str, Any]) -> None:
+    """Atomically replace the status file (readers never see half a document)."""
+    _write_retry(atomic_write)(Path(state_dir) / FILE, json.dumps(doc, indent=1))
 
 
 def read(state_dir: str) -> dict[str, Any]:
@@ -98,20 +126,60 @@ def read(state_dir: str) -> dict[str, Any]:
         return json.load(f)  # type: ignore[no-any-return]
 
 
+def _valid_entries(raw: Any) -> list[dict[str, Any]] | None:
+    if not isinstance(raw, list):
+        return None
+    out = []
+    for e in raw:
+        if not isinstance(e, dict) or not isinstance(e.get("at"), int | float) or isinstance(e.get("at"), bool):
+            return None
+        if not math.isfinite(e["at"]):
+            return None
+        out.append(e)
+    return out
+
+
 class RepairLog:
-    """Repairs with their wall-clock times, persisted so the budget survives restarts and reboots."""
+    """Repairs with their wall-clock times, persisted so the budget survives restarts and reboots.
+
+    A file of the wrong shape is moved aside (``repairs.json.bad-<time>``) and the log starts empty;
+    ``problem`` says so until the next successful write. A failed write keeps the entries in memory,
+    is retried on the next change, and stays in ``problem`` (shown in status) until it succeeds."""
 
     FILE = "repairs.json"
 
-    def __init__(self, state_dir: str):
+    def __init__(self, state_dir: str, wall: float | None = None):
         self.path = Path(state_dir) / self.FILE
+        self.problem = ""
+        self.entries: list[dict[str, Any]] = []
         try:
-            self.entries: list[dict[str, Any]] = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            self.entries = []
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return
+        except (OSError, UnicodeDecodeError) as e:
+            self._set_aside(f"unreadable: {e}", wall)
+            return
+        try:
+            entries = _valid_entries(json.loads(text))
+        except ValueError:
+            entries = None
+        if entries is None:
+            self._set_aside("not a list of {at, kind, reason} entries", wall)
+        else:
+            self.entries = entries
+
+    def _set_aside(self, why: str, wall: float | None) -> None:
+        stamp = datetime.fromtimestamp(wall if wall is not None else time.time(), UTC).strftime("%Y%m%dT%H%M%SZ")
+        aside = self.path.with_name(f"{self.FILE}.bad-{stamp}")
+        try:
+            os.replace(self.path, aside)
+            self.problem = f"{self.path} was {why}; moved aside to {aside.name}, the repair budget starts empty"
+        except OSError as e:
+            self.problem = f"{self.path} is {why} and cannot be moved aside ({e.strerror}); ignored"
 
     def recent(self, now_wall: float, window: float) -> list[dict[str, Any]]:
-        return [e for e in self.entries if now_wall - float(e.get("at", 0)) < window]
+        # Entries from the future (a clock set back) are not counted: they would block repairs for hours.
+        return [e for e in self.entries if 0 <= now_wall - float(e["at"]) < window]
 
     def add(self, now_wall: float, kind: str, reason: str) -> None:
         self.entries = [*self.entries[-99:], {"at": now_wall, "when": iso(now_wall), "kind": kind, "reason": reason}]
@@ -123,9 +191,7 @@ class RepairLog:
 
     def _save(self) -> None:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.entries, indent=1))
-            os.replace(tmp, self.path)
-        except OSError:
-            pass  # the budget then only lives in memory; the status file write reports the broken state dir
+            _write_retry(atomic_write)(self.path, json.dumps(self.entries, indent=1))
+            self.problem = ""
+        except OSError as e:
+            self.problem = f"cannot write {self.path}: {e.strerror or e}; the repair budget lives in memory only"

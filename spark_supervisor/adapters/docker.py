@@ -11,19 +11,19 @@ from docker.types import DeviceRequest
 
 from ..commands import ContainerSpec
 from ..model import Container
-from . import AdapterError
+from . import AdapterError, ImageMissingError, NotFoundError, TransientError, Unreachable, within
 
 
-def _reason(e: Exception) -> AdapterError:
+def _reason(e: BaseException) -> AdapterError:
     if isinstance(e, AdapterError):
         return e
     if isinstance(e, docker.errors.ImageNotFound):
-        return AdapterError("ImageMissing", str(getattr(e, "explanation", "") or e))
+        return ImageMissingError("ImageMissing", str(getattr(e, "explanation", "") or e))
     if isinstance(e, docker.errors.NotFound):
-        return AdapterError("NotFound", str(getattr(e, "explanation", "") or e))
+        return NotFoundError("NotFound", str(getattr(e, "explanation", "") or e))
     if isinstance(e, docker.errors.APIError):
         return AdapterError("DockerError", str(getattr(e, "explanation", "") or e))
-    return AdapterError("DockerUnreachable", f"{type(e).__name__}: {e}"[:300])
+    return Unreachable("DockerUnreachable", f"{type(e).__name__}: {e}"[:300])
 
 
 class DockerEngine:
@@ -60,13 +60,20 @@ class DockerEngine:
             except Exception:
                 pass
 
-    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, fn: Any, *, timeout: float | None = None, what: str = "docker",
+              heartbeat: Any = None) -> Any:
+        """Every engine call under a hard deadline (docker-py's own timeout bounds each socket read, not
+        the call): a hung engine becomes DockerTimeout, a reason, instead of a hung loop."""
         try:
-            return fn(*args, **kwargs)
-        except docker.errors.NotFound as e:
+            return within(fn, timeout or self.timeout + 5, f"{what} on {self.node}", heartbeat=heartbeat,
+                          reason="DockerTimeout")
+        except (docker.errors.NotFound, docker.errors.APIError) as e:
             raise _reason(e) from None
-        except docker.errors.APIError as e:
-            raise _reason(e) from None
+        except TransientError:
+            self.reset()
+            raise
+        except AdapterError:
+            raise
         except Exception as e:
             self.reset()
             raise _reason(e) from None
@@ -85,23 +92,32 @@ class DockerEngine:
         try:
             self._call(lambda: self.client().api.remove_container(name, force=True, v=True))
             return True
-        except AdapterError as e:
-            if e.reason == "NotFound":
-                return False
-            raise
+        except NotFoundError:
+            return False
 
     def has_image(self, image: str) -> bool:
         try:
             self._call(lambda: self.client().api.inspect_image(image))
             return True
-        except AdapterError as e:
-            if e.reason in ("NotFound", "ImageMissing"):
-                return False
-            raise
+        except NotFoundError:
+            return False
 
-    def pull(self, image: str) -> None:
+    def pull(self, image: str, *, timeout: float, heartbeat: Any = None,
+             progress: Any = None) -> None:
+        """Pull with a deadline; ``progress(done_bytes, total_bytes)`` as layers arrive."""
         repo, _, tag = image.rpartition(":") if ":" in image.split("/")[-1] else (image, "", "latest")
-        self._call(lambda: self.client().api.pull(repo, tag=tag))
+
+        def go() -> None:
+            layers: dict[str, tuple[int, int]] = {}
+            for ev in self.client().api.pull(repo, tag=tag, stream=True, decode=True):
+                if "error" in ev:
+                    raise AdapterError("ImagePullFailed", f"{image} on {self.node}: {ev['error']}"[:300])
+                d = ev.get("progressDetail") or {}
+                if ev.get("id") and d.get("total"):
+                    layers[ev["id"]] = (int(d.get("current", 0)), int(d["total"]))
+                if progress is not None and layers:
+                    progress(sum(c for c, _ in layers.values()), sum(t for _, t in layers.values()))
+        self._call(go, timeout=timeout, what=f"pull {image}", heartbeat=heartbeat)
 
     def run(self, spec: ContainerSpec) -> str:
         """Create and start without docker-py's silent auto-pull; a failed start leaves nothing behind."""
@@ -117,7 +133,7 @@ class DockerEngine:
                                                    environment=spec.environment, labels=spec.labels, **opts)
         container = self._call(create)
         try:
-            self._call(container.start)
+            self._call(container.start, what="start")
         except AdapterError:
             self.remove(spec.name)
             raise

@@ -10,6 +10,8 @@ import http.client
 import json
 import urllib.parse
 
+import tenacity
+
 from ..model import EndpointObservation, RayObservation
 from .ray import parse_nodes
 
@@ -20,20 +22,21 @@ class KeptAlive:
         self.host, self.port, self.timeout = u.hostname or "127.0.0.1", u.port or 80, timeout
         self.conn: http.client.HTTPConnection | None = None
 
+    # A kept-alive connection the server closed: reconnect once, at once (a refused connect stays refused).
+    @tenacity.retry(retry=tenacity.retry_if_exception_type((http.client.RemoteDisconnected, BrokenPipeError,
+                                                            ConnectionResetError)),
+                    stop=tenacity.stop_after_attempt(2), reraise=True)
     def get(self, path: str) -> tuple[int, bytes]:
-        for attempt in (1, 2):  # a kept-alive connection the server closed: reconnect once
-            if self.conn is None:
-                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-            try:
-                self.conn.request("GET", path)
-                r = self.conn.getresponse()
-                return r.status, r.read()
-            except (OSError, http.client.HTTPException):
-                self.conn.close()
-                self.conn = None
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        try:
+            self.conn.request("GET", path)
+            r = self.conn.getresponse()
+            return r.status, r.read()
+        except (OSError, http.client.HTTPException):
+            self.conn.close()
+            self.conn = None
+            raise
 
 
 class QuickProbe:

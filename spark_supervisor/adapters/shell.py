@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import dataclass
 
 from ..commands import ssh_argv
-from . import AdapterError
+from . import AdapterError, TransientError, Unreachable
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def run_local(argv: list[str], timeout: float) -> Result:
     except FileNotFoundError:
         raise AdapterError("CommandNotFound", f"{argv[0]} is not installed") from None
     except subprocess.TimeoutExpired:
-        raise AdapterError("CommandTimeout", f"{argv[0]} did not finish within {timeout:.0f}s") from None
+        raise TransientError("CommandTimeout", f"{argv[0]} did not finish within {timeout:.0f}s") from None
     return Result(p.returncode, p.stdout, p.stderr)
 
 
@@ -66,7 +66,7 @@ class NodeShell:
     def run(self, argv: list[str], timeout: float | None = None) -> Result:
         r = run_local(self.argv(argv), timeout or self.timeout)
         if self.target and r.rc == 255:
-            raise AdapterError("SshUnreachable", f"ssh {self.target}: {r.err.strip()[-200:] or 'failed'}")
+            raise Unreachable("SshUnreachable", f"ssh {self.target}: {r.err.strip()[-200:] or 'failed'}")
         return r
 
     def check(self) -> None:
@@ -87,4 +87,4 @@ class NodeShell:
         try:
             socket.create_connection(self._addr, timeout=self.connect_timeout).close()
         except OSError as e:
-            raise AdapterError("SshUnreachable", f"{self.target} ({self._addr[0]}:{self._addr[1]}): {e}") from None
+            raise Unreachable("SshUnreachable", f"{self.target} ({self._addr[0]}:{self._addr[1]}): {e}") from None

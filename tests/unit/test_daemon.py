@@ -50,7 +50,7 @@ class FakeBackend:
     def __init__(self) -> None:
         self.next: Observation | None = None
         self.ran: list[Action] = []
-        self.fail: dict[type, str] = {}
+        self.fail: dict[type, str | ActionFailed] = {}
         self.closed = False
 
     def observe(self, full: bool) -> Observation:
@@ -60,7 +60,8 @@ class FakeBackend:
     def run(self, action: Action) -> Verdict | None:
         self.ran.append(action)
         if type(action) in self.fail:
-            raise ActionFailed(self.fail[type(action)])
+            f = self.fail[type(action)]
+            raise f if isinstance(f, ActionFailed) else ActionFailed(f)
         if isinstance(action, Verify):
             return Verdict(True, "content answered", action.serve)
         return None
@@ -196,7 +197,7 @@ def test_start_timeout_is_extended_only_while_the_start_progresses(tmp_path) -> 
 def test_a_deterministic_failure_is_failed_until_reset(tmp_path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     be.next = obs(daemon.cfg)
-    be.fail[StartRay] = "ImageMissing: vllm/vllm-openai:latest is not on spark-1"
+    be.fail[StartRay] = ActionFailed("ImageMissing: vllm/vllm-openai:latest is not on spark-1", deterministic=True)
     daemon.tick()
     assert daemon.status.phase == Phase.FAILED and daemon.status.reason.startswith("ImageMissing")
     n = len(be.ran)
@@ -220,9 +221,118 @@ def test_the_repair_budget_survives_a_daemon_restart(tmp_path) -> None:
         daemon.tick()
         assert daemon.status.phase == Phase.STARTING_VLLM
     again, be2, clock2, _, _ = make(tmp_path)
+    clock2.t = clock.t  # the same wall clock after the restart (entries from the future would not count)
     be2.next = obs(c, deployed=True, serve=dead)
     again.tick()
     assert again.status.phase == Phase.FAILED and again.status.reason.startswith("RestartBudgetExhausted: 3 repairs")
     again.rearm("reset")
     again.tick()
     assert again.status.phase == Phase.STARTING_VLLM
+
+
+def test_backoff_never_overflows_after_very_many_failures() -> None:
+    assert backoff_delay(10_000, 5, 300, 1.0) == 300
+    assert backoff_delay(2**40, 5, 300, 0.0) == 150
+
+
+def test_an_action_that_fails_deterministically_is_failed_not_retried(tmp_path) -> None:
+    daemon, be, clock, notes, _ = make(tmp_path)
+    be.next = obs(daemon.cfg)
+
+    def missing(action: Action) -> Verdict | None:
+        raise ActionFailed("ImageMissing: x is not on spark-1", deterministic=True)
+    be.run = missing  # type: ignore[method-assign]
+    daemon.tick()
+    assert daemon.status.phase == Phase.FAILED and daemon.status.reason.startswith("ImageMissing")
+
+
+def test_a_reload_of_a_file_that_is_not_utf8_keeps_the_old_config(tmp_path) -> None:
+    daemon, be, clock, notes, path = make(tmp_path)
+    before = daemon.cfg
+    path.write_bytes(b"\xff\xfe[supervisor]\n\x00\x81")
+    daemon.reload()
+    assert daemon.cfg is before and daemon.reload_error.startswith(str(path))
+    assert "reload failed" in daemon.status_line()
+
+
+def test_a_reload_whose_backend_cannot_be_built_keeps_the_old_one(tmp_path) -> None:
+    daemon, be, clock, notes, path = make(tmp_path)
+    d = data()
+    d["supervisor"]["state_dir"] = str(tmp_path / "state")
+    d["supervisor"]["interval"] = 7
+    path.write_text(tomli_w.dumps(d))
+
+    def broken(c):
+        raise OSError("too many open files")
+    daemon._backend_factory = broken
+    daemon.reload()
+    assert daemon.backend is be and not be.closed and daemon.cfg.supervisor.interval != 7
+    assert "too many open files" in daemon.reload_error
+
+
+def test_the_start_timeout_is_extended_only_while_the_start_progresses(tmp_path) -> None:
+    from dataclasses import replace
+
+    from spark_supervisor.model import GpuProcess
+    from tests.helpers import free_gpu, node_obs
+    d = data(stale={"units": [], "memory_free_timeout": 3000})
+    daemon, be, clock, notes, _ = make(tmp_path, d)
+    c = daemon.cfg
+    held = replace(free_gpu(), processes=(GpuProcess(4242, "python3", 19135),))
+    be.next = obs(c, nodes={"spark-1": node_obs("spark-1", gpu=held), "spark-2": node_obs("spark-2")})
+    extends = []
+    for _ in range(40):
+        daemon.tick()
+        extends.append(sum(n.startswith("EXTEND_TIMEOUT_USEC") for n in notes.sent))
+        clock.t += 30
+    assert daemon.status.phase == Phase.CLEANING
+    # Waiting in one place extends the start for start_stall_timeout (600 s), then no more.
+    assert extends[-1] == extends[-5] and extends[-1] <= 600 / 30 + 2
+
+
+def test_repairs_json_of_the_wrong_shape_is_moved_aside_and_the_daemon_goes_on(tmp_path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "repairs.json").write_text('{"not": "a list"}')
+    daemon, be, clock, notes, _ = make(tmp_path)
+    assert daemon.repairs.entries == [] and "moved aside" in daemon.repairs.problem
+    assert [p.name for p in state.iterdir() if p.name.startswith("repairs.json.bad-")]
+    be.next = obs(daemon.cfg)
+    daemon.tick()
+    doc = json.loads((state / "status.json").read_text())
+    assert any("moved aside" in p for p in doc["state_problems"])
+
+
+def test_budget_entries_from_the_future_are_not_counted(tmp_path) -> None:
+    from spark_supervisor.statefile import RepairLog
+    log = RepairLog(str(tmp_path))
+    log.add(2000.0, "gang", "x")
+    log.add(1000.0, "serve", "y")
+    assert [e["kind"] for e in log.recent(1500.0, 3600)] == ["serve"]
+    assert RepairLog(str(tmp_path)).entries == log.entries  # persisted
+
+
+def test_a_failed_repairs_write_is_shown_not_swallowed(tmp_path) -> None:
+    from spark_supervisor.statefile import RepairLog
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    log = RepairLog(str(blocker / "sub"))  # a state dir below a file: every write fails
+    log.add(1.0, "gang", "x")
+    assert log.entries and log.problem.startswith("cannot write")
+
+
+def test_reset_reaches_the_daemon_through_its_control_socket(tmp_path) -> None:
+    from spark_supervisor import control
+    daemon, be, clock, notes, _ = make(tmp_path)
+    daemon.repairs.add(1.7e9 + clock.t, "gang", "x")
+    server = control.ControlServer(str(tmp_path / "state"), daemon._on_request)
+    try:
+        assert "re-arm" in control.request(str(tmp_path / "state"), "reset")
+        assert list(daemon._signals) == ["reset"]
+        with __import__("pytest").raises(control.Unavailable, match="unknown command"):
+            control.request(str(tmp_path / "state"), "rm -rf")
+    finally:
+        server.close()
+    with __import__("pytest").raises(control.Unavailable):
+        control.request(str(tmp_path / "state"), "reset")
+    assert not control.daemon_holds_lock(str(tmp_path / "state"))
