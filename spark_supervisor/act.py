@@ -12,7 +12,7 @@ from . import commands
 from . import retry as retry_mod
 from .adapters import AdapterError
 from .config import serve_hash
-from .model import Action, RemoveContainers, StartRay, StartServe, StopServe, StopUnits, Verdict, Verify
+from .model import Action, RemoveContainers, StartContainer, StartServe, StopServe, StopUnits, Verdict, Verify
 from .observe import World
 
 
@@ -57,23 +57,24 @@ class Actor:
                 for name, existed in zip(names, removed, strict=True):
                     if existed:
                         self.log.info("clean.container_removed", node=node, container=name, why=why)
-            case StartRay(node=node):
+            case StartContainer(node=node):
                 a = w.nodes[node]
-                spec = commands.ray_container(cfg, dep, a.node)
+                spec = commands.node_container(cfg, dep, a.node)
                 self._ensure_image(a, spec.image)
                 cid = self._retry(a.docker.run)(spec)
                 self.log.info("ray.container_started", node=node, container=spec.name, id=cid,
                               role=a.node.role, node_ip=a.node.fabric_ip)
             case StartServe():
                 head = w.head()
-                container = commands.ray_container_name(dep, cfg.head)
-                argv = commands.serve_launch(cfg, dep, serve_hash(cfg, dep))
-                head.docker.exec(container, argv, env=commands.serve_env(cfg, dep), detach=True)
+                container = commands.node_container_name(dep, cfg.serve_node(dep))
+                sh = serve_hash(cfg, dep)
+                argv = commands.serve_launch(cfg, dep, sh)
+                head.docker.exec(container, argv, env=commands.serve_env(cfg, dep, sh), detach=True)
                 self.log.info("serve.launched", container=container, argv=commands.serve_argv(dep),
                               log=f"{commands.serve_dir(dep)}/log")
             case StopServe(why=why):
-                container = commands.ray_container_name(dep, cfg.head)
-                w.head().docker.exec(container, commands.serve_stop(dep))
+                container = commands.node_container_name(dep, cfg.serve_node(dep))
+                w.head().docker.exec(container, commands.serve_stop(dep), what="serve stop")
                 self.log.info("serve.stopped", container=container, why=why)
             case Verify(serve=serve, deep=deep):
                 r = dep.readiness

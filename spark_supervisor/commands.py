@@ -14,8 +14,23 @@ from typing import Any
 from .config import HASH_LABEL, NODE_LABEL, OWNER_LABEL, ROLE_LABEL, Config, Deployment, Node, ray_hash
 
 
-def ray_container_name(dep: Deployment, node: Node) -> str:
-    return f"{dep.name}-ray-{node.name}"
+def node_container_name(dep: Deployment, node: Node) -> str:
+    """Our one container per node of a deployment: a Ray node, or (mp) the home of the serve."""
+    return f"{dep.name}-{'ray' if dep.uses_ray else 'vllm'}-{node.name}"
+
+
+def cache_parent(dep: Deployment) -> str:
+    """This deployment's compile caches on every node's disk (one directory per serve spec hash)."""
+    return f"{dep.serve.cache_dir}/{dep.name}" if dep.serve.cache_dir else ""
+
+
+def cache_env(dep: Deployment, spec_hash: str) -> dict[str, str]:
+    """Where vLLM and the compilers under it write what can be reused by the next start of the same spec."""
+    if not dep.serve.cache_dir:
+        return {}
+    root = f"{cache_parent(dep)}/{spec_hash}"
+    return {"VLLM_CACHE_ROOT": root, "TORCHINDUCTOR_CACHE_DIR": f"{root}/torchinductor",
+            "TRITON_CACHE_DIR": f"{root}/triton"}
 
 
 def node_env(node: Node) -> dict[str, str]:
@@ -38,21 +53,28 @@ class ContainerSpec:
     options: dict[str, Any] = field(default_factory=dict)  # docker-py create() keyword arguments
 
 
-def ray_container(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
-    ray, head = dep.ray, cfg.head
-    if node.role == "head":
-        args = ["--head", f"--port={ray.port}", f"--dashboard-host={node.fabric_ip}",
-                f"--dashboard-port={ray.dashboard_port}", "--include-dashboard=True"]
+def node_container(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
+    """The container settings come from [deployments.ray] for both backends; with mp it only holds the
+    serve (started in it like in a Ray head), so it runs `sleep infinity` under docker's init."""
+    ray, head = dep.ray, cfg.serve_node(dep)
+    if not dep.uses_ray:
+        command = ["sleep", "infinity"]
+    elif node.name == head.name:
+        command = [*ray.command, "--block", "--head", f"--port={ray.port}", f"--dashboard-host={node.fabric_ip}",
+                   f"--dashboard-port={ray.dashboard_port}", "--include-dashboard=True"]
     else:
-        args = [f"--address={head.fabric_ip}:{ray.port}"]
-    command = [*ray.command, "--block", *args, f"--node-ip-address={node.fabric_ip}",
-               f"--num-gpus={node.gpus}", "--disable-usage-stats", *ray.extra_args]
-    env = {**ray.env, **(ray.head_env if node.role == "head" else {}), **node_env(node), **node.env,
+        command = [*ray.command, "--block", f"--address={head.fabric_ip}:{ray.port}"]
+    if dep.uses_ray:
+        command += [f"--node-ip-address={node.fabric_ip}", f"--num-gpus={node.gpus}", "--disable-usage-stats",
+                    *ray.extra_args]
+    env = {**ray.env, **(ray.head_env if node.name == head.name else {}), **node_env(node), **node.env,
            "RAY_USAGE_STATS_ENABLED": "0"}
     volumes: dict[str, dict[str, str]] = {}
     for v in ray.volumes:
         src, dst, *mode = v.split(":")
         volumes[src] = {"bind": dst, "mode": mode[0] if mode else "rw"}
+    if cache_parent(dep):
+        volumes[cache_parent(dep)] = {"bind": cache_parent(dep), "mode": "rw"}
     options: dict[str, Any] = {
         "network_mode": "host", "shm_size": ray.shm_size, "init": ray.init, "privileged": ray.privileged,
         "volumes": volumes,
@@ -64,16 +86,17 @@ def ray_container(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
     if ray.ulimits:
         options["ulimits"] = dict(ray.ulimits)
     labels = {OWNER_LABEL: dep.name, HASH_LABEL: ray_hash(cfg, dep), NODE_LABEL: node.name,
-              ROLE_LABEL: f"ray-{node.role}"}
-    return ContainerSpec(ray_container_name(dep, node), ray.image, command, env, labels, options)
+              ROLE_LABEL: f"ray-{'head' if node.name == head.name else 'worker'}" if dep.uses_ray else "serve"}
+    return ContainerSpec(node_container_name(dep, node), ray.image, command, env, labels, options)
 
 
 def serve_argv(dep: Deployment) -> list[str]:
     s = dep.serve
     argv = [*s.command, s.model, "--host", s.host, "--port", str(s.port),
             "--tensor-parallel-size", str(s.tensor_parallel_size),
-            "--gpu-memory-utilization", str(s.gpu_memory_utilization),
-            "--distributed-executor-backend", s.distributed_executor_backend]
+            "--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+    if dep.uses_ray or s.tensor_parallel_size * s.pipeline_parallel_size > 1:
+        argv += ["--distributed-executor-backend", s.distributed_executor_backend]  # one GPU: vLLM's own choice
     if s.pipeline_parallel_size > 1:
         argv += ["--pipeline-parallel-size", str(s.pipeline_parallel_size)]
     if s.served_model_name:
@@ -85,9 +108,10 @@ def serve_argv(dep: Deployment) -> list[str]:
     return argv + list(s.extra_args)  # the API key goes through the environment: argv is public (ps)
 
 
-def serve_env(cfg: Config, dep: Deployment) -> dict[str, str]:
-    env = {**dep.ray.env, **node_env(cfg.head), **cfg.head.env, **dep.serve.env}
-    if dep.serve.placement_strategy:
+def serve_env(cfg: Config, dep: Deployment, spec_hash: str = "") -> dict[str, str]:
+    node = cfg.serve_node(dep)
+    env = {**dep.ray.env, **node_env(node), **node.env, **cache_env(dep, spec_hash), **dep.serve.env}
+    if dep.uses_ray and dep.serve.placement_strategy:
         env.setdefault("VLLM_DISTRIBUTED_EXECUTOR_CONFIG",
                        json.dumps({"placement_group_options": {"strategy": dep.serve.placement_strategy}}))
     if dep.api_key:
@@ -99,17 +123,24 @@ def serve_dir(dep: Deployment) -> str:
     return f"{dep.serve.log_dir}/{dep.name}"
 
 
-# Runs the serve in the background inside the Ray head container and records, in directory $1:
+# Runs the serve in the background inside the node's container and records, in directory $1:
 # pid, spec (hash), started (UTC), log (stdout+stderr) and, once it ends, exit (its exit code).
-# $2 is the spec hash; the rest is the serve's argv. Nothing from config is interpolated into it.
-# It refuses to start while the serve it recorded still runs: two serves on one GPU wedge both, and the
-# supervisor may have launched on a stale view (defence in depth behind the planner's own rule).
+# $2 is the spec hash; $3 the deployment's compile-cache parent ("" for none), $4 how many spec caches to
+# keep and $5 their size cap in MiB (the oldest go first); the rest is the serve's argv. Nothing from
+# config is interpolated into it. It refuses to start while the serve it recorded still runs: two serves
+# on one GPU wedge both, and the supervisor may have launched on a stale view (defence in depth behind the
+# planner's own rule). The serve runs in its own process group (setsid) so a stop reaches its engine
+# core and workers too.
 SERVE_WRAPPER = (
-    'd=$1; h=$2; shift 2; mkdir -p "$d" && cd "$d" || exit 1; '
+    'd=$1; h=$2; c=$3; k=$4; m=$5; shift 5; mkdir -p "$d" && cd "$d" || exit 1; '
     'p=$(cat pid 2>/dev/null); if [ -n "$p" ] && [ ! -f exit ] && kill -0 "$p" 2>/dev/null; then '
     'echo "spark-serve: pid $p still runs, not starting a second serve" >&2; exit 75; fi; '
+    'if [ -n "$c" ]; then mkdir -p "$c/$h" && touch "$c/$h"; '
+    'ls -1t "$c" | tail -n +$((k+1)) | while read -r x; do rm -rf "$c/$x"; done; '
+    'while [ "$(du -sm "$c" | cut -f1)" -gt "$m" ] && [ "$(ls -1 "$c" | wc -l)" -gt 1 ]; do '
+    'rm -rf "$c/$(ls -1t "$c" | tail -n 1)"; done; fi; '
     'rm -f exit; [ -f log ] && mv -f log log.prev; echo "$h" >spec; date -u +%FT%TZ >started; '
-    '"$@" >log 2>&1 </dev/null & echo $! >pid; wait $!; echo $? >exit'
+    'setsid "$@" >log 2>&1 </dev/null & echo $! >pid; wait $!; echo $? >exit'
 )
 
 # Prints the state the wrapper recorded: "pid spec started running exit", then the log tail.
@@ -120,17 +151,21 @@ SERVE_STATE = (
     'tail -c "$2" log 2>/dev/null; exit 0'
 )
 
-# Signals the serve (TERM, then KILL after $3 seconds) and forgets it, keeping its log as log.prev.
+# Signals the serve's process group (TERM, then KILL after $2 seconds) and forgets it, keeping its log as
+# log.prev.
 SERVE_STOP = (
     'cd "$1" 2>/dev/null || exit 0; p=$(cat pid 2>/dev/null); '
-    'if [ -n "$p" ] && kill -TERM "$p" 2>/dev/null; then i=0; '
+    'if [ -n "$p" ] && { kill -TERM -"$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null; }; then i=0; '
     'while kill -0 "$p" 2>/dev/null && [ $i -lt $(($2*10)) ]; do sleep 0.1; i=$((i+1)); done; '
-    'kill -KILL "$p" 2>/dev/null; fi; rm -f pid exit spec started; [ -f log ] && mv -f log log.prev; exit 0'
+    'kill -KILL -"$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; fi; '
+    'rm -f pid exit spec started; [ -f log ] && mv -f log log.prev; exit 0'
 )
 
 
 def serve_launch(cfg: Config, dep: Deployment, spec_hash: str) -> list[str]:
-    return ["sh", "-c", SERVE_WRAPPER, "spark-serve", serve_dir(dep), spec_hash, *serve_argv(dep)]
+    s = dep.serve
+    return ["sh", "-c", SERVE_WRAPPER, "spark-serve", serve_dir(dep), spec_hash, cache_parent(dep),
+            str(s.cache_keep), str(int(s.cache_max_gib * 1024)), *serve_argv(dep)]
 
 
 def serve_state(dep: Deployment, tail_bytes: int = 65536) -> list[str]:

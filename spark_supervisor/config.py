@@ -539,12 +539,26 @@ class Serve(_Strict):
     port: Port = 8000
     reasoning_parser: str = ""
     tool_call_parser: str = ""
-    distributed_executor_backend: Literal["ray"] = "ray"
+    # "ray": Ray containers on every node, the serve in the head's; "mp": one node, one container, no Ray.
+    distributed_executor_backend: Literal["ray", "mp"] = "ray"
     placement_strategy: Literal["SPREAD", "PACK", ""] = "SPREAD"
     extra_args: list[str] = []
     env: dict[SharedEnvName, str] = {}
     log_dir: AbsPath = "/tmp/spark-supervisor"
     stop_timeout: Sec600 = 30
+    # vLLM's compile cache (torch.compile, CUDA graphs' kernels) kept on each node's disk across serve and
+    # gang restarts and reboots: <cache_dir>/<deployment>/<serve spec hash>, bind-mounted at the same path.
+    # A new spec hash starts a new cache; the oldest beyond cache_keep or cache_max_gib are removed. "" = off.
+    cache_dir: str = "/var/lib/spark-supervisor/vllm-cache"
+    cache_keep: Annotated[int, Field(ge=1, le=20)] = 3
+    cache_max_gib: Annotated[float, Field(gt=0, le=10_000)] = 64
+
+    @field_validator("cache_dir")
+    @classmethod
+    def _cache_dir(cls, v: str) -> str:
+        if v and (not v.startswith("/") or v.rstrip("/") == "" or ":" in v):
+            raise ValueError(f"{_q(v)} must be an absolute directory other than / (or \"\" for no cache)")
+        return v.rstrip("/")
 
     _split = field_validator("extra_args", mode="before")(_split_args)
 
@@ -607,6 +621,10 @@ class Deployment(_Strict):
     def api_key(self) -> str:
         """The serve's API key from readiness.api_key_file / api_key_env, or "" when none."""
         return self.readiness._api_key
+
+    @property
+    def uses_ray(self) -> bool:
+        return self.serve.distributed_executor_backend == "ray"
 
 
 class Supervisor(_Strict):
@@ -744,6 +762,11 @@ class Config(_Strict):
                                  "GPUs (nodes[].gpus, deployments.nodes)"))
             if dep.nodes and not any(n.role == "head" for n in members):
                 problems.append((f"deployments[{d}].nodes", "must include the head node"))
+            if dep.serve.distributed_executor_backend == "mp" and len(members) > 1:
+                problems.append((f"deployments[{d}].serve.distributed_executor_backend",
+                                 f"\"mp\" runs on one node, and this deployment spans {len(members)} "
+                                 f"({', '.join(n.name for n in members)}): use \"ray\" across nodes, or list "
+                                 "one node in deployments.nodes"))
             # Everything below listens on the head's host network: one port each.
             ports = [(f"deployments[{d}].ray.port", dep.ray.port),
                      (f"deployments[{d}].ray.dashboard_port", dep.ray.dashboard_port),
@@ -757,6 +780,7 @@ class Config(_Strict):
                                           "give each its own port"))
             for n in members:
                 own_containers[f"{dep.name}-ray-{n.name}"] = n.name
+                own_containers[f"{dep.name}-vllm-{n.name}"] = n.name
         for i, c in enumerate(self.stale.containers):
             if c in own_containers:
                 problems.append((f"stale.containers[{i}]", f"{c!r} is the supervisor's own Ray container on "
@@ -777,8 +801,12 @@ class Config(_Strict):
         nodes = [n for n in self.nodes if not dep.nodes or n.name in dep.nodes]
         return sorted(nodes, key=lambda n: n.role != "head")
 
+    def serve_node(self, dep: Deployment) -> Node:
+        """Where the serve process runs: the head of its nodes."""
+        return self.members(dep)[0]
+
     def endpoint(self, dep: Deployment) -> str:
-        return dep.readiness.endpoint or f"http://{self.head.fabric_ip}:{dep.serve.port}"
+        return dep.readiness.endpoint or f"http://{self.serve_node(dep).fabric_ip}:{dep.serve.port}"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1034,12 +1062,13 @@ def ray_hash(cfg: Config, dep: Deployment) -> str:
     """What shapes the Ray containers: changing it replaces the whole deployment."""
     nodes = [n.model_dump(exclude={"nvidia_smi", "meminfo", "ip", "oob"}) for n in cfg.members(dep)]
     return _digest({"nodes": nodes,
-                    "ray": dep.ray.model_dump(exclude={"join_timeout", "image_pull", "pull_timeout"})})
+                    "ray": dep.ray.model_dump(exclude={"join_timeout", "image_pull", "pull_timeout"}),
+                    "backend": dep.serve.distributed_executor_backend, "cache_dir": dep.serve.cache_dir})
 
 
 def serve_hash(cfg: Config, dep: Deployment) -> str:
     """What shapes the serve: changing it restarts the serve (and Ray, if ray_hash changed too)."""
-    spec: dict[str, Any] = {"ray": ray_hash(cfg, dep), "serve": dep.serve.model_dump(exclude={"stop_timeout"})}
+    spec: dict[str, Any] = {"ray": ray_hash(cfg, dep), "serve": dep.serve.model_dump(exclude={"stop_timeout", "cache_keep", "cache_max_gib"})}
     if dep.api_key:  # a new key relaunches the serve; only a digest of it is hashed
         spec["api_key_sha256"] = hashlib.sha256(dep.api_key.encode()).hexdigest()
     return _digest(spec)

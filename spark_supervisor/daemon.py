@@ -74,7 +74,7 @@ class RealBackend:
     def __init__(self, cfg: Config, log: Any, heartbeat: Callable[[], None] | None = None):
         self.world = World(cfg, control_dir=control_dir(cfg.supervisor.state_dir))
         self.observer, self.actor, self.log = Observer(self.world), Actor(self.world, log, heartbeat), log
-        self.quick_probe = QuickProbe(self.world.ray.url, self.world.api.url)
+        self.quick_probe = QuickProbe(self.world.ray.url if cfg.deployment.uses_ray else "", self.world.api.url)
 
     def observe(self, full: bool) -> Observation:
         return self.observer.observe(full)
@@ -582,7 +582,7 @@ def lock_state_dir(state_dir: str) -> int:
 
 def teardown(world: World, log: Any) -> list[str]:
     """Remove every container this deployment owns, on every node, workers first."""
-    from .commands import ray_container_name
+    from .commands import node_container_name
     cfg = world.cfg
     dep = cfg.deployment
     removed, errors = [], []
@@ -590,7 +590,7 @@ def teardown(world: World, log: Any) -> list[str]:
         a = world.nodes[node.name]
         try:
             names = [c.name for c in a.docker.containers()
-                     if c.labels.get(config_mod.OWNER_LABEL) == dep.name or c.name == ray_container_name(dep, node)]
+                     if c.labels.get(config_mod.OWNER_LABEL) == dep.name or c.name == node_container_name(dep, node)]
             for name in names:
                 if a.docker.remove(name):
                     removed.append(f"{node.name}/{name}")

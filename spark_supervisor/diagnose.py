@@ -50,7 +50,7 @@ class NodeDiagnosis:
 def _layers(world: World, a: NodeAdapters, timeout: float) -> list[Layer]:
     cfg = world.cfg
     dep = cfg.deployment
-    container = commands.ray_container_name(dep, a.node)
+    container = commands.node_container_name(dep, a.node)
     out: list[Layer] = []
     if a.node.role == "head":
         ep = world.api.observe_health()
@@ -98,7 +98,7 @@ def render(diags: list[NodeDiagnosis], world: World) -> str:
         if failing is None:
             lines.append(head + f"OK ({d.layers[0].name} answers)")
         else:
-            hint = HINTS[failing.name].format(node=d.node, container=commands.ray_container_name(dep, node))
+            hint = HINTS[failing.name].format(node=d.node, container=commands.node_container_name(dep, node))
             lines.append(head + f"deepest answering: {d.deepest_ok}; first failing: {failing.name}")
             lines.append(f"  hint: {hint}")
         for lay in d.layers:

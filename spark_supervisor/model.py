@@ -168,7 +168,7 @@ class RemoveContainers:
 
 
 @dataclass(frozen=True)
-class StartRay:
+class StartContainer:
     node: str
 
 
@@ -190,7 +190,7 @@ class Verify:
     deep: bool = False
 
 
-Action = StopUnits | RemoveContainers | StartRay | StopServe | StartServe | Verify
+Action = StopUnits | RemoveContainers | StartContainer | StopServe | StartServe | Verify
 
 
 def describe(action: Action) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from .model import (
     Memory,
     NodeObservation,
     Observation,
+    RayObservation,
     ServeObservation,
     Unit,
 )
@@ -54,7 +55,7 @@ class World:
             for n in cfg.nodes
         }
         self.http = httpx.Client(trust_env=False)
-        head = cfg.head
+        head = cfg.serve_node(dep)
         self.ray = RayDashboard(self.http, f"http://{head.fabric_ip}:{dep.ray.dashboard_port}", sup.io_timeout)
         self.api = VllmApi(self.http, cfg.endpoint(dep), api_key=dep.api_key,
                            timeout=min(sup.io_timeout, 5))
@@ -69,7 +70,8 @@ class World:
             a.docker.reset()
 
     def head(self) -> NodeAdapters:
-        return self.nodes[self.cfg.head.name]
+        """The node the serve runs on."""
+        return self.nodes[self.cfg.serve_node(self.cfg.deployment).name]
 
 
 def _units(a: NodeAdapters, names: list[str]) -> tuple[Unit, ...]:
@@ -164,7 +166,7 @@ def observe_serve(world: World, head_container: Container | None) -> ServeObserv
     if head_container is None or not head_container.running:
         return None
     dep = world.cfg.deployment
-    code, out = world.head().docker.exec(head_container.name, commands.serve_state(dep))
+    code, out = world.head().docker.exec(head_container.name, commands.serve_state(dep), what="serve state")
     if code == 3:
         return ServeObservation(False)
     if code != 0:
@@ -211,7 +213,7 @@ class Observer:
         w, cfg = self.world, self.world.cfg
         timeout = cfg.supervisor.io_timeout + cfg.supervisor.ssh_connect_timeout + 5
         futures = {name: w.pool.submit(observe_node, a, cfg, full, w.probes) for name, a in w.nodes.items()}
-        ray_f = w.pool.submit(w.ray.observe)
+        ray_f = w.pool.submit(w.ray.observe) if cfg.deployment.uses_ray else None
         nodes: dict[str, NodeObservation] = {}
         for name, f in futures.items():
             try:
@@ -219,11 +221,12 @@ class Observer:
             except cf.TimeoutError:
                 nodes[name] = NodeObservation(name, error=f"ObserveTimeout: no answer within {timeout:.0f}s")
         try:
-            ray = ray_f.result(timeout=timeout)
+            ray = ray_f.result(timeout=timeout) if ray_f is not None else None
         except cf.TimeoutError:
-            ray = None
+            ray = RayObservation(False, f"RayDashboardUnreachable: no answer within {timeout:.0f}s")
         dep = cfg.deployment
-        head_name = commands.ray_container_name(dep, cfg.head)
-        head_c = next((c for c in nodes[cfg.head.name].containers if c.name == head_name), None)
+        home = cfg.serve_node(dep)
+        head_name = commands.node_container_name(dep, home)
+        head_c = next((c for c in nodes[home.name].containers if c.name == head_name), None)
         serve, endpoint = self._serve_and_endpoint(head_c, full)
         return Observation(self.clock(), full, nodes, ray, serve, endpoint)

@@ -19,7 +19,7 @@ import fnmatch
 import os
 
 from . import logscan
-from .commands import ray_container_name
+from .commands import node_container_name
 from .config import HASH_LABEL, OWNER_LABEL, Config, Deployment, ray_hash, serve_hash
 from .model import (
     Action,
@@ -29,7 +29,7 @@ from .model import (
     Observation,
     Phase,
     RemoveContainers,
-    StartRay,
+    StartContainer,
     StartServe,
     Status,
     StopServe,
@@ -109,9 +109,9 @@ def unknowns(obs: Observation, cfg: Config) -> dict[str, str]:
     """What this tick could not see that matters to the deployment: what -> the error. Never evidence."""
     dep = cfg.deployment
     out = {f"node {o.name}": o.error for o in obs.nodes.values() if o.error}
-    head = obs.nodes.get(cfg.head.name)
+    head = obs.nodes.get(cfg.serve_node(dep).name)
     head_up = head is not None and any(c.running for c in _owned(head, dep))
-    if head_up and (obs.ray is None or not obs.ray.reachable):
+    if dep.uses_ray and head_up and (obs.ray is None or not obs.ray.reachable):
         out["ray dashboard"] = (obs.ray.error if obs.ray else "") or "no answer"
     if obs.serve is not None and obs.serve.error:
         out["serve state"] = obs.serve.error
@@ -215,7 +215,7 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
     for node in members:
         cs = _owned(obs.nodes[node.name], dep)
         any_owned |= bool(cs)
-        ok = [c for c in cs if c.name == ray_container_name(dep, node) and c.running
+        ok = [c for c in cs if c.name == node_container_name(dep, node) and c.running
               and c.labels.get(HASH_LABEL) == rh]
         if ok and len(cs) == 1:
             continue
@@ -254,14 +254,16 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
                                 fatal=True)
             return Decision(Phase.CLEANING, "WaitingForGpuMemory: " + "; ".join(held))
         return Decision(Phase.STARTING_RAY, f"0/{len(members)} nodes",
-                        tuple(StartRay(n.name) for n in members))
+                        tuple(StartContainer(n.name) for n in members))
 
     # 4. Ray: every configured node ALIVE on its fabric IP, with the GPUs it was given. A dashboard that
     # does not answer says nothing about the nodes: with a serve to watch, go on without Ray's view.
     ray = obs.ray
     s = obs.serve
     serve_known = s is not None and s.present
-    if ray is None or not ray.reachable:
+    if not dep.uses_ray:
+        pass  # mp: one node, no Ray step
+    elif ray is None or not ray.reachable:
         if not serve_known:
             if st.phase == Phase.STARTING_RAY and st.in_phase(now) > dep.ray.join_timeout:
                 why = (ray.error if ray else "") or "no answer"

@@ -129,7 +129,10 @@ class DockerEngine:
             opts["ulimits"] = [Ulimit(name=k, soft=v, hard=v) for k, v in opts["ulimits"].items()]
 
         def create() -> Any:
-            return self.client().containers.create(spec.image, spec.command, name=spec.name,
+            # The entrypoint is set explicitly: vLLM's image has ENTRYPOINT ["vllm", "serve"], which would
+            # otherwise take our command as its arguments.
+            return self.client().containers.create(spec.image, spec.command[1:], entrypoint=spec.command[:1],
+                                                   name=spec.name,
                                                    environment=spec.environment, labels=spec.labels, **opts)
         container = self._call(create)
         try:
@@ -140,7 +143,7 @@ class DockerEngine:
         return str(container.id)[:12]
 
     def exec(self, container: str, argv: list[str], *, env: dict[str, str] | None = None,
-             detach: bool = False) -> tuple[int, str]:
+             detach: bool = False, what: str = "exec") -> tuple[int, str]:
         def go() -> tuple[int, str]:
             api = self.client().api
             ex = api.exec_create(container, argv, environment=env or None)
@@ -149,4 +152,4 @@ class DockerEngine:
                 return 0, ""
             code = api.exec_inspect(ex["Id"]).get("ExitCode")
             return int(code if code is not None else -1), (out or b"").decode(errors="replace")
-        return self._call(go)  # type: ignore[no-any-return]
+        return self._call(go, what=what)  # type: ignore[no-any-return]

@@ -41,9 +41,12 @@ class KeptAlive:
 
 class QuickProbe:
     def __init__(self, ray_url: str, api_url: str, timeout: float = 1.0):
-        self.ray, self.api = KeptAlive(ray_url, timeout), KeptAlive(api_url, timeout)
+        self.ray, self.api = KeptAlive(ray_url or "http://0.0.0.0", timeout), KeptAlive(api_url, timeout)
+        self.watch_ray = bool(ray_url)  # "" for a deployment without Ray
 
-    def ray_nodes(self) -> RayObservation:
+    def ray_nodes(self) -> RayObservation | None:
+        if not self.watch_ray:
+            return None
         try:
             status, body = self.ray.get("/api/v0/nodes?limit=100")
             if status != 200:

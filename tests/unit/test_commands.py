@@ -1,15 +1,19 @@
+import os
 import shlex
+import subprocess
+import time
+from pathlib import Path
 
 from spark_supervisor import commands
 from spark_supervisor.config import OWNER_LABEL
-from tests.helpers import cfg
+from tests.helpers import cfg, data
 
 C = cfg()
 DEP = C.deployment
 
 
 def test_ray_head_binds_the_fabric_ip_with_its_own_env() -> None:
-    spec = commands.ray_container(C, DEP, C.nodes[0])
+    spec = commands.node_container(C, DEP, C.nodes[0])
     assert spec.name == "qwen-ray-spark-1"
     assert "--head" in spec.command and "--node-ip-address=192.168.200.12" in spec.command
     assert "--dashboard-host=192.168.200.12" in spec.command and "--block" in spec.command
@@ -21,7 +25,7 @@ def test_ray_head_binds_the_fabric_ip_with_its_own_env() -> None:
 
 
 def test_worker_joins_the_head_and_keeps_its_own_ip() -> None:
-    spec = commands.ray_container(C, DEP, C.nodes[1])
+    spec = commands.node_container(C, DEP, C.nodes[1])
     assert "--address=192.168.200.12:6379" in spec.command
     assert "--node-ip-address=192.168.200.13" in spec.command and "--head" not in spec.command
     assert spec.environment["VLLM_HOST_IP"] == "192.168.200.13"
@@ -40,7 +44,8 @@ def test_serve_argv_has_the_runbook_flags() -> None:
 def test_the_serve_wrapper_takes_argv_as_positional_parameters() -> None:
     argv = commands.serve_launch(C, DEP, "abc")
     assert argv[:2] == ["sh", "-c"] and argv[2] == commands.SERVE_WRAPPER
-    assert argv[4:7] == ["/tmp/spark-supervisor/qwen", "abc", "vllm"]
+    assert argv[4:10] == ["/tmp/spark-supervisor/qwen", "abc", "/var/lib/spark-supervisor/vllm-cache/qwen", "3",
+                          str(64 * 1024), "vllm"]
 
 
 def test_ssh_quotes_each_remote_argument_once() -> None:
@@ -51,3 +56,76 @@ def test_ssh_quotes_each_remote_argument_once() -> None:
 
 def test_systemctl_names_units() -> None:
     assert commands.systemctl("stop", ["vllm-proxy", "x.socket"]) == ["systemctl", "stop", "vllm-proxy.service", "x.socket"]
+
+
+def _sh(argv: list[str], **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False, **kw)
+
+
+def _wait(cond, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_the_wrapper_records_the_serve_refuses_a_second_one_and_stop_ends_its_process_group(tmp_path) -> None:
+    d = str(tmp_path / "serve")
+    cache = tmp_path / "cache"
+    wrapper = ["sh", "-c", commands.SERVE_WRAPPER, "spark-serve", d, "h1", str(cache), "2", "1000"]
+    first = subprocess.Popen([*wrapper, "sh", "-c", "echo started; sleep 60 & sleep 60"])
+    try:
+        _wait(lambda: os.path.exists(f"{d}/pid") and os.path.exists(f"{d}/log")
+              and "started" in Path(d, "log").read_text(), "the serve's log")
+        state = _sh(["sh", "-c", commands.SERVE_STATE, "spark-serve", d, "1000"]).stdout
+        head, _, log = state.partition("\n")
+        pid, spec, _started, running = head.split()[:4]
+        assert (spec, running, log) == ("h1", "1", "started\n")
+        second = _sh([*wrapper, "sh", "-c", "echo second"])
+        assert second.returncode == 75 and "still runs" in second.stderr
+        assert Path(d, "pid").read_text().strip() == pid  # untouched
+        assert _sh(["sh", "-c", commands.SERVE_STOP, "spark-serve", d, "5"]).returncode == 0
+        first.wait(timeout=10)
+        # The whole group is gone, not just its leader (zombies wait for a reaper this sandbox may lack).
+        _wait(lambda: set(_sh(["ps", "-o", "stat=", "-g", pid]).stdout.split()) <= {"Z"}, "the group ended")
+        assert not os.path.exists(f"{d}/pid") and os.path.exists(f"{d}/log.prev")
+        assert (cache / "h1").is_dir()
+    finally:
+        first.kill()
+
+
+def test_the_wrapper_keeps_the_newest_spec_caches(tmp_path) -> None:
+    cache = tmp_path / "cache"
+    for i, name in enumerate(["old1", "old2", "old3"]):
+        (cache / name).mkdir(parents=True)
+        os.utime(cache / name, (1000 + i, 1000 + i))
+    d = str(tmp_path / "serve")
+    r = _sh(["sh", "-c", commands.SERVE_WRAPPER, "spark-serve", d, "new", str(cache), "2", "1000", "true"])
+    assert r.returncode == 0
+    assert sorted(p.name for p in cache.iterdir()) == ["new", "old3"]
+
+
+def test_the_api_key_reaches_vllm_through_its_environment_never_argv(tmp_path) -> None:
+    key = tmp_path / "key"
+    key.write_text("sk-secret-123\n")
+    d = data()
+    d["deployments"][0]["readiness"] = {"api_key_file": str(key)}
+    c = cfg(d)
+    dep = c.deployment
+    assert commands.serve_env(c, dep)["VLLM_API_KEY"] == "sk-secret-123"
+    assert not any("sk-secret" in a for a in commands.serve_launch(c, dep, "h"))
+
+
+def test_a_single_node_mp_deployment_has_no_ray() -> None:
+    d = data()
+    d["deployments"][0]["nodes"] = ["spark-1"]
+    d["deployments"][0]["serve"].update(tensor_parallel_size=1, distributed_executor_backend="mp")
+    c = cfg(d)
+    dep = c.deployment
+    spec = commands.node_container(c, dep, c.nodes[0])
+    assert spec.name == "qwen-vllm-spark-1" and spec.command == ["sleep", "infinity"]
+    assert spec.labels["spark-supervisor.role"] == "serve"
+    assert "--distributed-executor-backend" not in commands.serve_argv(dep)
+    assert "VLLM_DISTRIBUTED_EXECUTOR_CONFIG" not in commands.serve_env(c, dep, "h")
+    assert commands.serve_env(c, dep, "h")["VLLM_CACHE_ROOT"] == "/var/lib/spark-supervisor/vllm-cache/qwen/h"
+    assert spec.options["volumes"]["/var/lib/spark-supervisor/vllm-cache/qwen"]["mode"] == "rw"

@@ -16,7 +16,7 @@ from spark_supervisor.model import (
     EndpointObservation,
     Observation,
     Phase,
-    StartRay,
+    StartContainer,
     StartServe,
     Verdict,
     Verify,
@@ -92,7 +92,7 @@ def test_cold_start_to_serving_sends_ready_once(tmp_path) -> None:
     c = daemon.cfg
     be.next = obs(c)
     daemon.tick()
-    assert be.ran == [StartRay("spark-1"), StartRay("spark-2")] and daemon.status.phase == Phase.STARTING_RAY
+    assert be.ran == [StartContainer("spark-1"), StartContainer("spark-2")] and daemon.status.phase == Phase.STARTING_RAY
     be.next = obs(c, deployed=True)
     daemon.tick()
     assert be.ran[-1] == StartServe()
@@ -116,7 +116,7 @@ def test_cold_start_to_serving_sends_ready_once(tmp_path) -> None:
 def test_failures_back_off_exponentially_and_the_status_says_why(tmp_path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     be.next = obs(daemon.cfg)
-    be.fail[StartRay] = "DockerError: 500 Server Error: engine hiccup"
+    be.fail[StartContainer] = "DockerError: 500 Server Error: engine hiccup"
     waits = []
     for _ in range(4):
         daemon.tick()
@@ -182,7 +182,7 @@ def test_start_timeout_is_extended_only_while_the_start_progresses(tmp_path) -> 
     daemon, be, clock, notes, _ = make(tmp_path)
     c = daemon.cfg
     be.next = obs(c)
-    be.fail[StartRay] = "DockerError: boom"
+    be.fail[StartContainer] = "DockerError: boom"
     daemon.tick()  # a change (DETECTING -> BACKOFF) is progress
     assert notes.sent[-1] == "EXTEND_TIMEOUT_USEC=180000000"
     for _ in range(200):  # the same failure over and over is not progress
@@ -197,14 +197,14 @@ def test_start_timeout_is_extended_only_while_the_start_progresses(tmp_path) -> 
 def test_a_deterministic_failure_is_failed_until_reset(tmp_path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     be.next = obs(daemon.cfg)
-    be.fail[StartRay] = ActionFailed("ImageMissing: vllm/vllm-openai:latest is not on spark-1", deterministic=True)
+    be.fail[StartContainer] = ActionFailed("ImageMissing: vllm/vllm-openai:latest is not on spark-1", deterministic=True)
     daemon.tick()
     assert daemon.status.phase == Phase.FAILED and daemon.status.reason.startswith("ImageMissing")
     n = len(be.ran)
     clock.t += 3600
     daemon.tick()
     assert daemon.status.phase == Phase.FAILED and len(be.ran) == n  # still reporting, not retrying
-    del be.fail[StartRay]
+    del be.fail[StartContainer]
     daemon.rearm("reset")
     daemon.tick()
     assert daemon.status.phase == Phase.STARTING_RAY

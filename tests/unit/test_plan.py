@@ -14,7 +14,7 @@ from spark_supervisor.model import (
     RayObservation,
     RemoveContainers,
     ServeObservation,
-    StartRay,
+    StartContainer,
     StartServe,
     Status,
     StopServe,
@@ -105,7 +105,7 @@ def test_unified_memory_uses_memavailable_against_the_utilisation() -> None:
 def test_nothing_deployed_and_gpus_free_starts_ray_head_first() -> None:
     d = plan(obs(C), status(), C, 1)
     assert d.phase == Phase.STARTING_RAY
-    assert d.actions == (StartRay("spark-1"), StartRay("spark-2"))
+    assert d.actions == (StartContainer("spark-1"), StartContainer("spark-2"))
 
 
 def test_a_fast_observation_never_starts_ray_without_the_gpu_check() -> None:

@@ -11,7 +11,7 @@ from spark_supervisor.model import (
     RayNode,
     RayObservation,
     RemoveContainers,
-    StartRay,
+    StartContainer,
     StartServe,
     Status,
     StopServe,
@@ -34,7 +34,7 @@ def serving(since: float = 0.0, unknown: dict[str, float] | None = None, **kw) -
 
 
 def destructive(d) -> bool:
-    return bool(d.repair) or any(isinstance(a, (RemoveContainers, StopServe, StartServe, StartRay)) for a in d.actions)
+    return bool(d.repair) or any(isinstance(a, (RemoveContainers, StopServe, StartServe, StartContainer)) for a in d.actions)
 
 
 def test_a_ray_dashboard_timeout_while_serving_holds_serving_and_says_so() -> None:
