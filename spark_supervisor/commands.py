@@ -92,7 +92,8 @@ def node_container(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
 
 def serve_argv(dep: Deployment) -> list[str]:
     s = dep.serve
-    argv = [*s.command, s.model, "--host", s.host, "--port", str(s.port),
+    model = [s.model] if s.model_arg == "positional" else ["--model", s.model]
+    argv = [*s.command, *model, "--host", s.host, "--port", str(s.port),
             "--tensor-parallel-size", str(s.tensor_parallel_size),
             "--gpu-memory-utilization", str(s.gpu_memory_utilization)]
     if dep.uses_ray or s.tensor_parallel_size * s.pipeline_parallel_size > 1:

@@ -532,6 +532,9 @@ class Serve(_Strict):
     model: str
     served_model_name: str = ""
     command: Argv = ["vllm", "serve"]
+    # How the command takes the model: `vllm serve MODEL` ("positional"), or `--model MODEL` ("flag", as
+    # `python -m vllm.entrypoints.openai.api_server` does).
+    model_arg: Literal["positional", "flag"] = "positional"
     tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
     pipeline_parallel_size: Annotated[int, Field(ge=1)] = 1
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.85

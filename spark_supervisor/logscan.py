@@ -17,8 +17,9 @@ _SPLIT = re.compile(r"[\r\n]+")
 MILESTONES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (name, re.compile(rx))
     for name, rx in (
-        ("api", r"vLLM (?:API )?server version ([^\s,]+)"),
-        ("engine", r"Initializing a V1 LLM engine"),
+        # 0.10-0.15 print "vLLM API server version X"; 0.32 an ASCII-art banner "... version X" first.
+        ("api", r"vLLM (?:API )?server version ([^\s,]+)|\[api_utils\.py:\d+\].*\bversion (\d[^\s,]*)"),
+        ("engine", r"Initializing a V1 LLM engine(?: \(v([^)\s]+)\))?"),
         ("placement_group", r"Waiting for creating a placement group of specs for (\d+) seconds"),
         ("workers", r"vLLM is using nccl=="),
         ("load", r"Starting to load model (\S+?)\.\.\."),
@@ -60,6 +61,13 @@ FAILURES: tuple[tuple[str, bool, str, tuple[str, ...]], ...] = (
       r"OutOfMemoryError", r"cudaErrorMemoryAllocation", r"NV_ERR_NO_MEMORY")),
     ("BadArguments", True, "fix deployments.serve (extra_args) in the config",
      (r"vllm serve: error: ", r"error: unrecognized arguments: ", r"error: argument --")),
+    ("ModelNotFound", True, "deployments.serve.model is neither a directory on the node (inside the container: "
+     "mount it) nor a model id in the Hugging Face cache; download it first (`hf download <model>`)",
+     (r"HFValidationError: Repo id must be", r"is not a local folder and is not a valid model identifier",
+      r"LocalEntryNotFoundError", r"RepositoryNotFoundError", r"does not appear to have a file named config\.json")),
+    ("UnsupportedConfiguration", True, "this vLLM build cannot run this model's shape or dtype on this "
+     "hardware: change the model, --dtype or the vLLM image",
+     (r"Unsupported \w+ attention configuration", r"NotImplementedError: ")),
     ("MissingRayBackend", True, "pass --distributed-executor-backend ray for multi-node tensor parallelism",
      (r"World size \(\d+\) is larger than the number of available GPUs",)),
     ("PlacementGroupTimeout", True, "node IPs do not match VLLM_HOST_IP or GPUs are missing: check `ray status`",
@@ -100,6 +108,7 @@ class LoadProgress:
     pg_wait_s: int = 0
     failure: Failure | None = None
     seconds_per_shard: float = 0.0  # tqdm's own rate
+    kv_cache_tokens: int = 0  # "GPU KV cache size: N tokens" (CPU build: "CPU KV cache size")
 
     @property
     def eta_s(self) -> float | None:
@@ -147,18 +156,31 @@ def lines(text: str) -> list[str]:
     return [ln for ln in _SPLIT.split(_ANSI.sub("", text)) if ln.strip()]
 
 
+_ROOT_CAUSE = re.compile(r"\b(?:\w+\.)*(\w*(?:Error|Exception)): (.+)")
+_CHATTER = re.compile(r"\b(?:INFO|WARNING|DEBUG)\b")  # a warning that mentions an error is not one
+_GENERIC = re.compile(r"EngineDeadError|EngineCore encountered|Engine core initialization failed|"
+                      r"EngineCore failed to start|Worker failed with error")
+
+
 def classify(text: str) -> Failure | None:
-    """The first known failure signature in the log, if any."""
-    for line in lines(text):
+    """The first known failure signature in the log, if any. For a generic engine death, the line shown
+    is the root cause: the first ``SomethingError: ...`` line that is not itself one of the generic ones
+    (vLLM prints the cause in the worker's traceback, several lines above "EngineCore encountered ...")."""
+    all_lines = lines(text)
+    for line in all_lines:
         for reason, det, hint, pats in _FAILURES:
             if any(p.search(line) for p in pats):
-                return Failure(reason, det, hint, line.strip()[-300:])
+                shown = line
+                if reason in ("EngineDied", "EngineStartFailed"):
+                    shown = next((ln for ln in all_lines if _ROOT_CAUSE.search(ln) and not _GENERIC.search(ln)
+                                  and not _CHATTER.search(ln)), line)
+                return Failure(reason, det, hint, shown.strip()[-300:])
     return None
 
 
 @functools.lru_cache(maxsize=4)  # the planner and the daemon read the same tail, often unchanged between ticks
 def scan(text: str) -> LoadProgress:
-    milestone, done, total, graphs, version, pg, rate = "", 0, 0, 0, "", 0, 0.0
+    milestone, done, total, graphs, version, pg, rate, kv = "", 0, 0, 0, "", 0, 0.0, 0
     for line in lines(text):
         for name, rx in MILESTONES:
             m = rx.search(line)
@@ -166,8 +188,8 @@ def scan(text: str) -> LoadProgress:
                 continue
             if _ORDER[name] >= _ORDER.get(milestone, -1):
                 milestone = name
-            if name == "api":
-                version = m.group(1)
+            if name in ("api", "engine") and not version:
+                version = next((g for g in m.groups() if g), "")
             elif name == "shards":
                 done, total = int(m.group(3)), int(m.group(4))
                 r = _TQDM_RATE.search(line)
@@ -175,9 +197,11 @@ def scan(text: str) -> LoadProgress:
                     rate = float(r.group(1)) if r.group(2) == "s/it" else 1 / float(r.group(1))
             elif name == "graphs":
                 graphs = int(m.group(3))
+            elif name == "kv_cache":
+                kv = int(m.group(1).replace(",", ""))
             elif name == "placement_group":
                 pg = int(m.group(1))
-    return LoadProgress(milestone, done, total, graphs, version, milestone == "ready", pg, classify(text), rate)
+    return LoadProgress(milestone, done, total, graphs, version, milestone == "ready", pg, classify(text), rate, kv)
 
 
 @dataclass(frozen=True)
@@ -187,6 +211,7 @@ class Step:
     seconds: float | None  # until the next milestone
 
 
+@functools.lru_cache(maxsize=2)  # the status document reads the same tail every tick
 def timeline(text: str) -> list[Step]:
     """When each milestone was first reached, from the log's timestamps (no year in vLLM's format)."""
     from datetime import datetime

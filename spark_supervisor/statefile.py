@@ -24,6 +24,7 @@ from typing import Any
 import tenacity
 
 from .config import OWNER_LABEL, Config, ray_hash, serve_hash
+from . import logscan
 from .model import Observation, Status
 
 FILE = "status.json"
@@ -80,6 +81,11 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
         doc["ray"] = {"reachable": obs.ray.reachable, "error": obs.ray.error,
                       "nodes_alive": len(obs.ray.alive), "gpus": obs.ray.gpus,
                       "nodes": [dataclasses.asdict(r) for r in obs.ray.nodes]}
+    doc["bringup"] = bringup(st)
+    if obs and obs.serve and obs.serve.log_tail:
+        p = logscan.scan(obs.serve.log_tail)
+        doc["load"] = {"version": p.version, "milestone": p.milestone, "kv_cache_tokens": p.kv_cache_tokens,
+                       "timeline": [dataclasses.asdict(x) for x in logscan.timeline(obs.serve.log_tail)]}
     if obs and obs.serve:
         s = obs.serve
         doc["serve"] = {"pid": s.pid, "running": s.running, "exit_code": s.exit_code, "started_at": s.started_at,
@@ -114,6 +120,20 @@ def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
 # A state write that fails (disk full, read-only remount) is retried a few times at once, then shown.
 _write_retry = tenacity.retry(retry=tenacity.retry_if_exception_type(OSError), stop=tenacity.stop_after_attempt(3),
                               wait=tenacity.wait_random_exponential(multiplier=0.05, max=0.5), reraise=True)
+
+
+def bringup(st: Status) -> dict[str, float]:
+    """Seconds spent in each phase of the last bring-up that reached SERVING (or of the one under way):
+    where the time to SERVING went, as the daemon saw it (the serve log's own steps are under "load")."""
+    hist = st.history
+    end = max((i for i, t in enumerate(hist) if t.phase.value == "SERVING"), default=len(hist) - 1)
+    start = end
+    while start > 0 and hist[start - 1].phase.value not in ("SERVING", "FAILED"):
+        start -= 1
+    out: dict[str, float] = {}
+    for a, b in zip(hist[start:end], hist[start + 1:end + 1], strict=False):
+        out[a.phase.value] = round(out.get(a.phase.value, 0.0) + (b.at - a.at), 2)
+    return out
 
 
 def write(state_dir: str, doc: dict[str, Any]) -> None:

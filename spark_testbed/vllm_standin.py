@@ -8,7 +8,7 @@ vLLM's engine-death lines and exits 1, like vLLM. Test knobs, all environment va
 
 STANDIN_VLLM_VERSION   0.11.0 | 0.15.1 | 0.33.0 (default): log shape and reasoning field name
 STANDIN_SHARDS         checkpoint shards (39)       STANDIN_SHARD_SECONDS  seconds per shard (0.1)
-STANDIN_FAIL           "" | free-memory | exit | hang-completions | never-ready
+STANDIN_FAIL           "" | free-memory | exit | hang-completions | never-ready | missing-model | unsupported
 STANDIN_PG_TIMEOUT     seconds before "Cannot provide a placement group" (60)
 STANDIN_FAULT_FILE     a file read on every request: "hang-completions" (/health stays 200, completions
                        hang: a wedged collective) or "health-503" (EngineDeadError's /health)
@@ -184,6 +184,17 @@ class Api(BaseHTTPRequestHandler):
         if FAIL == "hang-completions" or fault() == "hang-completions":
             _stop.wait()
             return
+        if FAIL == "unsupported":  # the real 0.32 CPU build with head_dim=16, seen: the first request kills it
+            log("RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0",
+                proc="Worker", level="ERROR", src="multiproc_executor.py:1063")
+            log("EngineCore encountered a fatal error.", proc="EngineCore", level="ERROR", src="core.py:1512")
+            log("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
+                "(above) for the root cause.", level="ERROR", src="async_llm.py:906")
+            self._json(500, {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for "
+                                       "the root cause.", "type": "InternalServerError", "param": None,
+                                       "code": 500}})
+            threading.Timer(0.5, lambda: os._exit(1)).start()
+            return
         max_tokens = int(req.get("max_tokens") or 16)
         thinking = ["Okay,", "the", "user", "wants", "me", "to", "reply", "with", "a", "single", "word.", "Let", "me", "think", "about", "what", "they", "expect", "here.", "They", "said", "to", "reply", "with", "the", "single", "word", "ready,", "so", "the", "answer", "should", "be", "exactly", "that", "word,", "without", "punctuation", "or", "any", "explanation", "around", "it.", "I", "should", "not", "add", "a", "greeting,", "and", "I", "should", "not", "repeat", "the", "question", "back", "to", "them", "either.", "So", "the", "final", "answer", "is", "simply", "the", "word", "they", "asked", "for,", "and", "nothing", "more", "than", "that"]
         finish = "length" if max_tokens < len(thinking) else "stop"
@@ -217,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     global API_KEY
     p = argparse.ArgumentParser(prog="vllm")
     p.add_argument("command", choices=["serve"])
-    p.add_argument("model")
+    p.add_argument("model", nargs="?", default="")
+    p.add_argument("--model", dest="model_flag", default="")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
@@ -226,7 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--distributed-executor-backend", default="")
     p.add_argument("--served-model-name", default="")
     p.add_argument("--api-key", default="")
-    a, _unknown = p.parse_known_args(argv)
+    # What the supervisor and the tests pass; anything else is refused like the real server refuses it.
+    for flag in ("--reasoning-parser", "--tool-call-parser", "--max-model-len", "--max-num-seqs", "--dtype"):
+        p.add_argument(flag)
+    p.add_argument("--enable-auto-tool-choice", action="store_true")
+    p.add_argument("--enforce-eager", action="store_true")
+    a = p.parse_args(argv)
+    a.model = a.model or a.model_flag
     API_KEY = a.api_key
     signal.signal(signal.SIGTERM, lambda *_: _stop.set())
     served = a.served_model_name or a.model
@@ -234,21 +252,30 @@ def main(argv: list[str] | None = None) -> int:
 
     if OLD:
         log(f"vLLM API server version {VERSION}")
-    else:
+    elif V < (0, 32):
         log(f"vLLM server version {VERSION}, serving model {a.model}", src="utils.py:233")
+    else:  # 0.32 (the real CPU build, seen): an ASCII-art banner with the version
+        log(f" ▄▄ ▄█ █     █     █ ▀▄▀ █  version {VERSION}", src="api_utils.py:347")
+        log(f"  █▄█▀ █     █     █     █  model   {a.model}", src="api_utils.py:347")
     log(f"non-default args: {{'model': '{a.model}', 'tensor_parallel_size': {a.tensor_parallel_size}}}")
     if FAIL == "exit":
         log("Error: the stand-in was told to exit at once", level="ERROR")
+        return 1
+    if FAIL == "missing-model" or (a.model.startswith("/") and not os.path.exists(a.model)):
+        # As the real server does for a model path that is not there (seen on 0.32): it takes it for a hub id.
+        sys.stdout.write("huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
+                         f"'namespace/repo_name': '{a.model}'. Use `repo_type` argument if needed.\n")
         return 1
     if world > 1 and a.distributed_executor_backend != "ray":
         die([f"ValueError: World size ({world}) is larger than the number of available GPUs (1) in this node. "
              "If this is intentional and you are using: - ray, set '--distributed-executor-backend ray'."])
     log(f"Initializing a V1 LLM engine (v{VERSION}) with config: model='{a.model}', "
         f"tensor_parallel_size={a.tensor_parallel_size}", proc="EngineCore_DP0", src="core.py:77")
-    strategy = json.loads(os.environ.get("VLLM_DISTRIBUTED_EXECUTOR_CONFIG", "{}") or "{}").get(
-        "placement_group_options", {}).get("strategy", "PACK")
-    ray, nodes = join_ray(world, strategy)
-    threading.Thread(target=watch_nodes, args=(ray, nodes), daemon=True).start()
+    if a.distributed_executor_backend == "ray":
+        strategy = json.loads(os.environ.get("VLLM_DISTRIBUTED_EXECUTOR_CONFIG", "{}") or "{}").get(
+            "placement_group_options", {}).get("strategy", "PACK")
+        ray, nodes = join_ray(world, strategy)
+        threading.Thread(target=watch_nodes, args=(ray, nodes), daemon=True).start()
     if FAIL == "free-memory":
         die(["ValueError: Free memory on device cuda:0 (20.13/119.70 GiB) on startup is less than desired "
              f"GPU memory utilization ({a.gpu_memory_utilization}, 101.75 GiB). Decrease GPU memory "

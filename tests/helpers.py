@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 from spark_supervisor import config
-from spark_supervisor.commands import ray_container_name
+from spark_supervisor.commands import node_container_name
 from spark_supervisor.config import HASH_LABEL, NODE_LABEL, OWNER_LABEL, ray_hash
 from spark_supervisor.model import (
     Container,
@@ -47,7 +47,7 @@ def cfg(d: dict[str, Any] | None = None) -> config.Config:
 def ray_container(c: config.Config, node: str, *, state: str = "running", spec: str | None = None) -> Container:
     n = next(x for x in c.nodes if x.name == node)
     dep = c.deployment
-    return Container(f"id-{node}", ray_container_name(dep, n), dep.ray.image, state,
+    return Container(f"id-{node}", node_container_name(dep, n), dep.ray.image, state,
                      {OWNER_LABEL: dep.name, HASH_LABEL: spec or ray_hash(c, dep), NODE_LABEL: node})
 
 
