@@ -29,8 +29,10 @@ def cache_env(dep: Deployment, spec_hash: str) -> dict[str, str]:
     if not dep.serve.cache_dir:
         return {}
     root = f"{cache_parent(dep)}/{spec_hash}"
-    return {"VLLM_CACHE_ROOT": root, "TORCHINDUCTOR_CACHE_DIR": f"{root}/torchinductor",
-            "TRITON_CACHE_DIR": f"{root}/triton"}
+    # torch inductor writes its kernels, FX-graph cache and a precompiled header under
+    # tempfile.gettempdir()/torchinductor_<user>, and TORCHINDUCTOR_CACHE_DIR does not move the header
+    # (tests/fixtures/real_vllm/FINDINGS.md): the serve's TMPDIR is in the cache too (the wrapper makes it).
+    return {"VLLM_CACHE_ROOT": root, "TMPDIR": f"{root}/tmp", "TRITON_CACHE_DIR": f"{root}/triton"}
 
 
 def node_env(node: Node) -> dict[str, str]:
@@ -136,7 +138,7 @@ SERVE_WRAPPER = (
     'd=$1; h=$2; c=$3; k=$4; m=$5; shift 5; mkdir -p "$d" && cd "$d" || exit 1; '
     'p=$(cat pid 2>/dev/null); if [ -n "$p" ] && [ ! -f exit ] && kill -0 "$p" 2>/dev/null; then '
     'echo "spark-serve: pid $p still runs, not starting a second serve" >&2; exit 75; fi; '
-    'if [ -n "$c" ]; then mkdir -p "$c/$h" && touch "$c/$h"; '
+    'if [ -n "$c" ]; then mkdir -p "$c/$h/tmp" && touch "$c/$h"; '
     'ls -1t "$c" | tail -n +$((k+1)) | while read -r x; do rm -rf "$c/$x"; done; '
     'while [ "$(du -sm "$c" | cut -f1)" -gt "$m" ] && [ "$(ls -1 "$c" | wc -l)" -gt 1 ]; do '
     'rm -rf "$c/$(ls -1t "$c" | tail -n 1)"; done; fi; '
