@@ -12,7 +12,17 @@ from . import commands
 from . import retry as retry_mod
 from .adapters import AdapterError
 from .config import serve_hash
-from .model import Action, RemoveContainers, StartContainer, StartServe, StopServe, StopUnits, Verdict, Verify
+from .model import (
+    Action,
+    DropPageCache,
+    RemoveContainers,
+    StartContainer,
+    StartServe,
+    StopServe,
+    StopUnits,
+    Verdict,
+    Verify,
+)
 from .observe import World
 
 
@@ -72,6 +82,9 @@ class Actor:
                 head.docker.exec(container, argv, env=commands.serve_env(cfg, dep, sh), detach=True)
                 self.log.info("serve.launched", container=container, argv=commands.serve_argv(dep),
                               log=f"{commands.serve_dir(dep)}/log")
+            case DropPageCache(node=node, why=why):
+                self._drop_page_cache(w.nodes[node], dep.ray.image)
+                self.log.info("memory.page_cache_dropped", node=node, why=why)
             case StopServe(why=why):
                 container = commands.node_container_name(dep, cfg.serve_node(dep))
                 w.head().docker.exec(container, commands.serve_stop(dep), what="serve stop")
@@ -85,6 +98,19 @@ class Actor:
                     event, why=v.why, finish_reason=v.finish_reason, field=v.field, latency_s=v.latency_s, ran=v.ran)
                 return v
         return None
+
+    def _drop_page_cache(self, a: Any, image: str) -> None:
+        """sync; echo 3 > /proc/sys/vm/drop_caches on the node. The node's own command when configured;
+        a worker over SSH; the head in a short-lived container through its Docker engine (cap SYS_ADMIN,
+        /proc/sys/vm bound in), so the unit itself keeps ProtectKernelTunables and no capability."""
+        if a.node.drop_caches or a.node.remote:
+            r = a.shell.run(list(a.node.drop_caches) or commands.DROP_CACHES)
+            if r.rc != 0:
+                raise ActionFailed(f"PageCacheDropFailed: {a.node.name}: {(r.err.strip() or f'exit {r.rc}')[-200:]}")
+            return
+        code, out = a.docker.run_once(commands.drop_caches_container(image))
+        if code != 0:
+            raise ActionFailed(f"PageCacheDropFailed: {a.node.name}: helper container exited {code}: {out[-200:]}")
 
     def _systemctl(self, a: Any, verb: str, unit: str) -> None:
         r = a.shell.run(commands.systemctl(verb, [unit]))

@@ -169,8 +169,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"node {name} [{n['role']}] {n['fabric_ip']}: "
               + (f"UNREACHABLE {n['error']}" if n.get("error") else
                  f"docker {n.get('docker_version') or '?'}, {gpu.get('name') or 'GPU ?'} "
-                 f"driver {gpu.get('driver') or '?'}, mem avail {mem.get('available_mib', '?')}/"
-                 f"{mem.get('total_mib', '?')} MiB, owned: {cs}"))
+                 f"driver {gpu.get('driver') or '?'}, memory MiB: free {mem.get('free_mib', '?')}, cached "
+                 f"{mem.get('cached_mib', '?')}, available {mem.get('available_mib', '?')} of "
+                 f"{mem.get('total_mib', '?')}, owned: {cs}"))
     ray = doc.get("ray")
     if ray:
         print(f"ray: {'up' if ray['reachable'] else 'down'}, {ray['nodes_alive']} nodes alive, {ray['gpus']} GPUs"
@@ -179,6 +180,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     if serve:
         state = "running" if serve["running"] else f"exited {serve['exit_code']}"
         print(f"serve: pid {serve['pid']} {state} since {serve['started_at'] or '?'}")
+    load = doc.get("load") or {}
+    if load.get("timeline"):
+        steps = ", ".join(f"{x['milestone']} {x['seconds']:.0f}s" if x.get("seconds") is not None else x["milestone"]
+                          for x in load["timeline"])
+        print(f"serve log: vLLM {load.get('version') or '?'}, KV cache {load.get('kv_cache_tokens') or '?'} tokens; "
+              f"{steps}")
+    kv = doc.get("kv_cache") or {}
+    if kv.get("warning"):
+        print(f"WARNING {kv['warning']}")
+    if doc.get("bringup"):
+        print("bring-up: " + ", ".join(f"{k} {v:.1f}s" for k, v in doc["bringup"].items()))
+    for what, u in (doc.get("unknown") or {}).items():
+        print(f"unknown: {what} for {u['since_s']:.0f}s ({u['ticks']} ticks)")
+    for problem in doc.get("state_problems") or ():
+        print(f"state: {problem}")
     v = doc.get("verdict")
     if v:
         print(f"sanity: {'passed' if v['passed'] else 'FAILED'}: {v['why']} ({v['latency_s']}s)")

@@ -92,6 +92,17 @@ def node_container(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
     return ContainerSpec(node_container_name(dep, node), ray.image, command, env, labels, options)
 
 
+DROP_CACHES = ["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"]
+
+
+def drop_caches_container(image: str) -> ContainerSpec:
+    """A short-lived container that drops the head's page cache for a daemon that may not write /proc/sys."""
+    return ContainerSpec("", image, ["sh", "-c", "sync; echo 3 > /host-vm/drop_caches"], {},
+                         {ROLE_LABEL: "drop-caches"},
+                         {"cap_add": ["SYS_ADMIN"], "volumes": {"/proc/sys/vm": {"bind": "/host-vm", "mode": "rw"}},
+                          "network_mode": "none"})
+
+
 def serve_argv(dep: Deployment) -> list[str]:
     s = dep.serve
     model = [s.model] if s.model_arg == "positional" else ["--model", s.model]

@@ -463,6 +463,10 @@ class Node(_Strict):
     meminfo: Argv = ["cat", "/proc/meminfo"]
     ip: Argv = ["ip", "-o", "addr", "show"]
     oob: OptionalArgv = []  # optional out-of-band check for `diagnose`, run on the head (e.g. a hypervisor's `pct exec`)
+    # How to sync and drop this node's page cache ([memory] page_cache = "drop"). Empty: the built-in way
+    # (a worker: `sync; echo 3 > /proc/sys/vm/drop_caches` over SSH; the head: the same in a short-lived
+    # container through its Docker engine, so the unit keeps ProtectKernelTunables).
+    drop_caches: OptionalArgv = []
     gpus: Annotated[int, Field(ge=0, le=64)] = 1
     env: dict[EnvName, str] = {}
 
@@ -707,10 +711,18 @@ class Metrics(_Strict):
         return int(self.listen.rpartition(":")[2]) if self.listen else 0
 
 
+class Memory(_Strict):
+    """GB10's unified memory: vLLM's start-up check reads MemFree (page cache counts as used)."""
+
+    page_cache: Literal["drop", "never"] = "drop"  # drop it when it is what stands between MemFree and the need
+    kv_cache_regression: Annotated[float, Field(gt=0, lt=1)] = 0.2  # a start this far below the best: a warning
+
+
 class Config(_Strict):
     supervisor: Supervisor = Supervisor()
     healing: Healing = Healing()
     retry: Retry = Retry()
+    memory: Memory = Memory()
     metrics: Metrics = Metrics()
     nodes: list[Node]
     stale: Stale = Stale()

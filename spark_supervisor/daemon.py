@@ -28,6 +28,7 @@ from .config import Config
 from .model import (
     Action,
     Decision,
+    DropPageCache,
     EndpointObservation,
     Observation,
     Phase,
@@ -48,7 +49,7 @@ from .preflight import preflight
 from .retry import backoff_delay
 
 # Phases during which a full observation (units, nvidia-smi, meminfo) is needed every tick.
-_FULL_PHASES = {Phase.DETECTING, Phase.CLEANING, Phase.BACKOFF, Phase.FAILED, Phase.DEGRADED}
+_FULL_PHASES = {Phase.DETECTING, Phase.CLEANING, Phase.BACKOFF, Phase.FAILED, Phase.DEGRADED, Phase.STARTING_VLLM}
 
 
 Fingerprint = tuple[frozenset[str] | None, str]
@@ -172,6 +173,9 @@ class Daemon:
                 failure, fatal = result.reason, result.deterministic
                 break
             verdict = result
+            if isinstance(action, DropPageCache):
+                st.page_cache_dropped = st.page_cache_dropped | {action.node}
+                self.metrics.page_cache_dropped(action.node)
             if isinstance(action, Verify) and verdict is not None:
                 # Readiness and the periodic deep probe feed one tracker: a serve that never answers
                 # its first completion is as wedged as one that stops answering later.
@@ -287,6 +291,7 @@ class Daemon:
     def _start_repair(self, decision: Decision, now: float) -> None:
         st, h = self.status, self.cfg.healing
         self._best_rank = 0
+        st.page_cache_dropped = frozenset()
         self.repairs.add(self.wall(), decision.repair, decision.reason)
         self.metrics.repaired(decision.repair, decision.reason)
         self._bringup_at = now
@@ -297,6 +302,31 @@ class Daemon:
         self.log.warning("repair.started", kind=decision.repair, reason=decision.reason,
                          budget_used=n, budget=h.repair_budget, next_repair_not_before_s=round(delay, 1))
 
+    def _kv_cache(self, obs: Observation, tokens: int) -> None:
+        """The KV cache a serve came up with, against the best seen for its spec (persisted): page cache
+        and compiler memory during a cold load shrink it silently (vLLM counts them as non-torch memory)."""
+        st, serve = self.status, obs.serve
+        assert serve is not None
+        if not tokens or st.kv_cache.get("serve") == serve.identity:
+            return
+        best_all = statefile.read_json(self.cfg.supervisor.state_dir, "kv.json")
+        best = int(best_all.get(serve.spec_hash, 0) or 0)
+        share = self.cfg.memory.kv_cache_regression
+        regressed = best > 0 and tokens < best * (1 - share)
+        st.kv_cache = {"serve": serve.identity, "tokens": tokens, "best": max(best, tokens), "warning": ""}
+        if regressed:
+            st.kv_cache["warning"] = (
+                f"KvCacheRegression: {tokens:,} tokens, {1 - tokens / best:.0%} below the best {best:,} for this "
+                "spec: page cache or compiler memory during the load counted as used; drop the page cache and "
+                "restart the serve at a quiet moment")
+            self.log.warning("memory.kv_cache_regression", tokens=tokens, best=best, spec=serve.spec_hash)
+        if tokens > best:
+            try:
+                statefile.write_json(self.cfg.supervisor.state_dir, "kv.json", {**best_all, serve.spec_hash: tokens})
+            except OSError as e:
+                self.log.error("state.write_failed", file="kv.json", error=str(e))
+        self.metrics.kv_cache(tokens, max(best, tokens), regressed)
+
     def _progress(self, obs: Observation, now: float) -> None:
         st = self.status
         if obs.serve is None or not obs.serve.present:
@@ -305,6 +335,8 @@ class Daemon:
             return
         p = logscan.scan(obs.serve.log_tail)
         st.progress, st.load_fraction, st.eta_s = p.summary(), p.fraction, p.eta_s
+        if p.ready:
+            self._kv_cache(obs, p.kv_cache_tokens)
         key = (obs.serve.identity, p.milestone, p.shards_done, p.graphs_percent, p.pg_wait_s)
         if key != self._load_key:
             self._load_key, st.load_progress_at = key, now
@@ -327,6 +359,7 @@ class Daemon:
             self.log.warning("reconcile.retry_scheduled", attempt=st.failures, in_s=round(delay, 1), reason=failure)
         elif phase == Phase.SERVING:
             st.failures = 0
+            st.page_cache_dropped = frozenset()
         before = st.phase
         if st.advance(phase, reason, now, self.wall()):
             if before != phase:

@@ -33,6 +33,12 @@ class Metrics:
         self.budget = pc.Gauge(f"{p}repair_budget_used", "repairs in the current window", registry=reg)
         self.unknowns = pc.Counter(f"{p}observations_unknown", "ticks in which something could not be seen",
                                    ["what"], registry=reg)
+        self.page_cache_drops = pc.Counter(f"{p}page_cache_drops", "page cache dropped before a launch", ["node"],
+                                           registry=reg)
+        self.kv_tokens = pc.Gauge(f"{p}kv_cache_tokens", "KV-cache tokens the serve reported at start", registry=reg)
+        self.kv_best = pc.Gauge(f"{p}kv_cache_best_tokens", "best KV-cache tokens seen for this spec", registry=reg)
+        self.kv_regressed = pc.Gauge(f"{p}kv_cache_regression", "1 when the serve came up with far less KV cache "
+                                     "than the best for its spec", registry=reg)
         self.state_write_errors = pc.Counter(f"{p}state_write_errors", "failed writes of a state file",
                                              ["file"], registry=reg)
         self.server, self.thread = pc.start_http_server(int(port), addr=host or "127.0.0.1", registry=reg)
@@ -55,6 +61,14 @@ class Metrics:
 
     def unknown(self, what: str) -> None:
         self.unknowns.labels(what).inc()
+
+    def page_cache_dropped(self, node: str) -> None:
+        self.page_cache_drops.labels(node).inc()
+
+    def kv_cache(self, tokens: int, best: int, regressed: bool) -> None:
+        self.kv_tokens.set(tokens)
+        self.kv_best.set(best)
+        self.kv_regressed.set(1 if regressed else 0)
 
     def state_write_failed(self, file: str) -> None:
         self.state_write_errors.labels(file).inc()

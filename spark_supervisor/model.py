@@ -70,6 +70,8 @@ class Gpu:
 class Memory:
     total_mib: int
     available_mib: int
+    free_mib: int | None = None  # MemFree: what vLLM's start-up check reads on unified memory (GB10)
+    cached_mib: int | None = None  # page cache: counted as used by that check, yet reclaimable
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,14 @@ class StartContainer:
 
 
 @dataclass(frozen=True)
+class DropPageCache:
+    """sync and drop the node's page cache: on unified memory it stands between MemFree and vLLM."""
+
+    node: str
+    why: str = ""
+
+
+@dataclass(frozen=True)
 class StopServe:
     why: str
 
@@ -190,7 +200,7 @@ class Verify:
     deep: bool = False
 
 
-Action = StopUnits | RemoveContainers | StartContainer | StopServe | StartServe | Verify
+Action = StopUnits | RemoveContainers | StartContainer | DropPageCache | StopServe | StartServe | Verify
 
 
 def describe(action: Action) -> dict[str, Any]:
@@ -273,6 +283,8 @@ class Status:
     next_repair_at: float = 0.0  # jittered exponential spacing between repairs
     unknown_since: dict[str, float] = field(default_factory=dict)  # what could not be seen -> since when
     unknown_counts: dict[str, int] = field(default_factory=dict)  # ticks each could not be seen (lifetime)
+    page_cache_dropped: frozenset[str] = frozenset()  # nodes dropped since the bring-up began (reset at SERVING)
+    kv_cache: dict[str, Any] = field(default_factory=dict)  # tokens, best for this spec, warning
 
     def advance(self, phase: Phase, reason: str, now: float, wall: float) -> bool:
         """Set the phase; return True when it (or its reason) changed."""

@@ -53,6 +53,7 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
         "unknown": {what: {"since_s": round(now_mono - since, 1), "ticks": st.unknown_counts.get(what, 0)}
                     for what, since in st.unknown_since.items()},
         "unknown_ticks_total": dict(st.unknown_counts),
+        "kv_cache": {k: v for k, v in st.kv_cache.items() if k != "serve"} or None,
         "state_problems": list(state_problems),
         "progress": st.progress,
         "load_fraction": round(st.load_fraction, 3),
@@ -139,6 +140,19 @@ def bringup(st: Status) -> dict[str, float]:
 def write(state_dir: str, doc: dict[str, Any]) -> None:
     """Atomically replace the status file (readers never see half a document)."""
     _write_retry(atomic_write)(Path(state_dir) / FILE, json.dumps(doc, indent=1))
+
+
+def read_json(state_dir: str, name: str) -> dict[str, Any]:
+    """A small state document; {} when missing or not a JSON object (it is only a record of bests)."""
+    try:
+        doc = json.loads((Path(state_dir) / name).read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def write_json(state_dir: str, name: str, doc: dict[str, Any]) -> None:
+    _write_retry(atomic_write)(Path(state_dir) / name, json.dumps(doc, indent=1))
 
 
 def read(state_dir: str) -> dict[str, Any]:

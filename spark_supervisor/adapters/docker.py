@@ -142,6 +142,19 @@ class DockerEngine:
             raise
         return str(container.id)[:12]
 
+    def run_once(self, spec: ContainerSpec) -> tuple[int, str]:
+        """Run a short-lived container to its end and remove it: (exit code, output)."""
+        def go() -> tuple[int, str]:
+            c = self.client().containers.create(spec.image, spec.command[1:], entrypoint=spec.command[:1],
+                                                labels=spec.labels, **spec.options)
+            try:
+                c.start()
+                code = c.wait(timeout=self.timeout).get("StatusCode", -1)
+                return int(code), c.logs().decode(errors="replace")
+            finally:
+                c.remove(force=True)
+        return self._call(go, what="helper container")  # type: ignore[no-any-return]
+
     def exec(self, container: str, argv: list[str], *, env: dict[str, str] | None = None,
              detach: bool = False, what: str = "exec") -> tuple[int, str]:
         def go() -> tuple[int, str]:

@@ -44,4 +44,6 @@ def parse_meminfo(text: str) -> Memory:
             vals[m.group(1)] = int(m.group(2))
     if "MemTotal" not in vals or "MemAvailable" not in vals:
         raise AdapterError("MeminfoUnreadable", "MemTotal or MemAvailable missing")
-    return Memory(vals["MemTotal"] // 1024, vals["MemAvailable"] // 1024)
+    return Memory(vals["MemTotal"] // 1024, vals["MemAvailable"] // 1024,
+                  vals["MemFree"] // 1024 if "MemFree" in vals else None,
+                  vals["Cached"] // 1024 if "Cached" in vals else None)

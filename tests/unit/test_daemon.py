@@ -336,3 +336,29 @@ def test_reset_reaches_the_daemon_through_its_control_socket(tmp_path) -> None:
     with __import__("pytest").raises(control.Unavailable):
         control.request(str(tmp_path / "state"), "reset")
     assert not control.daemon_holds_lock(str(tmp_path / "state"))
+
+
+def test_a_start_with_far_less_kv_cache_than_the_best_for_its_spec_is_a_warning(tmp_path) -> None:
+    from spark_supervisor.config import serve_hash
+    daemon, be, clock, notes, _ = make(tmp_path)
+    c = daemon.cfg
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    (state / "kv.json").write_text(json.dumps({serve_hash(c, c.deployment): 409856}))
+    log = ("(EngineCore pid=1) INFO 12-02 10:00:00 [kv_cache_utils.py:1] GPU KV cache size: 200,000 tokens\n"
+           "INFO:     Application startup complete.\n")
+    be.next = obs(c, deployed=True, serve=serve_running(c, log=log),
+                  endpoint=EndpointObservation("up", health=200, models=("Qwen3.5",)))
+    daemon.tick()
+    kv = daemon.status.kv_cache
+    assert kv["tokens"] == 200000 and kv["best"] == 409856 and kv["warning"].startswith("KvCacheRegression: 200,000")
+    doc = json.loads((state / "status.json").read_text())
+    assert doc["kv_cache"]["warning"].startswith("KvCacheRegression")
+    # A better start raises the best, persisted.
+    daemon2, be2, _, _, _ = make(tmp_path)
+    log2 = log.replace("200,000", "500,000")
+    be2.next = obs(c, deployed=True, serve=serve_running(c, log=log2, pid=78),
+                   endpoint=EndpointObservation("up", health=200, models=("Qwen3.5",)))
+    daemon2.tick()
+    assert not daemon2.status.kv_cache["warning"]
+    assert json.loads((state / "kv.json").read_text())[serve_hash(c, c.deployment)] == 500000

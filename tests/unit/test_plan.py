@@ -192,16 +192,16 @@ def test_loading_is_refused_connections_with_progress_and_a_deadline() -> None:
 
 
 def test_serve_exit_is_read_from_its_log() -> None:
-    log = ("(EngineCore_DP0 pid=1) ERROR 12-02 10:00:00 [core.py:700] ValueError: Free memory on device cuda:0 "
-           "(20.13/119.70 GiB) on startup is less than desired GPU memory utilization (0.85, 101.75 GiB).\n")
-    s = ServeObservation(True, 77, "c", False, 1, serve_running(C).spec_hash, "t", log)
+    log = ("(APIServer pid=1) ERROR 12-02 10:00:00 [api_server.py:1] api_server.py: error: unrecognized "
+           "arguments: --no-such-flag\n")
+    s = ServeObservation(True, 77, "c", False, 2, serve_running(C).spec_hash, "t", log)
     d = plan(obs(C, deployed=True, serve=s), status(Phase.LOADING), C, 1)
     assert d.fatal and d.phase == Phase.FAILED  # deterministic: no budget burnt on blind restarts
-    assert d.reason.startswith("ServeFailed: FreeMemoryBelowUtilization: ") and "lower --gpu-memory" in d.reason
+    assert d.reason.startswith("ServeFailed: BadArguments: ") and "--no-such-flag" in d.reason
     assert d.actions == (StopServe("failed"),)
     s = replace(s, log_tail="bye\n")
     d = plan(obs(C, deployed=True, serve=s), status(), C, 1)
-    assert (d.reason, d.repair, d.actions) == ("ServeExited: exit code 1", "serve", (StopServe("exited"), StartServe()))
+    assert (d.reason, d.repair, d.actions) == ("ServeExited: exit code 2", "serve", (StopServe("exited"), StartServe()))
 
 
 def test_listed_model_is_verified_then_serving() -> None:
