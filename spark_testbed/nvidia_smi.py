@@ -2,17 +2,26 @@
 
 State file (JSON, written by the tests): {"name": "NVIDIA GB10", "driver": "580.95.05",
 "total_mib": null, "processes": [{"pid": 123, "name": "/usr/bin/python3", "used_mib": 19135}],
-"meminfo": {"total_mib": 122880, "available_mib": 110000}}. ``total_mib: null`` is GB10's unified memory
-(totals N/A). Only processes that are alive are listed, as the driver does. ``--meminfo`` prints
-/proc/meminfo (the state's figures when given, the real file otherwise).
+"meminfo": {"total_mib": 122880, "free_mib": 24576, "cached_mib": 90112, "available_mib": 114688}}.
+``total_mib: null`` is GB10's unified memory (totals N/A). Only processes that are alive are listed, as the
+driver does. ``meminfo`` is the node's /proc/meminfo in MiB; the older {"total_mib", "available_mib"} still
+reads (then MemFree = MemAvailable and Cached = 0).
+
+``--meminfo`` prints /proc/meminfo (the state's figures when given, the real file otherwise).
+``--drop-caches`` does to the state what ``sync; echo 3 > /proc/sys/vm/drop_caches`` does to a node: the
+page cache shrinks to a small residue, MemFree grows by what left it, MemAvailable stays. Without meminfo
+in the state it does nothing (and exits 0).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import stat
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -82,13 +91,70 @@ def compute_apps_csv(state: dict[str, Any], units: bool) -> str:
                    for p in state["processes"])
 
 
+CACHE_RESIDUE_MIB = 200  # what drop_caches leaves in the page cache (dirty, mapped, in-use pages)
+
+
+def mem_figures(m: dict[str, Any]) -> dict[str, int]:
+    """The state's meminfo with every figure present (the older {total_mib, available_mib} form too)."""
+    total, available = int(m["total_mib"]), int(m["available_mib"])
+    free = int(m.get("free_mib", available))
+    return {"total_mib": total, "free_mib": free, "cached_mib": int(m.get("cached_mib", 0)),
+            "available_mib": available}
+
+
+def _kb_line(name: str, mib: int) -> str:
+    return f"{name + ':':<16}{mib * 1024:>8} kB\n"  # the kernel's "%-16s%8lu kB"
+
+
 def meminfo(state: dict[str, Any]) -> str:
     m = state.get("meminfo")
     if not m:
         with open("/proc/meminfo") as f:
             return f.read()
-    return (f"MemTotal:       {m['total_mib'] * 1024} kB\nMemFree:        {m['available_mib'] * 1024} kB\n"
-            f"MemAvailable:   {m['available_mib'] * 1024} kB\n")
+    fig = mem_figures(m)
+    return (_kb_line("MemTotal", fig["total_mib"]) + _kb_line("MemFree", fig["free_mib"])
+            + _kb_line("MemAvailable", fig["available_mib"]) + _kb_line("Buffers", 0)
+            + _kb_line("Cached", fig["cached_mib"]))
+
+
+def _write_atomic(path: str, state: dict[str, Any]) -> None:
+    """tmp file in the same directory + rename: a reader sees the old file or the new one, never half."""
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".gpu-", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(state, f)
+        try:
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+        except FileNotFoundError:
+            os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def drop_caches(path: str) -> str:
+    """`sync; echo 3 > /proc/sys/vm/drop_caches` on the stand-in's memory. Returns the line to print."""
+    try:
+        with open(path) as f:
+            raw: dict[str, Any] = json.load(f)  # as written: processes not filtered, nothing added
+    except FileNotFoundError:
+        raw = {}
+    if not raw.get("meminfo"):
+        return f"drop_caches: no meminfo in {path}: nothing to drop"
+    m = mem_figures(raw["meminfo"])
+    freed = max(0, m["cached_mib"] - CACHE_RESIDUE_MIB)
+    if freed:
+        before = dict(m)
+        m["cached_mib"] -= freed
+        m["free_mib"] += freed
+        raw["meminfo"] = m
+        _write_atomic(path, raw)
+        return (f"drop_caches: freed {freed} MiB of page cache (Cached {before['cached_mib']} -> {m['cached_mib']} "
+                f"MiB, MemFree {before['free_mib']} -> {m['free_mib']} MiB, MemAvailable {m['available_mib']} MiB)")
+    return f"drop_caches: freed 0 MiB of page cache (Cached {m['cached_mib']} MiB, MemFree {m['free_mib']} MiB)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--query-compute-apps", default="")
     p.add_argument("--format", default="")
     p.add_argument("--meminfo", action="store_true")
+    p.add_argument("--drop-caches", action="store_true")
     a = p.parse_args(argv)
+    if a.drop_caches:
+        print(drop_caches(a.state))
+        return 0
     state = load_state(a.state)
     if a.meminfo:
         sys.stdout.write(meminfo(state))
@@ -108,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     elif a.query_compute_apps:
         sys.stdout.write(compute_apps_csv(state, "nounits" in a.format))
     else:
-        print("stand-in supports -q -x, --query-compute-apps and --meminfo", file=sys.stderr)
+        print("stand-in supports -q -x, --query-compute-apps, --meminfo and --drop-caches", file=sys.stderr)
         return 2
     return 0
 

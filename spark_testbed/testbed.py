@@ -243,7 +243,10 @@ def stop_sshd(sessions: bool = False) -> None:
 
 def write_gpu(node: str, processes: list[dict[str, object]] | None = None,
               meminfo: dict[str, int] | None = None) -> None:
-    """The GPU as nvidia-smi will report it: GB10, unified memory, Xorg always present (as on a desktop)."""
+    """The GPU as nvidia-smi will report it: GB10, unified memory, Xorg always present (as on a desktop).
+    meminfo: the node's /proc/meminfo in MiB (page_cache_full(), memory_held(), or {total_mib, free_mib,
+    cached_mib, available_mib}); without it `--meminfo` reports the host's real /proc/meminfo and the vLLM
+    stand-in does not check MemFree."""
     procs = [{"pid": 1, "name": "/usr/lib/xorg/Xorg", "used_mib": 40, "type": "G"}, *(processes or [])]
     state: dict[str, object] = {"name": "NVIDIA GB10", "driver": "580.95.05", "total_mib": None, "processes": procs}
     if meminfo:
@@ -252,6 +255,28 @@ def write_gpu(node: str, processes: list[dict[str, object]] | None = None,
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state))
     tmp.replace(path)
+
+
+def _meminfo(total_mib: int, used_mib: int, cached_mib: int) -> dict[str, int]:
+    if not 0 <= cached_mib <= total_mib - used_mib:
+        raise ValueError(f"cached_mib {cached_mib} does not fit in {total_mib} MiB with {used_mib} MiB used")
+    # The kernel's MemAvailable is about MemFree plus the reclaimable page cache.
+    return {"total_mib": total_mib, "free_mib": total_mib - used_mib - cached_mib, "cached_mib": cached_mib,
+            "available_mib": total_mib - used_mib}
+
+
+def page_cache_full(total_mib: int = 122880, cached_mib: int | None = None, used_mib: int = 8192) -> dict[str, int]:
+    """A node after a model loaded once: its weight shards fill the page cache, so MemFree (20% of the
+    total by default) is short of the testbed's --gpu-memory-utilization 0.5 while MemAvailable is enough.
+    Dropping the caches (`spark-testbed-nvidia-smi --drop-caches`) lets vLLM start."""
+    return _meminfo(total_mib, used_mib, total_mib - used_mib - total_mib // 5 if cached_mib is None else cached_mib)
+
+
+def memory_held(total_mib: int = 122880, used_mib: int | None = None, cached_mib: int | None = None) -> dict[str, int]:
+    """A node where processes hold the memory (60% of the total by default): MemAvailable is short of 0.5 x
+    MemTotal too, so dropping the caches does not help."""
+    used = total_mib * 3 // 5 if used_mib is None else used_mib
+    return _meminfo(total_mib, used, total_mib // 5 if cached_mib is None else cached_mib)
 
 
 STALE = ("vllm_node", "reranker", "vllm_embeddings")

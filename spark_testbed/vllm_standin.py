@@ -12,6 +12,11 @@ STANDIN_FAIL           "" | free-memory | exit | hang-completions | never-ready 
 STANDIN_PG_TIMEOUT     seconds before "Cannot provide a placement group" (60)
 STANDIN_FAULT_FILE     a file read on every request: "hang-completions" (/health stays 200, completions
                        hang: a wedged collective) or "health-503" (EngineDeadError's /health)
+STANDIN_GPU_STATES     comma-separated paths of the nodes' gpu.json (spark_testbed/nvidia_smi.py). As real vLLM
+                       on unified memory (GB10) does on every rank, the start fails when a node's MemFree
+                       (page cache counts as used) is below --gpu-memory-utilization x MemTotal. A file
+                       without "meminfo" (or missing) is not checked.
+STANDIN_KV_TOKENS      the KV cache the start reports, in tokens (409856); the GiB line scales with it
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from spark_testbed.nvidia_smi import mem_figures
+
 VERSION = os.environ.get("STANDIN_VLLM_VERSION", "0.33.0")
 V = tuple(int(x) for x in VERSION.split(".")[:2])
 OLD = V <= (0, 11)
@@ -34,6 +41,8 @@ SHARDS = int(os.environ.get("STANDIN_SHARDS", "39"))
 SHARD_S = float(os.environ.get("STANDIN_SHARD_SECONDS", "0.1"))
 FAIL = os.environ.get("STANDIN_FAIL", "")
 PG_TIMEOUT = float(os.environ.get("STANDIN_PG_TIMEOUT", "60"))
+KV_TOKENS = int(os.environ.get("STANDIN_KV_TOKENS", "409856"))
+KV_GIB_PER_TOKEN = 37.52 / 409856  # the default pair: "Available KV cache memory: 37.52 GiB", 409,856 tokens
 PID = os.getpid()
 _stop = threading.Event()
 
@@ -119,6 +128,25 @@ def watch_nodes(ray: Any, nodes: set[str]) -> None:
                  "EngineCore encountered a fatal error.",
                  "This might cause deadlock in distributed execution.",
                  "EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause."])
+
+
+def free_memory_short(utilization: float) -> str:
+    """vLLM's start-up check on unified memory, against each node's state file: the error line, or ""."""
+    for path in filter(None, (x.strip() for x in os.environ.get("STANDIN_GPU_STATES", "").split(","))):
+        try:
+            with open(path) as f:
+                m = json.load(f).get("meminfo")
+        except (OSError, ValueError):
+            continue
+        if not m:
+            continue
+        fig = mem_figures(m)
+        free, total = fig["free_mib"] / 1024, fig["total_mib"] / 1024
+        if free < utilization * total:
+            return (f"ValueError: Free memory on device cuda:0 ({free:.2f}/{total:.2f} GiB) on startup is less "
+                    f"than desired GPU memory utilization ({utilization}, {utilization * total:.2f} GiB). "
+                    "Decrease GPU memory utilization or reduce GPU memory used by other processes.")
+    return ""
 
 
 class Api(BaseHTTPRequestHandler):
@@ -281,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
              f"GPU memory utilization ({a.gpu_memory_utilization}, 101.75 GiB). Decrease GPU memory "
              "utilization or reduce GPU memory used by other processes.",
              "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"])
+    short = free_memory_short(a.gpu_memory_utilization)
+    if short:
+        die([short, "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"])
     log("vLLM is using nccl==2.27.7", proc="RayWorkerProc", src="pynccl.py:70")
     log(f"Starting to load model {a.model}...", proc="RayWorkerProc", src="gpu_model_runner.py:2900")
     desc = "Loading safetensors checkpoint shards"
@@ -291,9 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     log(f"Loading weights took {SHARDS * SHARD_S:.2f} seconds", proc="RayWorkerProc", src="default_loader.py:310")
     log(f"Model loading took 58.4213 GiB{'' if OLD else ' memory'} and {SHARDS * SHARD_S + 1:.6f} seconds",
         proc="RayWorkerProc", src="gpu_model_runner.py:2950")
-    log("Available KV cache memory: 37.52 GiB", proc="RayWorkerProc", src="gpu_worker.py:390")
-    log("GPU KV cache size: 409,856 tokens", proc="EngineCore_DP0", src="kv_cache_utils.py:1200")
-    log("Maximum concurrency for 65,536 tokens per request: 6.25x", proc="EngineCore_DP0",
+    log(f"Available KV cache memory: {KV_TOKENS * KV_GIB_PER_TOKEN:.2f} GiB", proc="RayWorkerProc",
+        src="gpu_worker.py:390")
+    log(f"GPU KV cache size: {KV_TOKENS:,} tokens", proc="EngineCore_DP0", src="kv_cache_utils.py:1200")
+    log(f"Maximum concurrency for 65,536 tokens per request: {KV_TOKENS / 65536:.2f}x", proc="EngineCore_DP0",
         src="kv_cache_utils.py:1204")
     if FAIL == "never-ready":
         _stop.wait()
