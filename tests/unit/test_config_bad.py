@@ -80,7 +80,7 @@ CASES: list[tuple[Any, ...]] = [
      f"port 8000 is also {S}.port"),
     # 4. addresses
     ("ipv6-fabric", node(1), {"fabric_ip": "fd00::13"}, "nodes[1].fabric_ip",
-     "IPv6 is not supported: use the fabric's IPv4 address"),
+     "IPv6 is not supported: use this node's own IPv4 address on the fabric"),
     ("unspecified-fabric", node(1), {"fabric_ip": "0.0.0.0"}, "nodes[1].fabric_ip", "is not a node's address"),
     ("multicast-fabric", node(1), {"fabric_ip": "224.0.0.1"}, "nodes[1].fabric_ip", "multicast, broadcast or reserved"),
     ("broadcast-fabric", node(1), {"fabric_ip": "255.255.255.255"}, "nodes[1].fabric_ip", "broadcast"),

@@ -6,74 +6,27 @@ class. The stand-in runs here for real (mp mode, no Ray), on a free port."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from spark_supervisor import logscan, probes
 from spark_supervisor.model import EndpointObservation
+from tests.standin_process import StandinProcess
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_vllm"
 REAL = {name: (FIXTURES / f"{name}.log").read_text(errors="replace")
         for name in ("startup", "bad_arg", "missing_model", "engine_death", "kill_engine_core")}
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Standin:
-    def __init__(self, tmp: Path, *args: str, fail: str = "", model: str = "/") -> None:
-        self.port = _port()
-        self.log = tmp / f"standin-{self.port}.log"
-        env = {**os.environ, "STANDIN_VLLM_VERSION": "0.32.0", "STANDIN_SHARDS": "30",
-               "STANDIN_SHARD_SECONDS": "0.01", "STANDIN_FAIL": fail}
-        with open(self.log, "wb") as f:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "spark_testbed.vllm_standin", "serve", "--model", model,
-                 "--served-model-name", "tiny-qwen3", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--reasoning-parser", "qwen3", "--max-model-len", "512", *args],
-                stdout=f, stderr=subprocess.STDOUT, env=env)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait(self, cond, what: str, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            assert time.monotonic() < deadline, f"{what}:\n{self.text()[-2000:]}"
-            time.sleep(0.05)
-
-    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
-                                     data=json.dumps(body).encode() if body else None,
-                                     headers={"content-type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return r.status, r.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=10)
-
-
 @pytest.fixture
 def standin(tmp_path):
-    started: list[Standin] = []
+    started: list[StandinProcess] = []
 
-    def start(*args: str, fail: str = "", model: str = "/") -> Standin:
-        s = Standin(tmp_path, *args, fail=fail, model=model)
+    def start(*args: str, fail: str = "", model: str = "/") -> StandinProcess:
+        s = StandinProcess(tmp_path, ["--model", model, "--served-model-name", "tiny-qwen3", "--reasoning-parser",
+                                      "qwen3", "--max-model-len", "512", *args],
+                           {"STANDIN_VLLM_VERSION": "0.32.0", "STANDIN_SHARDS": "30", "STANDIN_FAIL": fail})
         started.append(s)
         return s
     yield start
@@ -89,7 +42,7 @@ def _same_progress(real: logscan.LoadProgress, fake: logscan.LoadProgress) -> No
 
 def test_a_healthy_start_reads_the_same(standin) -> None:
     s = standin()
-    s.wait(lambda: "Application startup complete." in s.text(), "startup")
+    s.started()
     real = logscan.scan(REAL["startup"])
     assert (real.milestone, real.version, real.shards_total, real.failure) == ("ready", "0.32.0", 30, None)
     _same_progress(real, logscan.scan(s.text()))
@@ -117,7 +70,7 @@ def test_a_healthy_start_reads_the_same(standin) -> None:
 def test_a_failed_start_fails_the_same_way(standin, case, args, fail, model, reason, deterministic) -> None:
     real = logscan.classify(REAL[case])
     s = standin(*args, fail=fail, model=model)
-    s.wait(lambda: s.proc.poll() is not None, "the stand-in exits")
+    s.exited()
     fake = logscan.classify(s.text())
     assert real is not None and fake is not None
     assert (fake.reason, fake.deterministic) == (real.reason, real.deterministic) == (reason, deterministic)
@@ -127,12 +80,12 @@ def test_a_failed_start_fails_the_same_way(standin, case, args, fail, model, rea
 def test_an_engine_death_on_the_first_request_reads_the_same(standin) -> None:
     real = logscan.scan(REAL["engine_death"])
     s = standin(fail="unsupported")
-    s.wait(lambda: "Application startup complete." in s.text(), "startup")
+    s.started()
     code, body = s.request("POST", "/v1/chat/completions", {"model": "tiny-qwen3", "max_tokens": 16,
                                                              "messages": [{"role": "user", "content": "hi"}]})
     real_body = (FIXTURES / "engine_death_response.txt").read_text()
     assert code == 500 and json.loads(body)["error"]["message"] in real_body
-    s.wait(lambda: s.proc.poll() is not None, "the serve ends after its engine died")  # as the real API does
+    s.exited()  # the serve ends after its engine died, as the real API process does
     fake = logscan.scan(s.text())
     assert real.failure is not None and fake.failure is not None
     assert (fake.failure.reason, fake.failure.deterministic) == (real.failure.reason, real.failure.deterministic)

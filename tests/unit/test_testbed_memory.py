@@ -6,19 +6,17 @@ here for real, the vLLM one in mp mode on a free port."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from spark_supervisor import logscan
 from spark_supervisor.adapters.nvidia import parse_meminfo
+from tests.standin_process import StandinProcess
 from spark_testbed import nvidia_smi, testbed
 
 SMI = [sys.executable, "-m", "spark_testbed.nvidia_smi"]
@@ -199,50 +197,14 @@ def test_readers_never_see_half_a_file(tmp_path, capsys) -> None:
 
 
 # ------------------------------------------------------------------------------------ the vLLM stand-in
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Serve:
+class Serve(StandinProcess):
     def __init__(self, tmp: Path, states: list[Path], **env: str) -> None:
-        port = _port()
-        self.log = tmp / f"serve-{port}.log"
-        full = {**{k: v for k, v in os.environ.items() if not k.startswith("STANDIN_")},
-                "STANDIN_SHARDS": "3", "STANDIN_SHARD_SECONDS": "0.01",
-                "STANDIN_GPU_STATES": ",".join(str(p) for p in states), **env}
-        with open(self.log, "wb") as f:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "spark_testbed.vllm_standin", "serve", "--model", "/",
-                 "--distributed-executor-backend", "mp", "--gpu-memory-utilization", str(UTIL),
-                 "--host", "127.0.0.1", "--port", str(port)],
-                stdout=f, stderr=subprocess.STDOUT, env=full)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def until(self, cond, what: str, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            assert time.monotonic() < deadline, f"{what}:\n{self.text()[-2000:]}"
-            time.sleep(0.02)
-
-    def started(self) -> str:
-        self.until(lambda: "Application startup complete." in self.text() or self.proc.poll() is not None,
-                   "the start")
-        assert "Application startup complete." in self.text(), self.text()
-        return self.text()
+        super().__init__(tmp, ["--model", "/", "--gpu-memory-utilization", str(UTIL)],
+                         {"STANDIN_GPU_STATES": ",".join(str(p) for p in states), **env})
 
     def failed(self) -> str:
-        self.until(lambda: self.proc.poll() is not None, "the stand-in exits")
-        assert self.proc.returncode == 1, self.text()
+        assert self.exited() == 1, self.text()
         return self.text()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=10)
 
 
 @pytest.fixture
