@@ -588,6 +588,7 @@ class Daemon:
         self._best_rank = 0
         if why == "reset":
             self.repairs.clear()
+            self.log.info("reconcile.reset", budget_cleared=True, phase=st.phase.value)
         st.failures, st.backoff_until, st.next_repair_at = 0, 0.0, 0.0
         if st.phase in (Phase.FAILED, Phase.BACKOFF):
             st.advance(Phase.DETECTING, f"re-armed by {why}", self.clock(), self.wall())

@@ -60,7 +60,8 @@ def stale_unit(name: str, container: str | None) -> str:
 
 
 def props() -> dict[str, str]:
-    out = head_exec("systemctl", "show", UNIT, "-p", "ActiveState,SubState,StatusText,Result,NRestarts,MainPID").stdout
+    out = head_exec("systemctl", "show", UNIT, "-p",
+                    "ActiveState,SubState,StatusText,Result,NRestarts,MainPID,ExecMainStatus").stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
@@ -221,3 +222,24 @@ def test_reboot_comes_back_to_serving_with_no_command_typed(head: str) -> None:
         assert head_exec("systemctl", "is-active", unit, check=False).stdout.strip() in ("inactive", "failed")
     assert set(containers("spark-2")) == {OWNED["spark-2"]}
     print("\nreboot:", phase_split())
+
+
+def test_reset_goes_through_the_control_socket_and_a_config_broken_at_start_is_not_restarted(head: str) -> None:
+    wait_unit(serving, 150, "serving")
+    # make install keeps the config (it may name an API key file) and its example private.
+    for path in (CONFIG, CONFIG + ".example"):
+        assert head_exec("stat", "-c", "%a", path).stdout.strip() == "600", path
+    out = head_exec("/opt/spark-supervisor/venv/bin/spark-supervisor", "reset", "-c", CONFIG).stdout
+    assert "will re-arm" in out
+    until(lambda: events("reconcile.reset"), 30, "the daemon reset its budget")
+    # A config that cannot be used at start: exit 78 and no restart loop (RestartPreventExitStatus=78).
+    good = head_exec("cat", CONFIG).stdout
+    put(CONFIG, "[nodes\n")
+    head_exec("systemctl", "restart", "--no-block", UNIT)
+    p = wait_unit(lambda p: p["ActiveState"] == "failed", 60, "failed at start")
+    assert (p["SubState"], p["ExecMainStatus"], p["Result"]) == ("failed", "78", "exit-code"), p
+    assert "not valid TOML" in head_exec("journalctl", "-u", UNIT, "--no-pager", "-n", "30").stdout
+    put(CONFIG, good)
+    head_exec("systemctl", "reset-failed", UNIT)
+    head_exec("systemctl", "start", "--no-block", UNIT)
+    wait_unit(serving, 150, "serving again with the fixed config")
