@@ -118,6 +118,7 @@ class Daemon:
         self._load_key: tuple[object, ...] | None = None
         self._last_progress = clock()
         self._best_rank = -1
+        self._look_closer = False
         self._stall_logged = False
         self._last_status = ""
         self._tracked_serve = ""
@@ -149,7 +150,7 @@ class Daemon:
 
     # ------------------------------------------------------------------------------------ one tick
     def _want_full(self, now: float) -> bool:
-        return (self.last_full is None or self.status.phase in _FULL_PHASES
+        return (self.last_full is None or self.status.phase in _FULL_PHASES or self._look_closer
                 or now - self.last_full.at >= self.cfg.supervisor.full_observe_interval)
 
     def tick(self) -> float:
@@ -163,6 +164,7 @@ class Daemon:
         self._track(obs, now)
         st.repairs_in_window = len(self.repairs.recent(self.wall(), cfg.healing.repair_window))
         decision = plan(obs, st, cfg, now)
+        self._look_closer = decision.look_closer
         if decision.repair:
             self._start_repair(decision, now)
         failure = decision.reason if decision.failure else ""
@@ -264,7 +266,11 @@ class Daemon:
     def _track_unknown(self, obs: Observation, now: float) -> None:
         """What could not be seen: since when (for the planner's patience), and how often (shown)."""
         st = self.status
-        seen_not = unknowns(obs, self.cfg)
+        seen_not = unknowns(obs, self.cfg, st.phase)
+        if not seen_not:
+            st.unknown_run_since = 0.0
+        elif not st.unknown_run_since:
+            st.unknown_run_since = now
         for what, error in seen_not.items():
             if what not in st.unknown_since:
                 st.unknown_since[what] = now

@@ -215,6 +215,7 @@ class Decision:
     failure: bool = False  # the reason is an error: back off before the next attempt
     repair: str = ""  # "serve" or "gang": the actions repair a fault and count against the budget
     fatal: bool = False  # deterministic, or the budget is spent: FAILED until a config change or reset
+    look_closer: bool = False  # decide on the next tick, from a full observation (memory, GPU, units)
 
 
 # ----------------------------------------------------------------------------------------------- status
@@ -283,6 +284,7 @@ class Status:
     next_repair_at: float = 0.0  # jittered exponential spacing between repairs
     unknown_since: dict[str, float] = field(default_factory=dict)  # what could not be seen -> since when
     unknown_counts: dict[str, int] = field(default_factory=dict)  # ticks each could not be seen (lifetime)
+    unknown_run_since: float = 0.0  # start of the unbroken run of ticks with something unseen (0: none)
     page_cache_dropped: frozenset[str] = frozenset()  # nodes dropped since the bring-up began (reset at SERVING)
     kv_cache: dict[str, Any] = field(default_factory=dict)  # tokens, best for this spec, warning
 

@@ -128,12 +128,16 @@ def observe_node(a: NodeAdapters, cfg: Config, full: bool, probes: cf.Executor |
         if a.node.remote and not a.docker.connected:
             a.shell.reachable()  # fail fast on a dead host before docker-py's SSH transport hangs on it
         containers = tuple(a.docker.containers())
-        version = a.docker.version() if full else ""
     except AdapterError as e:
         return NodeObservation(name, error=str(e))
     if not full:
         return NodeObservation(name, containers=containers)
     errors: list[str] = []
+    try:  # the engine's version goes through containerd too: failing, it is a probe's problem, not the node's
+        version = a.docker.version()
+    except AdapterError as e:
+        version = ""
+        errors.append(f"docker version: {e}")
     got: dict[str, Any] = {"units": None if cfg.stale.units else ()}
     for what, fut in pending.items():
         try:
@@ -184,10 +188,13 @@ class Observer:
         self._serve: ServeObservation | None = None
         self._endpoint: EndpointObservation | None = None
 
-    def _serve_and_endpoint(self, head_c: Container | None, full: bool) -> tuple[
+    def _serve_and_endpoint(self, head_c: Container | None, full: bool, node_error: str) -> tuple[
             ServeObservation | None, EndpointObservation | None]:
         w = self.world
         last, ep_last = self._serve, self._endpoint
+        if node_error:  # the serve's node could not be seen: its serve is unknown, not gone
+            return (dataclasses.replace(last or ServeObservation(False), error=f"its node: {node_error}"),
+                    w.api.observe())
         if (not full and last is not None and last.running and head_c is not None and head_c.running
                 and head_c.id == last.container_id and ep_last is not None and ep_last.state == "up"):
             # Watching a healthy serve: /health 200 proves the same process still listens, so skip the
@@ -228,5 +235,5 @@ class Observer:
         home = cfg.serve_node(dep)
         head_name = commands.node_container_name(dep, home)
         head_c = next((c for c in nodes[home.name].containers if c.name == head_name), None)
-        serve, endpoint = self._serve_and_endpoint(head_c, full)
+        serve, endpoint = self._serve_and_endpoint(head_c, full, nodes[home.name].error)
         return Observation(self.clock(), full, nodes, ray, serve, endpoint)

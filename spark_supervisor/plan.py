@@ -151,13 +151,15 @@ def gpu_unknown(obs: Observation, cfg: Config, dep: Deployment) -> list[str]:
     return out
 
 
-def unknowns(obs: Observation, cfg: Config) -> dict[str, str]:
-    """What this tick could not see that matters to the deployment: what -> the error. Never evidence."""
+def unknowns(obs: Observation, cfg: Config, phase: Phase | None = None) -> dict[str, str]:
+    """What this tick could not see that matters to the deployment: what -> the error. Never evidence.
+    (A dashboard that does not answer yet while Ray is starting is the join in progress, not an unknown.)"""
     dep = cfg.deployment
     out = {f"node {o.name}": o.error for o in obs.nodes.values() if o.error}
     head = obs.nodes.get(cfg.serve_node(dep).name)
     head_up = head is not None and any(c.running for c in _owned(head, dep))
-    if dep.uses_ray and head_up and (obs.ray is None or not obs.ray.reachable):
+    if (dep.uses_ray and head_up and phase != Phase.STARTING_RAY
+            and (obs.ray is None or not obs.ray.reachable)):
         out["ray dashboard"] = (obs.ray.error if obs.ray else "") or "no answer"
     if obs.serve is not None and obs.serve.error:
         out["serve state"] = obs.serve.error
@@ -192,18 +194,24 @@ def _hold(st: Status) -> Phase:
 
 
 def _with_unknowns(d: Decision, obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
-    """Show what could not be seen in a decision that was taken without it; DEGRADED after the patience.
-    Repairs and failures stand on their own evidence and are left as they are."""
-    seen_not = unknowns(obs, cfg)
-    if not seen_not or d.repair or d.fatal or d.failure or d.phase in (Phase.CLEANING, Phase.BACKOFF):
+    """Show what could not be seen in a decision that was taken without it; DEGRADED once something has
+    stayed unseen past the patience (counted from the start of an unbroken run of unknowns, whichever
+    part could not be seen from one tick to the next). Repairs, failures, cleaning and Ray's own join
+    stand on their own evidence and deadlines and are left as they are."""
+    seen_not = unknowns(obs, cfg, st.phase)
+    if (not seen_not or d.repair or d.fatal or d.failure or d.reason.startswith("NodeLost")
+            or d.phase in (Phase.BACKOFF, Phase.STARTING_RAY)):
         return d
-    if d.reason.startswith(("ObservationUnknown", "NodeLost")):
+    if d.reason.startswith("ObservationUnknown"):
+        reason = d.reason
+    elif d.phase == Phase.CLEANING:
         return d
-    age = max((now - st.unknown_since.get(k, now) for k in seen_not), default=0.0)
-    what = "; ".join(f"{k}: {v}" for k, v in seen_not.items())
-    if age > cfg.healing.unknown_patience:
-        return Decision(Phase.DEGRADED, f"ObservationUnknown: {what} (for {age:.0f}s)", d.actions)
-    return Decision(d.phase, f"ObservationUnknown: {what}", d.actions)
+    else:
+        reason = "ObservationUnknown: " + "; ".join(f"{k}: {v}" for k, v in seen_not.items())
+    since = st.unknown_run_since or now
+    if now - since > cfg.healing.unknown_patience:
+        return Decision(Phase.DEGRADED, f"{reason} (longer than {cfg.healing.unknown_patience:.0f}s)", d.actions)
+    return Decision(d.phase, reason, d.actions)
 
 
 def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
@@ -413,6 +421,8 @@ def _free_memory_failure(obs: Observation, st: Status, cfg: Config, line: str) -
     would happen again: FAILED with the numbers. Otherwise the page cache is the likely cause: drop it and
     let the launch be retried once (no repair budget: nothing was broken)."""
     dep = cfg.deployment
+    if not obs.full:
+        return Decision(st.phase, "FreeMemoryBelowUtilization: reading memory before deciding", look_closer=True)
     nodes = [obs.nodes[n.name] for n in cfg.members(dep)]
     figures = "; ".join(f"{o.name}: {_mem(o)}" for o in nodes if o.memory is not None) or "memory not read"
     short = gpu_blockers(obs, cfg, dep)

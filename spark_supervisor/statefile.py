@@ -50,7 +50,7 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
         "liveness": {"health": dataclasses.asdict(st.health), "deep": dataclasses.asdict(st.deep)},
         "repairs": {"in_window": st.repairs_in_window, "budget": cfg.healing.repair_budget,
                     "window_s": cfg.healing.repair_window},
-        "unknown": {what: {"since_s": round(now_mono - since, 1), "ticks": st.unknown_counts.get(what, 0)}
+        "unknown": {what: {"since_s": max(0.0, round(now_mono - since, 1)), "ticks": st.unknown_counts.get(what, 0)}
                     for what, since in st.unknown_since.items()},
         "unknown_ticks_total": dict(st.unknown_counts),
         "kv_cache": {k: v for k, v in st.kv_cache.items() if k != "serve"} or None,

@@ -1,7 +1,20 @@
 """`make chaos`: random faults from the fault matrix against a serving deployment on the testbed, for a
-bounded time (loopback only), then a table: detection and recovery times, repairs, invariant violations.
+bounded time (loopback only), then a table: detection and recovery times, repairs, false repairs,
+invariant violations.
 
     spark-testbed-chaos [--seconds 600] [--seed N]
+
+Two classes of fault:
+
+- real: something the deployment needs is gone or broken (a serve killed, a Ray container removed, ...);
+  each allows the repair kinds listed for it (none for the ones that must be waited for or cleaned).
+- observation: only the daemon's view fails (spark_testbed.faults: the Ray dashboard, a Docker engine or a
+  containerd hung with SIGSTOP) for a random while, then continues. Unknown is not absent: these must cause
+  no repair at all.
+
+A false repair is a repair started during an observation fault or within GRACE_S after it ended, a repair
+of a kind its real fault does not allow, or a repair between faults (attributable to none). The summary
+prints their total, which must be 0.
 """
 
 from __future__ import annotations
@@ -10,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -17,16 +31,23 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from . import testbed
+from . import faults, testbed
 from .harness import OWNED, Supervisor, invariant_violations, write_config
 from .testbed import until
 
 FAULT_FILE = testbed.DIR / "serve-fault"
-PATCH: dict[str, Any] = {"healing": {"repair_budget": 1000}, "supervisor": {"backoff_base": 0.5, "backoff_max": 2}}
+# The serve-state exec runs at every full observation only while /health is 200: make those frequent so
+# that a hung containerd is met while it lasts; a short unknown_patience so that DEGRADED is met too.
+PATCH: dict[str, Any] = {"healing": {"repair_budget": 1000, "unknown_patience": 10},
+                         "supervisor": {"backoff_base": 0.5, "backoff_max": 2, "full_observe_interval": 5,
+                                        "io_timeout": 5}}
+GRACE_S = 10.0  # after an observation fault ends, a repair this soon is still its (false) repair
+OBSERVATION_S = (15.0, 40.0)  # how long an observation fault lasts (uniform)
 
 
 class Run:
@@ -55,35 +76,79 @@ def _engine_restart() -> None:
     testbed.start_dockerd("spark-2")
 
 
-FAULTS: dict[str, Callable[[Run], None]] = {
-    "serve killed": lambda r: _serve_kill(),
-    "serve wedged": lambda r: FAULT_FILE.write_text("hang-completions"),
-    "worker Ray container removed": lambda r: testbed.docker("spark-2", "rm", "-f", OWNED["spark-2"], check=False),
-    "head Ray container removed": lambda r: testbed.docker("spark-1", "rm", "-f", OWNED["spark-1"], check=False),
-    "all owned containers removed": lambda r: [testbed.docker(n, "rm", "-f", c, check=False) for n, c in OWNED.items()],
-    "worker SSH down 10s": lambda r: testbed.stop_sshd(sessions=True),
-    "worker Docker engine restarted": lambda r: _engine_restart(),
-    "stale container started": lambda r: testbed.docker("spark-1", "run", "-d", "--name", "reranker", "--network", "host",
-                                                        testbed.BUSYBOX, "sleep", "100000", check=False),
-    "daemon SIGKILLed": lambda r: r.restart_daemon(),
+@dataclass(frozen=True)
+class Real:
+    inject: Callable[[Run], object]
+    repairs: frozenset[str]  # the repair kinds this fault may legitimately cause
+    changes_phase: bool = True  # SERVING is left (a repair, cleaning, a new daemon): recovery = SERVING anew
+
+
+REAL: dict[str, Real] = {
+    "serve killed": Real(lambda r: _serve_kill(), frozenset({"serve"})),
+    "serve wedged": Real(lambda r: FAULT_FILE.write_text("hang-completions"), frozenset({"serve"})),
+    "worker Ray container removed": Real(lambda r: testbed.docker("spark-2", "rm", "-f", OWNED["spark-2"], check=False),
+                                         frozenset({"gang"})),
+    "head Ray container removed": Real(lambda r: testbed.docker("spark-1", "rm", "-f", OWNED["spark-1"], check=False),
+                                       frozenset({"gang"})),
+    "all owned containers removed": Real(lambda r: [testbed.docker(n, "rm", "-f", c, check=False)
+                                                    for n, c in OWNED.items()], frozenset({"gang"})),
+    # Unreachable but alive in Ray: held as unknown (DEGRADED after the patience), never torn down.
+    "worker SSH down 10s": Real(lambda r: testbed.stop_sshd(sessions=True), frozenset(), changes_phase=False),
+    "worker Docker engine restarted": Real(lambda r: _engine_restart(), frozenset({"gang"})),
+    "stale container started": Real(lambda r: testbed.docker("spark-1", "run", "-d", "--name", "reranker", "--network",
+                                                             "host", testbed.BUSYBOX, "sleep", "100000", check=False),
+                                    frozenset()),
+    "daemon SIGKILLed": Real(lambda r: r.restart_daemon(), frozenset()),
 }
+
+OBSERVATION: dict[str, Callable[[], faults.Freeze]] = {
+    "ray dashboard hung": lambda: faults.ray_dashboard_hung(),
+    "head containerd hung (serve-state exec)": lambda: faults.containerd_hung("spark-1"),
+    "worker Docker engine hung": lambda: faults.docker_engine_hung("spark-2"),
+}
+MENU = sorted(REAL) + sorted(OBSERVATION)
 
 
 def _at(e: dict[str, Any]) -> float:
     return datetime.fromisoformat(e["timestamp"]).timestamp()
 
 
-def one(run: Run, name: str) -> dict[str, Any]:
+def _clear(s: dict[str, Any]) -> bool:
+    """SERVING with nothing unknown."""
+    return s["phase"] == "SERVING" and not s["reason"].startswith("ObservationUnknown") and not s.get("unknown")
+
+
+def _reasons(events: list[dict[str, Any]]) -> list[str]:
+    """The reason tags the daemon showed (phase changes and progress), in order, each once."""
+    out: list[str] = []
+    for e in events:
+        if e.get("event") in ("phase.changed", "phase.progress", "repair.started") and e.get("reason"):
+            tag = str(e["reason"]).split(":")[0]
+            if re.fullmatch(r"[A-Z][A-Za-z]+", tag) and tag not in out:
+                out.append(tag)
+    return out
+
+
+def _row(name: str, cls: str, t: float, detected: dict[str, Any] | None, recovered: float,
+         events: list[dict[str, Any]], false: list[str]) -> dict[str, Any]:
+    return {"fault": name, "class": cls, "detect_s": _at(detected) - t if detected else None, "recover_s": recovered,
+            "repairs": [e["kind"] for e in events if e.get("event") == "repair.started"], "false_repairs": false,
+            "reasons": _reasons(events), "violations": invariant_violations()}
+
+
+def one_real(run: Run, name: str) -> dict[str, Any]:
+    fault = REAL[name]
     before = len(run.daemon.events())
     gen = run.generation
     t = time.time()
-    FAULTS[name](run)
+    fault.inject(run)
     d = run.daemon
     seen = before if run.generation == gen else 0
 
     def reaction() -> dict[str, Any] | None:
         for e in d.events()[seen:]:
-            if e.get("event") in ("repair.started", "phase.changed", "daemon.started") and _at(e) >= t - 0.01:
+            if (e.get("event") in ("repair.started", "phase.changed", "daemon.started", "observe.unknown")
+                    and _at(e) >= t - 0.01):
                 return e
         return None
     detected = until(reaction, 120, f"a reaction to {name}", every=0.1)
@@ -94,31 +159,70 @@ def one(run: Run, name: str) -> dict[str, Any]:
     if name == "serve wedged":
         until(lambda: any(e.get("event") == "repair.started" for e in d.events()[seen:]), 120, "the repair")
         FAULT_FILE.unlink(missing_ok=True)
-    d.wait(lambda s: s["phase"] == "SERVING" and datetime.fromisoformat(s["since"]).timestamp() > t, 300,
-           f"SERVING after {name}")
+    if fault.changes_phase:
+        d.wait(lambda s: _clear(s) and datetime.fromisoformat(s["since"]).timestamp() > t, 300,
+               f"SERVING after {name}")
+    else:
+        d.wait(_clear, 300, f"SERVING with nothing unknown after {name}")
     recovered = time.time() - t
-    repairs = [e["kind"] for e in d.events()[seen:] if e.get("event") == "repair.started"]
-    return {"fault": name, "detect_s": _at(detected) - t, "recover_s": recovered, "repairs": repairs,
-            "violations": invariant_violations()}
+    events = d.events()[seen:]
+    false = [f"{e['kind']}: {e['reason']} (not a repair {name} calls for)" for e in events
+             if e.get("event") == "repair.started" and e["kind"] not in fault.repairs]
+    return _row(name, "real", t, detected, recovered, events, false)
 
 
-def table(rows: list[dict[str, Any]], budget_used: int, seconds: float) -> str:
+def one_observation(run: Run, name: str, rng: random.Random) -> dict[str, Any]:
+    d = run.daemon
+    seen = len(d.events())
+    hold = rng.uniform(*OBSERVATION_S)
+    fault = OBSERVATION[name]()
+    with fault:
+        t = fault.started_at
+        until(lambda: time.time() - t >= hold, hold + 5, f"{name} for {hold:.0f} s", every=0.2)
+    end = fault.ended_at
+    d.wait(_clear, 300, f"SERVING with nothing unknown after {name}")
+    recovered = time.time() - end
+    until(lambda: time.time() - end >= GRACE_S, GRACE_S + 5, "the grace after the fault", every=0.2)
+    events = [e for e in d.events()[seen:] if _at(e) >= t - 0.01]
+    detected = next((e for e in events if e.get("event") in ("observe.unknown", "repair.started")), None)
+    false = [f"{e['kind']}: {e['reason']} ({'during' if _at(e) <= end else 'just after'} {name})" for e in events
+             if e.get("event") == "repair.started"]
+    row = _row(name, "observation", t, detected, recovered, events, false)
+    row["held_s"] = round(end - t, 1)
+    return row
+
+
+def between(run: Run, since: float) -> list[str]:
+    """Repairs started after the last fault's window and before the next fault: attributable to none."""
+    return [f"{e['kind']}: {e['reason']} (between faults)" for e in run.daemon.events("repair.started")
+            if _at(e) > since]
+
+
+def _ms(xs: list[float]) -> tuple[str, str]:
+    return (f"{statistics.median(xs):.1f} s", f"{max(xs):.1f} s") if xs else ("-", "-")
+
+
+def table(rows: list[dict[str, Any]], budget_used: int, seconds: float, unattributed: list[str]) -> str:
     out = [f"chaos: {len(rows)} faults in {seconds:.0f} s, budget used {budget_used} repairs", "",
-           "| fault | n | detect median | detect worst | back to SERVING median | worst | repairs |",
-           "|---|---|---|---|---|---|---|"]
+           "| fault | class | n | detect median | detect worst | back to SERVING median | worst | repairs "
+           "| false repairs |",
+           "|---|---|---|---|---|---|---|---|---|"]
     by: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by.setdefault(r["fault"], []).append(r)
     for name, rs in sorted(by.items()):
-        det = [r["detect_s"] for r in rs]
-        rec = [r["recover_s"] for r in rs]
+        det = _ms([r["detect_s"] for r in rs if r["detect_s"] is not None])
+        rec = _ms([r["recover_s"] for r in rs])
         kinds = Counter(k for r in rs for k in r["repairs"])
-        out.append(f"| {name} | {len(rs)} | {statistics.median(det):.1f} s | {max(det):.1f} s | "
-                   f"{statistics.median(rec):.1f} s | {max(rec):.1f} s | "
-                   f"{', '.join(f'{k} {v}' for k, v in sorted(kinds.items())) or '-'} |")
+        out.append(f"| {name} | {rs[0]['class']} | {len(rs)} | {det[0]} | {det[1]} | {rec[0]} | {rec[1]} | "
+                   f"{', '.join(f'{k} {v}' for k, v in sorted(kinds.items())) or '-'} | "
+                   f"{sum(len(r['false_repairs']) for r in rs)} |")
     kinds = Counter(k for r in rows for k in r["repairs"])
     violations = [v for r in rows for v in r["violations"]]
-    out += ["", f"repairs by kind: {dict(sorted(kinds.items())) or '{}'}",
+    false = [f for r in rows for f in r["false_repairs"]] + unattributed
+    out += ["", "back to SERVING: from the injection for real faults, from the end of the fault for observation faults",
+            f"repairs by kind: {dict(sorted(kinds.items())) or '{}'}",
+            f"false repairs: {len(false)}" + (f" {false}" if false else ""),
             f"invariant violations: {len(violations)}" + (f" {violations}" if violations else "")]
     return "\n".join(out)
 
@@ -129,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=None)
     a = p.parse_args(argv)
     rng = random.Random(a.seed)
+    faults.thaw_all()
     testbed.up()
     os.environ.update(testbed.env())
     testbed.clean_containers()
@@ -140,14 +245,19 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(workdir)
     t0 = time.monotonic()
     rows: list[dict[str, Any]] = []
+    unattributed: list[str] = []
     try:
         run.daemon.wait_phase("SERVING", 300)
+        window_end = time.time()
         while time.monotonic() - t0 < a.seconds:
-            name = rng.choice(sorted(FAULTS))
-            row = one(run, name)
+            unattributed += between(run, window_end)
+            name = rng.choice(MENU)
+            row = one_observation(run, name, rng) if name in OBSERVATION else one_real(run, name)
+            window_end = time.time()
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
+        faults.thaw_all()
         FAULT_FILE.unlink(missing_ok=True)
         testbed.start_sshd()
         budget = len(json.loads((workdir / "state" / "repairs.json").read_text() or "[]")) \
@@ -155,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         run.daemon.stop()
         subprocess.run([sys.executable, "-m", "spark_supervisor.cli", "teardown", "--config", str(run.config)],
                        check=False, capture_output=True, timeout=120)
-    print(table(rows, budget, time.monotonic() - t0))
-    return 0 if not any(r["violations"] for r in rows) else 1
+    print(table(rows, budget, time.monotonic() - t0, unattributed))
+    bad = any(r["violations"] or r["false_repairs"] for r in rows) or unattributed
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

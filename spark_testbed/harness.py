@@ -13,9 +13,11 @@ import threading
 import tomllib
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
 import tomli_w
 
 from . import testbed
@@ -127,14 +129,32 @@ class Supervisor:
             self._logf.close()
         return code
 
+    def repairs(self, since: float = 0.0) -> list[dict[str, Any]]:
+        """repair.started events logged at or after wall time `since`."""
+        return [e for e in self.events("repair.started") if event_time(e) >= since]
 
+
+def event_time(e: dict[str, Any]) -> float:
+    return datetime.fromisoformat(e["timestamp"]).timestamp()
 
 
 def serve_processes(head: str = OWNED["spark-1"]) -> int:
-    """Serve processes in the head container (the python process, not its sh wrapper)."""
-    out = testbed.docker("spark-1", "exec", head, "pgrep", "-fc", "^[^ ]*python[^ ]* [^ ]*spark-testbed-vllm serve",
-                         check=False)
-    return int(out.stdout.decode().strip() or 0)
+    """Serve processes in the head container (the python process, not its sh wrapper), counted from the
+    host's /proc under the container's shim (which parents both its init and what `docker exec` started),
+    so that the count needs neither containerd nor an exec and holds while either is hung."""
+    shim = psutil.Process(testbed.container_pid("spark-1", head)).parent()
+    if shim is None or not shim.name().startswith("containerd-shim"):
+        raise RuntimeError(f"the parent of {head}'s init is not its containerd shim: {shim}")
+    n = 0
+    for p in shim.children(recursive=True):
+        try:
+            argv = p.cmdline()
+        except psutil.Error:
+            continue
+        if (len(argv) >= 3 and "python" in os.path.basename(argv[0]) and argv[1].endswith("/spark-testbed-vllm")
+                and argv[2] == "serve"):
+            n += 1
+    return n
 
 
 def invariant_violations() -> list[str]:
@@ -148,3 +168,21 @@ def invariant_violations() -> list[str]:
     if n != 1:
         out.append(f"{n} serve processes")
     return out
+
+
+def owned_ids() -> dict[str, str]:
+    """node -> the ID of our Ray container there."""
+    return {n: containers(n)[c]["id"] for n, c in OWNED.items()}
+
+
+def verify_serving(d: Supervisor) -> dict[str, Any]:
+    """SERVING with exactly our containers, running, on each node, and exactly one serve process."""
+    st = d.status()
+    assert st is not None and st["phase"] == "SERVING", f"not SERVING: {json.dumps(st)[:800]}"
+    for node, name in OWNED.items():
+        now = containers(node)
+        assert set(now) == {name}, f"{node}: containers {sorted(now)}, expected only {name}"
+        assert now[name]["state"] == "running", f"{node}: {name} is {now[name]['state']}"
+    n = serve_processes()
+    assert n == 1, f"{n} serve processes, expected 1"
+    return st

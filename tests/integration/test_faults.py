@@ -1,8 +1,11 @@
 """The fault matrix on the real testbed: one test per fault, each asserting detection, the repair chosen
 (by its log event), SERVING again, no orphan or duplicate containers or serves, and the budget.
 
-One daemon serves the whole module (each test ends where the next begins: SERVING). Its budget is
-large so that the tests can count repairs exactly; the budget's limit itself is unit-tested.
+Every test starts from its own verified SERVING deployment (the `serving_daemon` fixture: a clean testbed,
+a fresh daemon, exactly our containers and one serve) and the testbed is reset after it whatever happened,
+so a failure cannot cascade into the next test. Each accepts every reason the planner can legitimately give
+for its fault (spark_supervisor/plan.py). The budget is large so that the tests can count repairs exactly;
+the budget's limit itself is unit-tested.
 """
 
 from __future__ import annotations
@@ -11,42 +14,40 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
-from collections.abc import Callable, Iterator
 
 import pytest
 
 from spark_testbed import testbed
+from spark_testbed.harness import OWNED, Supervisor, containers, owned_ids, serve_processes, write_config
 from spark_testbed.testbed import until
-
-from spark_testbed.harness import OWNED, Supervisor, containers, serve_processes, write_config
 
 HEAD = OWNED["spark-1"]
 FAULT_FILE = testbed.DIR / "serve-fault"
-PATCH: dict[str, Any] = {"healing": {"repair_budget": 50, "node_patience": 60},
+PATCH: dict[str, Any] = {"healing": {"repair_budget": 50, "node_patience": 60, "unknown_patience": 5},
                          "supervisor": {"backoff_base": 0.5, "backoff_max": 2}}
 
+# The reasons the planner gives for each kind of loss (plan.py): which one a fault shows depends on what
+# the daemon happens to see first (the engine's container list, Ray's node list, the serve's exit).
+SERVE_GONE = ("ServeExited: exit code", "ServeFailed: ", "ServeUnhealthy: /health failed")
+RAY_GANG_LOST = ("PartialDeployment: ", "RayNodeLost: ", "DeploymentLost: no Ray container on any node")
+# A worker the daemon cannot reach while Ray still lists it alive: held (ObservationUnknown), DEGRADED
+# after the patience; NodeLost if Ray no longer lists it. Never a repair.
+NODE_UNREACHABLE = ("ObservationUnknown: spark-2: ", "ObservationUnknown: node spark-2: ", "NodeLost: spark-2 ")
 
-@pytest.fixture(scope="module")
-def daemon(tb: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
-    testbed.clean_containers()
-    for node in testbed.NODES:
-        testbed.write_gpu(node)
-    FAULT_FILE.unlink(missing_ok=True)
-    tmp = tmp_path_factory.mktemp("faults")
-    d = Supervisor(write_config(tmp, PATCH), tmp)
-    d.wait_phase("SERVING", 180)
-    yield d
-    d.stop(signal.SIGKILL)
-    FAULT_FILE.unlink(missing_ok=True)
-    testbed.clean_containers()
+
+@pytest.fixture
+def daemon(serving_daemon: Supervisor) -> Supervisor:
+    """A verified SERVING deployment of its own for each test (conftest.serving_daemon)."""
+    return serving_daemon
 
 
 def assert_clean_serving(d: Supervisor, since: float = 0.0) -> dict[str, Any]:
-    """SERVING (entered after `since`), exactly our containers on each node, exactly one serve."""
-    st = d.wait(lambda s: s["phase"] == "SERVING" and datetime.fromisoformat(s["since"]).timestamp() > since,
-                180, "SERVING again")
+    """SERVING (entered after `since`) with nothing unknown, exactly our containers on each node, one serve."""
+    st = d.wait(lambda s: s["phase"] == "SERVING" and datetime.fromisoformat(s["since"]).timestamp() > since
+                and not s["reason"].startswith("ObservationUnknown"), 180, "SERVING again")
     for node, name in OWNED.items():
         now = containers(node)
         assert set(now) == {name}, f"{node}: {now}"
@@ -67,7 +68,7 @@ class Fault:
         st = d.status() or {}
         self.repairs_before = st.get("repairs", {}).get("in_window", 0)
         self.events_before = len(d.events())
-        self.ids = {n: containers(n)[c]["id"] for n, c in OWNED.items()}
+        self.ids = owned_ids()
         self.at = 0.0
 
     def inject(self, fn: Callable[[], object]) -> None:
@@ -93,10 +94,10 @@ def test_serve_process_killed_restarts_only_the_serve(daemon: Supervisor) -> Non
     f.inject(lambda: testbed.docker("spark-1", "exec", HEAD, "sh", "-c",
                                     "kill -9 $(cat /tmp/spark-supervisor/testbed/pid)"))
     r = f.repair()
-    assert r["kind"] == "serve" and r["reason"] == "ServeExited: exit code 137"
+    assert r["kind"] == "serve" and r["reason"].startswith(SERVE_GONE), r["reason"]
     assert f.detected_after(r) < 5.0
     assert_clean_serving(daemon, f.at)
-    assert {n: containers(n)[c]["id"] for n, c in OWNED.items()} == f.ids, "Ray was not touched"
+    assert owned_ids() == f.ids, "Ray was not touched"
     assert f.repairs_used() == 1
 
 
@@ -107,11 +108,11 @@ def test_serve_wedged_is_caught_by_the_deep_probe(daemon: Supervisor) -> None:
         r = f.repair(timeout=90)
     finally:
         FAULT_FILE.unlink(missing_ok=True)
-    assert r["kind"] == "serve" and r["reason"].startswith("ServeWedged: 2 deep probes failed (no answer within")
+    assert r["kind"] == "serve" and r["reason"].startswith("ServeWedged: "), r["reason"]
     assert f.new_events("probe.deep_failed")
     assert not f.new_events("probe.health_failed"), "/health stayed 200 the whole time"
     assert_clean_serving(daemon, f.at)
-    assert {n: containers(n)[c]["id"] for n, c in OWNED.items()} == f.ids
+    assert owned_ids() == f.ids
     assert f.repairs_used() == 1
 
 
@@ -120,8 +121,7 @@ def test_a_ray_container_removed_is_a_gang_restart(daemon: Supervisor, node: str
     f = Fault(daemon)
     f.inject(lambda: testbed.docker(node, "rm", "-f", OWNED[node]))
     r = f.repair()
-    assert r["kind"] == "gang"
-    assert r["reason"].startswith(("PartialDeployment", "RayNodeLost")), r["reason"]
+    assert r["kind"] == "gang" and r["reason"].startswith(RAY_GANG_LOST), r["reason"]
     assert f.detected_after(r) < 10.0
     st = assert_clean_serving(daemon, f.at)
     removed = {(e["node"], e["container"]) for e in f.new_events("clean.container_removed")}
@@ -135,8 +135,7 @@ def test_all_owned_containers_removed_on_both_nodes(daemon: Supervisor) -> None:
     # The daemon may notice between the two removals (then it finishes the teardown itself).
     f.inject(lambda: [testbed.docker(n, "rm", "-f", c, check=False) for n, c in OWNED.items()])
     r = f.repair()
-    assert r["kind"] == "gang"
-    assert r["reason"].startswith(("DeploymentLost: no Ray container on any node", "PartialDeployment")), r["reason"]
+    assert r["kind"] == "gang" and r["reason"].startswith(RAY_GANG_LOST), r["reason"]
     assert_clean_serving(daemon, f.at)
     assert f.repairs_used() == 1
 
@@ -145,12 +144,16 @@ def test_worker_ssh_down_for_a_while_then_back_is_waited_for(daemon: Supervisor)
     f = Fault(daemon)
     f.inject(lambda: testbed.stop_sshd(sessions=True))
     try:
-        st = daemon.wait_phase("DEGRADED", 60)
-        assert st["reason"].startswith("waiting for spark-2: spark-2: ")
+        st = daemon.wait(lambda s: s["reason"].startswith(NODE_UNREACHABLE), 60, "the worker held as unknown")
+        assert st["phase"] in ("SERVING", "DEGRADED"), st["phase"]
+        assert "node spark-2" in st["unknown"], st["unknown"]
+        st = daemon.wait(lambda s: s["phase"] == "DEGRADED" and s["reason"].startswith(NODE_UNREACHABLE), 60,
+                         "DEGRADED after the unknown_patience")
+        assert not f.new_events("repair.started")
     finally:
         testbed.start_sshd()
     assert_clean_serving(daemon, f.at)
-    assert {n: containers(n)[c]["id"] for n, c in OWNED.items()} == f.ids, "nothing was torn down"
+    assert owned_ids() == f.ids, "nothing was torn down"
     assert f.repairs_used() == 0 and not f.new_events("repair.started")
 
 
@@ -164,7 +167,8 @@ def test_docker_engine_restarted_on_the_worker(daemon: Supervisor) -> None:
         testbed.start_dockerd("spark-2")
     f.inject(restart)
     r = f.repair(timeout=90)
-    assert r["kind"] == "gang"
+    # dockerd's stop stopped the worker's containers: exited (PartialDeployment) or dead in Ray (RayNodeLost)
+    assert r["kind"] == "gang" and r["reason"].startswith(RAY_GANG_LOST), r["reason"]
     assert_clean_serving(daemon, f.at)
     assert f.repairs_used() == 1
 
@@ -175,7 +179,7 @@ def test_a_stale_container_started_again_is_removed_without_touching_the_deploym
                                     testbed.BUSYBOX, "sleep", "100000"))
     until(lambda: "reranker" not in containers("spark-1"), 90, "the stale container removed")
     assert_clean_serving(daemon, f.at)
-    assert {n: containers(n)[c]["id"] for n, c in OWNED.items()} == f.ids
+    assert owned_ids() == f.ids
     assert f.repairs_used() == 0
 
 
@@ -204,7 +208,8 @@ def test_a_deterministic_serve_failure_is_failed_without_burning_the_budget(daem
     f.inject(lambda: os.kill(daemon.proc.pid, signal.SIGHUP))  # the config file now asks for the failing serve
     assert bad == daemon.config
     st = daemon.wait_phase("FAILED", 90)
-    assert st["reason"].startswith("ServeFailed: FreeMemoryBelowUtilization: other processes or page cache")
+    # The wording after the tag depends on what the planner knew (a page-cache drop first, MemAvailable short).
+    assert st["reason"].startswith("ServeFailed: FreeMemoryBelowUtilization"), st["reason"]
     assert f.repairs_used() == 0
     daemon.config.write_text(good)
     os.kill(daemon.proc.pid, signal.SIGHUP)  # a config change re-arms

@@ -101,3 +101,9 @@ def test_vllm_refusing_with_memavailable_short_is_failed_without_a_drop() -> Non
     d = plan(obs(C, nodes=nodes(SHORT, deployed=True), ray=ray_ok(C), serve=_refused()), st(Phase.LOADING), C, 1)
     assert d.fatal and "with MemAvailable short too" in d.reason
     assert not any(isinstance(a, DropPageCache) for a in d.actions)
+
+
+def test_a_free_memory_refusal_seen_on_a_quick_tick_is_decided_on_the_next_full_one() -> None:
+    d = plan(obs(C, nodes=nodes(FREE, deployed=True), ray=ray_ok(C), serve=_refused(), full=False),
+             st(Phase.LOADING), C, 1)
+    assert d.look_closer and not d.actions and not d.fatal

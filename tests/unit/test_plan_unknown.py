@@ -30,6 +30,7 @@ def serving(since: float = 0.0, unknown: dict[str, float] | None = None, **kw) -
     st = Status(verdict=Verdict(True, "ok", serve_running(C).identity), **kw)
     st.advance(Phase.SERVING, "", since, since)
     st.unknown_since = dict(unknown or {})
+    st.unknown_run_since = min(st.unknown_since.values(), default=0.0)
     return st
 
 
@@ -51,7 +52,7 @@ def test_an_unknown_that_lasts_past_the_patience_degrades_but_still_tears_nothin
     d = plan(o, serving(unknown={"ray dashboard": 5}), C, late)
     assert d.phase == Phase.DEGRADED and not destructive(d)
     assert d.reason.startswith("ObservationUnknown: ray dashboard:") and d.reason.endswith(
-        f"(for {C.healing.unknown_patience + 1:.0f}s)")
+        f"(longer than {C.healing.unknown_patience:.0f}s)")
 
 
 def test_ray_saying_a_node_is_dead_is_evidence_and_repairs_the_gang() -> None:
@@ -97,10 +98,13 @@ def test_an_unreachable_worker_holds_even_past_the_node_patience_while_ray_sees_
              "spark-2": NodeObservation("spark-2", error="SshUnreachable: timed out")}
     o = obs(C, nodes=nodes, serve=serve_running(C), endpoint=UP, ray=RayObservation(True, nodes=(
         RayNode("a", "192.168.200.12", True, 1.0), RayNode("b", "192.168.200.13", True, 1.0))))
-    for now in (10, C.healing.node_patience + 10):
-        d = plan(o, serving(), C, now)
-        assert d.phase == Phase.SERVING and not destructive(d) and not d.actions
-        assert d.reason == "ObservationUnknown: spark-2: SshUnreachable: timed out"
+    d = plan(o, serving(unknown={"node spark-2": 5}), C, 10)
+    assert d.phase == Phase.SERVING and not destructive(d) and not d.actions
+    assert d.reason == "ObservationUnknown: spark-2: SshUnreachable: timed out"
+    for now in (6 + C.healing.unknown_patience, C.healing.node_patience + 10):  # DEGRADED, still nothing done
+        d = plan(o, serving(unknown={"node spark-2": 5}), C, now)
+        assert d.phase == Phase.DEGRADED and not destructive(d) and not d.actions
+        assert d.reason.startswith("ObservationUnknown: spark-2: SshUnreachable: timed out (longer than")
 
 
 def test_an_unreachable_worker_that_ray_reports_dead_is_lost_but_nothing_is_half_torn_down() -> None:
@@ -156,3 +160,24 @@ def test_ray_unknown_before_the_serve_launch_launches_nothing() -> None:
     d = plan(obs(C, deployed=True, ray=RAY_TIMEOUT), st, C, 1)
     assert d.phase == Phase.STARTING_VLLM and not d.actions
     assert d.reason.startswith("ObservationUnknown: ray dashboard")
+
+
+def test_the_patience_counts_an_unbroken_run_of_unknowns_whatever_part_was_unseen() -> None:
+    # Full ticks could not see the node, quick ticks the serve state: one run, started at t=5.
+    unknown = replace(serve_running(C), error="DockerTimeout: exec")
+    st = serving(unknown={"serve state": 50})  # this key is new, the run is not
+    st.unknown_run_since = 5
+    d = plan(obs(C, deployed=True, serve=unknown, endpoint=UP), st, C, 6 + C.healing.unknown_patience)
+    assert d.phase == Phase.DEGRADED and not destructive(d)
+
+
+def test_a_dashboard_that_does_not_answer_yet_while_ray_starts_is_the_join_not_an_unknown() -> None:
+    st = Status()
+    st.advance(Phase.STARTING_RAY, "", 0, 0)
+    st.unknown_run_since = 0
+    o = obs(C, deployed=True, ray=RayObservation(False, "RayDashboardUnreachable: ConnectError"))
+    assert unknowns(o, C, Phase.STARTING_RAY) == {}
+    d = plan(o, st, C, 30)
+    assert d.phase == Phase.STARTING_RAY and d.reason.startswith("0/2 nodes")
+    d = plan(o, st, C, C.deployment.ray.join_timeout + 1)
+    assert d.repair == "gang" and d.reason.startswith("RayJoinTimeout")
