@@ -261,8 +261,10 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
     if actions:
         return Decision(Phase.CLEANING, "StaleFound: " + "; ".join(found), tuple(actions))
 
-    # 3. Our Ray containers: all present, running and of the current spec, or none at all.
+    # 3. Our containers (Ray nodes, or the mp serve's home): all present, running and of the current
+    # spec, or none at all.
     rh = ray_hash(cfg, dep)
+    kind = "Ray" if dep.uses_ray else "serve"
     problems: list[str] = []
     between: list[str] = []
     any_owned = False
@@ -274,13 +276,13 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
         if ok and len(cs) == 1:
             continue
         if not cs:
-            problems.append(f"{node.name}: no Ray container")
+            problems.append(f"{node.name}: no {kind} container")
         elif any(c.labels.get(HASH_LABEL) != rh for c in cs):
             problems.append(f"{node.name}: spec changed")
         elif any(c.lost for c in cs) or len(cs) > 1:
-            problems.append(f"{node.name}: Ray container {cs[0].state}")
+            problems.append(f"{node.name}: {kind} container {cs[0].state}")
         else:  # paused, restarting, removing: neither running nor gone
-            between.append(f"{node.name}: Ray container {cs[0].state}")
+            between.append(f"{node.name}: {kind} container {cs[0].state}")
     if any_owned and problems:
         if all("spec changed" in p for p in problems):
             return Decision(Phase.CLEANING, "SpecChanged: replacing the deployment", _teardown(cfg, obs, dep, "replace"))
@@ -291,7 +293,7 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
 
     if not any_owned:
         if st.phase in _DEPLOYED:  # everything we ran vanished (a power cut, `docker rm -f` on both nodes)
-            return _repair("gang", "DeploymentLost: no Ray container on any node", (), st, cfg, now)
+            return _repair("gang", f"DeploymentLost: no {kind} container on any node", (), st, cfg, now)
         if not obs.full:
             return Decision(Phase.DETECTING, "")
         unseen = gpu_unknown(obs, cfg, dep)
