@@ -105,12 +105,15 @@ class Actor:
         /proc/sys/vm bound in), so the unit itself keeps ProtectKernelTunables and no capability."""
         if a.node.drop_caches or a.node.remote:
             r = a.shell.run(list(a.node.drop_caches) or commands.DROP_CACHES)
-            if r.rc != 0:
-                raise ActionFailed(f"PageCacheDropFailed: {a.node.name}: {(r.err.strip() or f'exit {r.rc}')[-200:]}")
+            if r.rc != 0:  # not allowed or not there: the same again on retry
+                raise ActionFailed(f"PageCacheDropFailed: {a.node.name}: {(r.err.strip() or f'exit {r.rc}')[-200:]} "
+                                   "(set nodes.drop_caches, or [memory] page_cache = \"never\")", deterministic=True)
             return
+        self._ensure_image(a, image)
         code, out = a.docker.run_once(commands.drop_caches_container(image))
-        if code != 0:
-            raise ActionFailed(f"PageCacheDropFailed: {a.node.name}: helper container exited {code}: {out[-200:]}")
+        if code != 0:  # the image cannot do it (no sh, no sync, no write): the same again on retry
+            raise ActionFailed(f"PageCacheDropFailed: {a.node.name}: helper container exited {code}: {out[-200:]} "
+                               "(set nodes.drop_caches, or [memory] page_cache = \"never\")", deterministic=True)
 
     def _systemctl(self, a: Any, verb: str, unit: str) -> None:
         r = a.shell.run(commands.systemctl(verb, [unit]))

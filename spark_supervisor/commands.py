@@ -143,17 +143,18 @@ def serve_dir(dep: Deployment) -> str:
 # keep and $5 their size cap in MiB (the oldest go first); the rest is the serve's argv. Nothing from
 # config is interpolated into it. It refuses to start while the serve it recorded still runs: two serves
 # on one GPU wedge both, and the supervisor may have launched on a stale view (defence in depth behind the
-# planner's own rule). The serve runs in its own process group (setsid) so a stop reaches its engine
-# core and workers too.
+# planner's own rule). The slot is claimed (the wrapper's own pid recorded) before the cache is pruned,
+# so a look in between sees a serve starting, never "no serve". The serve runs in its own process group
+# (setsid) so a stop reaches its engine core and workers too.
 SERVE_WRAPPER = (
     'd=$1; h=$2; c=$3; k=$4; m=$5; shift 5; mkdir -p "$d" && cd "$d" || exit 1; '
     'p=$(cat pid 2>/dev/null); if [ -n "$p" ] && [ ! -f exit ] && kill -0 "$p" 2>/dev/null; then '
     'echo "spark-serve: pid $p still runs, not starting a second serve" >&2; exit 75; fi; '
+    'rm -f exit; [ -f log ] && mv -f log log.prev; echo "$h" >spec; date -u +%FT%TZ >started; echo $$ >pid; '
     'if [ -n "$c" ]; then mkdir -p "$c/$h/tmp" && touch "$c/$h"; '
     'ls -1t "$c" | tail -n +$((k+1)) | while read -r x; do rm -rf "$c/$x"; done; '
     'while [ "$(du -sm "$c" | cut -f1)" -gt "$m" ] && [ "$(ls -1 "$c" | wc -l)" -gt 1 ]; do '
     'rm -rf "$c/$(ls -1t "$c" | tail -n 1)"; done; fi; '
-    'rm -f exit; [ -f log ] && mv -f log log.prev; echo "$h" >spec; date -u +%FT%TZ >started; '
     'setsid "$@" >log 2>&1 </dev/null & echo $! >pid; wait $!; echo $? >exit'
 )
 

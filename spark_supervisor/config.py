@@ -640,7 +640,9 @@ class Supervisor(_Strict):
     backoff_base: Sec3600 = 5
     backoff_max: SecDay = 300
     ready_when: Literal["serving", "started"] = "serving"
-    start_stall_timeout: SecDay = 600  # no progress this long while starting: stop extending systemd's timeout
+    # No progress this long while starting: stop extending systemd's timeout. Above readiness.stall_timeout
+    # (900): a quiet torch.compile must not get the daemon killed before the stall is even judged.
+    start_stall_timeout: SecDay = 1200
     on_stop: Literal["leave", "teardown"] = "leave"
 
     @model_validator(mode="after")

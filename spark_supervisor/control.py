@@ -90,7 +90,7 @@ def daemon_holds_lock(state_dir: str) -> bool:
     except FileNotFoundError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: a daemon starting now is not turned away
     except BlockingIOError:
         return True
     finally:

@@ -29,6 +29,7 @@ from .model import (
     Action,
     Decision,
     DropPageCache,
+    StartContainer,
     EndpointObservation,
     Observation,
     Phase,
@@ -178,6 +179,8 @@ class Daemon:
             if isinstance(action, DropPageCache):
                 st.page_cache_dropped = st.page_cache_dropped | {action.node}
                 self.metrics.page_cache_dropped(action.node)
+            if isinstance(action, StartContainer):  # a new stage of the start: it may drop once more
+                st.page_cache_dropped = frozenset()
             if isinstance(action, Verify) and verdict is not None:
                 # Readiness and the periodic deep probe feed one tracker: a serve that never answers
                 # its first completion is as wedged as one that stops answering later.
@@ -316,7 +319,8 @@ class Daemon:
         if not tokens or st.kv_cache.get("serve") == serve.identity:
             return
         best_all = statefile.read_json(self.cfg.supervisor.state_dir, "kv.json")
-        best = int(best_all.get(serve.spec_hash, 0) or 0)
+        raw = best_all.get(serve.spec_hash, 0)
+        best = raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else 0  # anything else: none
         share = self.cfg.memory.kv_cache_regression
         regressed = best > 0 and tokens < best * (1 - share)
         st.kv_cache = {"serve": serve.identity, "tokens": tokens, "best": max(best, tokens), "warning": ""}
@@ -467,6 +471,14 @@ class Daemon:
             self.reload_error = f"{self.config_path}: {type(e).__name__}: {e}"[:300]
             self._reload_done()
             return
+        if new.supervisor.state_dir != self.cfg.supervisor.state_dir:
+            # The lock and the control socket live there: moving it would let a second daemon in.
+            self.reload_error = (f"{self.config_path}: supervisor.state_dir cannot change on reload "
+                                 f"(restart the service to move it to {new.supervisor.state_dir})")
+            self.log.error("config.invalid", path=self.config_path, problems=[self.reload_error],
+                           kept="previous config")
+            self._reload_done()
+            return
         self.reload_error = ""
         changed = new != self.cfg
         self.log.info("config.reloaded", path=self.config_path, changed=changed,
@@ -567,7 +579,12 @@ class Daemon:
             if self._wake.wait(step):
                 break
             if quick and self.clock() < deadline:
-                seen, (ray_then, health_then) = self.backend.quick(), self._fingerprint
+                try:
+                    seen = self.backend.quick()
+                except Exception as e:  # a bug or an odd answer between ticks must not end the daemon
+                    self.log.warning("watch.failed", error=f"{type(e).__name__}: {e}"[:200])
+                    seen = self._fingerprint
+                ray_then, health_then = self._fingerprint
                 # The tick may not have looked at /health (no serve yet): then only Ray counts.
                 if seen[0] != ray_then or (health_then != "unknown" and seen[1] != health_then):
                     if self.status.phase == Phase.SERVING:

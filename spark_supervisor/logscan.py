@@ -64,10 +64,17 @@ FAILURES: tuple[tuple[str, bool, str, tuple[str, ...]], ...] = (
     ("ModelNotFound", True, "deployments.serve.model is neither a directory on the node (inside the container: "
      "mount it) nor a model id in the Hugging Face cache; download it first (`hf download <model>`)",
      (r"HFValidationError: Repo id must be", r"is not a local folder and is not a valid model identifier",
-      r"LocalEntryNotFoundError", r"RepositoryNotFoundError", r"does not appear to have a file named config\.json")),
+      r"RepositoryNotFoundError", r"does not appear to have a file named config\.json")),
+    ("HubUnreachable", False, "the model is not on the node and the hub could not be reached (network not up "
+     "yet?): download it first, or wait for the network",
+     (r"LocalEntryNotFoundError", r"We couldn't connect to 'https://huggingface\.co'")),
     ("UnsupportedConfiguration", True, "this vLLM build cannot run this model's shape or dtype on this "
      "hardware: change the model, --dtype or the vLLM image",
-     (r"Unsupported \w+ attention configuration", r"NotImplementedError: ")),
+     (r"Unsupported \w+ attention configuration",)),
+    ("CommandNotFound", True, "the serve's command (or setsid, which runs it) is not in the image: fix "
+     "deployments.serve.command or use an image that has it",
+     (r"^(?:sh|setsid|spark-serve): (?:\d+: )?\S+: (?:not found|No such file or directory)",
+      r"^setsid: failed to execute \S+: No such file or directory")),
     ("MissingRayBackend", True, "pass --distributed-executor-backend ray for multi-node tensor parallelism",
      (r"World size \(\d+\) is larger than the number of available GPUs",)),
     ("PlacementGroupTimeout", True, "node IPs do not match VLLM_HOST_IP or GPUs are missing: check `ray status`",

@@ -72,7 +72,7 @@ def stale_units(o: NodeObservation, cfg: Config) -> tuple[str, ...]:
 
 def _need_mib(o: NodeObservation, dep: Deployment) -> int | None:
     """What --gpu-memory-utilization will ask for on a unified-memory node (GB10: nvidia-smi says N/A)."""
-    if o.memory is None or (o.gpu is not None and o.gpu.total_mib is not None):
+    if o.memory is None or o.gpu is None or o.gpu.total_mib is not None:
         return None
     return int(dep.serve.gpu_memory_utilization * o.memory.total_mib)
 
@@ -145,9 +145,9 @@ def gpu_unknown(obs: Observation, cfg: Config, dep: Deployment) -> list[str]:
     out = []
     for node in cfg.members(dep):
         o = obs.nodes[node.name]
-        if o.gpu is None and o.memory is None:
-            errors = [e for e in o.probe_errors if e.startswith(("nvidia-smi", "meminfo"))]
-            out.append(f"{node.name}: " + ("; ".join(errors) or "GPU memory not read"))
+        errors = [e for e in o.probe_errors if e.startswith(("nvidia-smi", "meminfo"))]
+        if errors or o.gpu is None:  # no process list, or no memory figures: not a reading to start on
+            out.append(f"{node.name}: " + ("; ".join(errors) or "GPU not read"))
     return out
 
 
@@ -155,7 +155,8 @@ def unknowns(obs: Observation, cfg: Config, phase: Phase | None = None) -> dict[
     """What this tick could not see that matters to the deployment: what -> the error. Never evidence.
     (A dashboard that does not answer yet while Ray is starting is the join in progress, not an unknown.)"""
     dep = cfg.deployment
-    out = {f"node {o.name}": o.error for o in obs.nodes.values() if o.error}
+    members = {n.name for n in cfg.members(dep)}
+    out = {f"node {o.name}": o.error for o in obs.nodes.values() if o.error and o.name in members}
     head = obs.nodes.get(cfg.serve_node(dep).name)
     head_up = head is not None and any(c.running for c in _owned(head, dep))
     if (dep.uses_ray and head_up and phase != Phase.STARTING_RAY
@@ -342,11 +343,17 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
                             f"fabric IPs {', '.join(sorted(want_ips))}: set fabric_ip/VLLM_HOST_IP per node",
                             _teardown(cfg, obs, dep, "wrong ip"), fatal=True)
         if not (want_ips <= alive_ips and ray.gpus >= want_gpus):
-            lost = sorted(n.name for n in members if n.fabric_ip not in alive_ips)
+            missing = [n for n in members if n.fabric_ip not in alive_ips]
+            lost = sorted(n.name for n in missing)
             status = f"{len(alive_ips)}/{len(members)} nodes, {ray.gpus:.1f}/{want_gpus:.1f} GPUs"
             if serve_seen or st.phase in (Phase.SERVING, Phase.VERIFYING, Phase.LOADING):
-                return _repair("gang", f"RayNodeLost: {', '.join(lost) or 'GPUs'} ({status})",
-                               _teardown(cfg, obs, dep, "ray node lost"), st, cfg, now)
+                # Evidence is Ray marking the node DEAD (or alive nodes short of GPUs); a node merely not
+                # in the list is held, not torn down for.
+                dead = {n.ip for n in ray.nodes if not n.alive}
+                if not missing or any(n.fabric_ip in dead for n in missing):
+                    return _repair("gang", f"RayNodeLost: {', '.join(lost) or 'GPUs'} ({status})",
+                                   _teardown(cfg, obs, dep, "ray node lost"), st, cfg, now)
+                return Decision(_hold(st), f"RayNodeNotListed: {', '.join(lost)} not in Ray's node list ({status})")
             if st.phase == Phase.STARTING_RAY and st.in_phase(now) > dep.ray.join_timeout:
                 return _repair("gang", f"RayJoinTimeout: {status} after {dep.ray.join_timeout:.0f}s "
                                f"(waiting for {', '.join(lost)})", _teardown(cfg, obs, dep, "join timeout"), st, cfg, now)
@@ -376,7 +383,7 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
     if not s.error:
         if s.spec_hash != sh:
             return Decision(Phase.STARTING_VLLM, "ServeSpecChanged: relaunching",
-                            (StopServe("spec changed"), StartServe()))
+                            (StopServe("spec changed"),))
         if not s.running:
             fail = progress.failure
             if fail is not None and fail.reason == "FreeMemoryBelowUtilization":
@@ -385,7 +392,7 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
                 return Decision(Phase.FAILED, f"ServeFailed: {fail.reason}: {fail.hint} ({fail.line})",
                                 (StopServe("failed"),), fatal=True)
             reason = f"ServeFailed: {fail.reason} ({fail.line})" if fail else f"ServeExited: exit code {s.exit_code}"
-            return _repair("serve", reason, (StopServe("exited"), StartServe()), st, cfg, now)
+            return _repair("serve", reason, (StopServe("exited"),), st, cfg, now)
 
     ep = obs.endpoint
     name = dep.serve.name
@@ -397,13 +404,15 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
         # /health that failed or could not be read is not a reason to leave SERVING.
         return _serving(obs, st, cfg, now)
     if ep is None or ep.state != "up" or name not in ep.models:
+        if s.error:  # the log tail is the last one seen: no stall or deadline is judged on it
+            return Decision(_hold(st), f"ObservationUnknown: serve state: {s.error}")
         if (st.phase == Phase.LOADING and st.load_progress_at
                 and now - st.load_progress_at > dep.readiness.stall_timeout):
             return _repair("serve", f"LoadStalled: no progress for {dep.readiness.stall_timeout:.0f}s at "
-                           f"{progress.summary()}", (StopServe("load stalled"), StartServe()), st, cfg, now)
+                           f"{progress.summary()}", (StopServe("load stalled"),), st, cfg, now)
         if st.phase == Phase.LOADING and st.in_phase(now) > dep.readiness.deadline:
             return _repair("serve", f"LoadTimeout: not ready after {dep.readiness.deadline:.0f}s "
-                           f"({progress.summary()})", (StopServe("load timeout"), StartServe()), st, cfg, now)
+                           f"({progress.summary()})", (StopServe("load timeout"),), st, cfg, now)
         detail = ""  # progress is reported apart from the reason, so history keeps only real changes
         if ep is not None and ep.state == "error":
             detail = f"EndpointError: {ep.detail}"
@@ -413,7 +422,7 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
     if not verified:
         if st.deep.failures >= h.deep_failure_threshold:
             return _repair("serve", f"ServeWedged: {st.deep.failures} sanity completions failed ({st.deep.detail})",
-                           (StopServe("wedged"), StartServe()), st, cfg, now)
+                           (StopServe("wedged"),), st, cfg, now)
         return Decision(Phase.VERIFYING, "sanity completion", (Verify(s.identity),))
     return _serving(obs, st, cfg, now)
 
@@ -444,10 +453,10 @@ def _serving(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
     assert s is not None
     if st.health.failures >= h.health_failure_threshold:
         return _repair("serve", f"ServeUnhealthy: /health failed {st.health.failures} times ({st.health.detail})",
-                       (StopServe("unhealthy"), StartServe()), st, cfg, now)
+                       (StopServe("unhealthy"),), st, cfg, now)
     if st.deep.failures >= h.deep_failure_threshold:
         return _repair("serve", f"ServeWedged: {st.deep.failures} deep probes failed ({st.deep.detail})",
-                       (StopServe("wedged"), StartServe()), st, cfg, now)
+                       (StopServe("wedged"),), st, cfg, now)
     serving = f"{dep.serve.name} on {len(cfg.members(dep))} nodes"
     if now - max(st.deep.last_at, st.since) >= h.deep_probe_interval:
         return Decision(Phase.SERVING, serving, (Verify(s.identity, deep=True),))

@@ -52,7 +52,7 @@ class QuickProbe:
             if status != 200:
                 return RayObservation(False, f"HTTP {status}")
             return RayObservation(True, nodes=parse_nodes(json.loads(body)))
-        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as e:
+        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError, AttributeError) as e:
             return RayObservation(False, type(e).__name__)
 
     def health(self) -> EndpointObservation:

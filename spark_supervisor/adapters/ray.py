@@ -25,6 +25,6 @@ class RayDashboard:
             nodes = parse_nodes(r.json())
         except httpx.HTTPError as e:
             return RayObservation(False, f"RayDashboardUnreachable: {type(e).__name__} {e}"[:200])
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             return RayObservation(False, f"RayDashboardUnreadable: {e}"[:200])
         return RayObservation(True, nodes=nodes)

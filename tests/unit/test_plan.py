@@ -178,7 +178,7 @@ def test_ray_formed_launches_the_serve_once() -> None:
 def test_serve_of_an_old_spec_is_relaunched_without_touching_ray() -> None:
     s = replace(serve_running(C), spec_hash="old")
     d = plan(obs(C, deployed=True, serve=s), status(Phase.SERVING), C, 1)
-    assert d.actions == (StopServe("spec changed"), StartServe())
+    assert d.actions == (StopServe("spec changed"),)
 
 
 def test_loading_is_refused_connections_with_progress_and_a_deadline() -> None:
@@ -188,7 +188,7 @@ def test_loading_is_refused_connections_with_progress_and_a_deadline() -> None:
     assert (d.phase, d.failure, d.actions) == (Phase.LOADING, False, ())
     d = plan(o, status(Phase.LOADING, since=0), C, C.deployment.readiness.deadline + 1)
     assert d.repair == "serve" and d.reason == "LoadTimeout: not ready after 1200s (12/39 shards)"
-    assert d.actions == (StopServe("load timeout"), StartServe())
+    assert d.actions == (StopServe("load timeout"),)
 
 
 def test_serve_exit_is_read_from_its_log() -> None:
@@ -201,7 +201,7 @@ def test_serve_exit_is_read_from_its_log() -> None:
     assert d.actions == (StopServe("failed"),)
     s = replace(s, log_tail="bye\n")
     d = plan(obs(C, deployed=True, serve=s), status(), C, 1)
-    assert (d.reason, d.repair, d.actions) == ("ServeExited: exit code 2", "serve", (StopServe("exited"), StartServe()))
+    assert (d.reason, d.repair, d.actions) == ("ServeExited: exit code 2", "serve", (StopServe("exited"),))
 
 
 def test_listed_model_is_verified_then_serving() -> None:
@@ -228,10 +228,18 @@ def test_api_up_without_the_model_keeps_loading() -> None:
 
 
 def test_ray_node_lost_while_serving_is_a_gang_restart() -> None:
-    lost = RayObservation(True, nodes=(RayNode("a", "192.168.200.12", True, 1.0),))
+    lost = RayObservation(True, nodes=(RayNode("a", "192.168.200.12", True, 1.0),
+                                       RayNode("b", "192.168.200.13", False, 1.0)))  # marked DEAD by Ray
     d = plan(obs(C, deployed=True, ray=lost, serve=serve_running(C)), status(Phase.SERVING), C, 1)
     assert d.phase == Phase.CLEANING and d.reason.startswith("RayNodeLost: spark-2")
     assert {a.node for a in d.actions if isinstance(a, RemoveContainers)} == {"spark-1", "spark-2"}
+
+
+def test_a_ray_node_merely_missing_from_the_list_is_held_not_torn_down() -> None:
+    partial = RayObservation(True, nodes=(RayNode("a", "192.168.200.12", True, 1.0),))
+    d = plan(obs(C, deployed=True, ray=partial, serve=serve_running(C)), status(Phase.SERVING), C, 1)
+    assert d.phase == Phase.SERVING and not d.repair and not d.actions
+    assert d.reason.startswith("RayNodeNotListed: spark-2")
 
 
 def test_containers_owned_by_a_renamed_deployment_are_orphans() -> None:
@@ -261,7 +269,7 @@ def test_liveness_thresholds_then_a_serve_only_repair() -> None:
     assert plan(o, serving_status(health=Tracker(failures=1)), C, 10).phase == Phase.SERVING
     d = plan(o, serving_status(health=Tracker(failures=2, detail="refused")), C, 10)
     assert d.repair == "serve" and d.reason == "ServeUnhealthy: /health failed 2 times (refused)"
-    assert d.actions == (StopServe("unhealthy"), StartServe())
+    assert d.actions == (StopServe("unhealthy"),)
     d = plan(o, serving_status(deep=Tracker(failures=2, detail="no answer within 30s", last_at=9)), C, 10)
     assert d.repair == "serve" and d.reason.startswith("ServeWedged: 2 deep probes failed (no answer")
 

@@ -19,7 +19,7 @@ from spark_supervisor.model import (
     Verdict,
 )
 from spark_supervisor.plan import plan, unknowns
-from tests.helpers import cfg, node_obs, obs, ray_container, ray_ok, serve_running
+from tests.helpers import cfg, data, node_obs, obs, ray_container, ray_ok, serve_running
 
 C = cfg()
 UP = EndpointObservation("up", health=200, models=("Qwen3.5",))
@@ -181,3 +181,32 @@ def test_a_dashboard_that_does_not_answer_yet_while_ray_starts_is_the_join_not_a
     assert d.phase == Phase.STARTING_RAY and d.reason.startswith("0/2 nodes")
     d = plan(o, st, C, C.deployment.ray.join_timeout + 1)
     assert d.repair == "gang" and d.reason.startswith("RayJoinTimeout")
+
+
+def test_a_stale_log_carried_over_a_failed_exec_is_never_judged_a_stalled_load() -> None:
+    s = replace(serve_running(C, log="Loading safetensors checkpoint shards:  2% Completed | 1/39 [00:18<11:00]\r"),
+                error="DockerTimeout: exec")
+    st = Status(load_progress_at=100)
+    st.advance(Phase.LOADING, "", 0, 0)
+    d = plan(obs(C, deployed=True, serve=s, endpoint=EndpointObservation("refused")), st, C,
+             200 + C.deployment.readiness.stall_timeout + C.deployment.readiness.deadline)
+    assert d.phase == Phase.LOADING and not destructive(d)
+    assert d.reason.startswith("ObservationUnknown: serve state")
+
+
+def test_nvidia_smi_failing_alone_still_starts_nothing() -> None:
+    blind = node_obs("spark-2", gpu=None, probe_errors=("nvidia-smi: CommandTimeout: nvidia-smi did not finish",))
+    st = Status()
+    st.advance(Phase.CLEANING, "", 0, 0)
+    d = plan(obs(C, nodes={"spark-1": node_obs("spark-1"), "spark-2": blind}), st, C, 1)
+    assert not d.actions and d.reason.startswith("ObservationUnknown: GPU memory: spark-2: nvidia-smi")
+
+
+def test_a_node_outside_the_deployment_that_cannot_be_seen_does_not_degrade_it() -> None:
+    d0 = data()
+    d0["deployments"][0]["nodes"] = ["spark-1"]
+    d0["deployments"][0]["serve"].update(tensor_parallel_size=1, distributed_executor_backend="mp")
+    c = cfg(d0)
+    o = obs(c, deployed=True, nodes={"spark-1": node_obs("spark-1", (ray_container(c, "spark-1"),)),
+                                      "spark-2": NodeObservation("spark-2", error="SshUnreachable: x")})
+    assert unknowns(o, c) == {}
