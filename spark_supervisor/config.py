@@ -422,6 +422,7 @@ _SERVE_FLAGS: dict[str, str | None] = {
     "--served-model-name": "deployments.serve.served_model_name",
     "--reasoning-parser": "deployments.serve.reasoning_parser",
     "--tool-call-parser": "deployments.serve.tool_call_parser",
+    # Refused in extra_args (it would put the key on argv); the key goes through VLLM_API_KEY instead.
     "--api-key": "deployments.readiness.api_key_file or api_key_env",
 }
 _RAY_FLAGS: dict[str, str | None] = {

@@ -8,11 +8,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+
+from spark_testbed.testbed import until
 
 
 def free_port() -> int:
@@ -37,10 +38,11 @@ class StandinProcess:
         return self.log.read_text(errors="replace")
 
     def until(self, cond: Callable[[], object], what: str, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            assert time.monotonic() < deadline, f"{what}:\n{self.text()[-2000:]}"
-            time.sleep(0.02)
+        """The testbed's own deadline wait; a timeout shows the stand-in's log."""
+        try:
+            until(cond, timeout, what, every=0.02)
+        except TimeoutError as e:
+            raise AssertionError(f"{e}:\n{self.text()[-2000:]}") from None
 
     def started(self) -> str:
         self.until(lambda: "Application startup complete." in self.text() or self.proc.poll() is not None,

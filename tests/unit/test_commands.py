@@ -1,10 +1,10 @@
 import os
 import shlex
 import subprocess
-import time
 from pathlib import Path
 
 from spark_supervisor import commands
+from spark_testbed.testbed import until
 from spark_supervisor.config import OWNER_LABEL
 from tests.helpers import cfg, data
 
@@ -63,10 +63,7 @@ def _sh(argv: list[str], **kw) -> subprocess.CompletedProcess[str]:
 
 
 def _wait(cond, what: str) -> None:
-    deadline = time.monotonic() + 10
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
+    until(cond, 10, what, every=0.02)
 
 
 def test_the_wrapper_records_the_serve_refuses_a_second_one_and_stop_ends_its_process_group(tmp_path) -> None:
