@@ -10,10 +10,12 @@ from collections.abc import Callable
 
 from . import commands
 from . import retry as retry_mod
-from .adapters import AdapterError
-from .config import serve_hash
+from .adapters import AdapterError, NotFoundError
+from .config import Node, ray_hash, serve_hash
 from .model import (
     Action,
+    CheckImage,
+    ImageReport,
     DropPageCache,
     RemoveContainers,
     StartContainer,
@@ -24,6 +26,7 @@ from .model import (
     Verify,
 )
 from .observe import World
+from .preflight import parse_image_probe
 
 
 class ActionFailed(Exception):
@@ -42,13 +45,13 @@ class Actor:
         # A transient engine/SSH hiccup is retried within one operation, as the config's [retry] says.
         self._retry = retry_mod.from_config(world.cfg.retry)
 
-    def run(self, action: Action) -> Verdict | None:
+    def run(self, action: Action) -> Verdict | ImageReport | None:
         try:
             return self._dispatch(action)
         except AdapterError as e:
             raise ActionFailed(str(e)) from None
 
-    def _dispatch(self, action: Action) -> Verdict | None:
+    def _dispatch(self, action: Action) -> Verdict | ImageReport | None:
         w, cfg = self.world, self.world.cfg
         dep = cfg.deployment
         match action:
@@ -67,28 +70,44 @@ class Actor:
                 for name, existed in zip(names, removed, strict=True):
                     if existed:
                         self.log.info("clean.container_removed", node=node, container=name, why=why)
-            case StartContainer(node=node):
+            case CheckImage(node=node):
                 a = w.nodes[node]
-                spec = commands.node_container(cfg, dep, a.node)
+                spec = commands.image_probe(cfg, dep, a.node)
+                self._ensure_image(a, spec.image)
+                code, out = a.docker.run_once(spec)
+                if code != 0:  # the probe itself always exits 0: the image could not even run sh
+                    raise ActionFailed(f"ImageCheckFailed: {node}: {spec.image} exited {code}: {out.strip()[-200:]}",
+                                       deterministic=code in (126, 127))
+                report = parse_image_probe(node, spec.image, ray_hash(cfg, dep), out)
+                self.log.info("image.checked", node=node, image=spec.image, ray=report.ray_version or None,
+                              ray_present=bool(report.ray_path), dashboard=report.dashboard,
+                              vllm=report.vllm_version or None, vllm_present=bool(report.vllm_path),
+                              python=report.ray_python or report.vllm_python)
+                return report
+            case StartContainer(node=node, dashboard=dashboard):
+                a = w.nodes[node]
+                spec = commands.node_container(cfg, dep, a.node, dashboard=dashboard)
                 self._ensure_image(a, spec.image)
                 cid = self._retry(a.docker.run)(spec)
                 self.log.info("ray.container_started", node=node, container=spec.name, id=cid,
                               role=a.node.role, node_ip=a.node.fabric_ip)
             case StartServe():
-                head = w.head()
-                container = commands.node_container_name(dep, cfg.serve_node(dep))
                 sh = serve_hash(cfg, dep)
-                argv = commands.serve_launch(cfg, dep, sh)
-                head.docker.exec(container, argv, env=commands.serve_env(cfg, dep, sh), detach=True)
-                self.log.info("serve.launched", container=container, argv=commands.serve_argv(dep),
-                              log=f"{commands.serve_dir(dep)}/log")
+                for rank in commands.serve_nodes(cfg, dep):  # rank 0 first: the others connect to it
+                    container = commands.node_container_name(dep, rank)
+                    w.nodes[rank.name].docker.exec(container, commands.serve_launch(cfg, dep, sh, rank),
+                                                   env=commands.serve_env(cfg, dep, sh, rank), detach=True)
+                    self.log.info("serve.launched", node=rank.name, container=container,
+                                  argv=commands.serve_argv(dep, commands.rank_args(cfg, dep, rank)),
+                                  log=f"{commands.serve_dir(dep)}/log")
             case DropPageCache(node=node, why=why):
                 self._drop_page_cache(w.nodes[node], dep.ray.image)
                 self.log.info("memory.page_cache_dropped", node=node, why=why)
             case StopServe(why=why):
-                container = commands.node_container_name(dep, cfg.serve_node(dep))
-                w.head().docker.exec(container, commands.serve_stop(dep), what="serve stop")
-                self.log.info("serve.stopped", container=container, why=why)
+                nodes = commands.serve_nodes(cfg, dep)
+                with ThreadPoolExecutor(max_workers=len(nodes)) as pool:  # every rank: one does not outlive the rest
+                    list(pool.map(self._stop_serve, nodes))
+                self.log.info("serve.stopped", nodes=[n.name for n in nodes], why=why)
             case Verify(serve=serve, deep=deep):
                 r = dep.readiness
                 timeout = cfg.healing.deep_probe_timeout if deep else r.request_timeout
@@ -98,6 +117,14 @@ class Actor:
                     event, why=v.why, finish_reason=v.finish_reason, field=v.field, latency_s=v.latency_s, ran=v.ran)
                 return v
         return None
+
+    def _stop_serve(self, node: Node) -> None:
+        dep = self.world.cfg.deployment
+        try:
+            self.world.nodes[node.name].docker.exec(commands.node_container_name(dep, node), commands.serve_stop(dep),
+                                                    what="serve stop")
+        except NotFoundError:
+            pass  # its container is gone, and the serve with it
 
     def _drop_page_cache(self, a: Any, image: str) -> None:
         """sync; echo 3 > /proc/sys/vm/drop_caches on the node. The node's own command when configured;

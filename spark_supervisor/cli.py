@@ -45,6 +45,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         world.close()
     problems = [f"{o.name}: unreachable: {o.error}" for o in obs.nodes.values() if o.error]
     problems += preflight(cfg, obs)
+    problems += _check_images(cfg, [n for n in cfg.members(dep) if not obs.nodes[n.name].error])
     if obs.ray is not None and obs.ray.reachable:
         fabric = {n.fabric_ip for n in cfg.members(dep)}
         problems += [f"Ray node {n.node_id[:12]} registered with {n.ip}, not a fabric IP"
@@ -53,6 +54,35 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"preflight: {p}")
     print("preflight: OK" if not problems else f"preflight: {len(problems)} problem(s)")
     return 1 if problems else 0
+
+
+def _check_images(cfg: Any, nodes: list[Any]) -> list[str]:
+    """The image check the daemon runs before a first start, on every reachable node; prints what each holds."""
+    import structlog
+
+    from .act import ActionFailed, Actor
+    from .model import CheckImage, ImageReport
+    from .observe import World
+    from .preflight import image_problem
+    dep = cfg.deployment
+    world = World(cfg)
+    problems, reports = [], {}
+    try:
+        actor = Actor(world, structlog.get_logger())
+        for node in nodes:
+            try:
+                r = actor.run(CheckImage(node.name))
+            except ActionFailed as e:
+                problems.append(f"{node.name}: image check failed: {e.reason}")
+                continue
+            assert isinstance(r, ImageReport)
+            reports[node.name] = r
+            print(f"image {dep.ray.image} on {node.name}: {r.summary(dep.uses_ray)}"
+                  + ("" if r.dashboard or not dep.uses_ray else " (Ray will be read through its GCS)"))
+    finally:
+        world.close()
+    found = image_problem(cfg, dep, reports)
+    return problems + ([f"{found[0]}: {found[1]}"] if found else [])
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -172,14 +202,20 @@ def cmd_status(args: argparse.Namespace) -> int:
                  f"driver {gpu.get('driver') or '?'}, memory MiB: free {mem.get('free_mib', '?')}, cached "
                  f"{mem.get('cached_mib', '?')}, available {mem.get('available_mib', '?')} of "
                  f"{mem.get('total_mib', '?')}, owned: {cs}"))
+        if n.get("image"):
+            print(f"  image {n['image']['image']}: {n['image']['summary']}")
     ray = doc.get("ray")
     if ray:
-        print(f"ray: {'up' if ray['reachable'] else 'down'}, {ray['nodes_alive']} nodes alive, {ray['gpus']} GPUs"
-              + (f" ({ray['error']})" if ray.get("error") else ""))
+        print(f"ray ({ray.get('via', 'dashboard')}): {'up' if ray['reachable'] else 'down'}, {ray['nodes_alive']} "
+              f"nodes alive, {ray['gpus']} GPUs" + (f" ({ray['error']})" if ray.get("error") else ""))
     serve = doc.get("serve")
     if serve:
         state = "running" if serve["running"] else f"exited {serve['exit_code']}"
         print(f"serve: pid {serve['pid']} {state} since {serve['started_at'] or '?'}")
+        for node, r in (serve.get("ranks") or {}).items():
+            what = ("no container" if r is None else f"unknown ({r['error']})" if r["error"] else
+                    f"pid {r['pid']} running" if r["running"] else f"pid {r['pid']} exited {r['exit_code']}")
+            print(f"  rank on {node}: {what}")
     load = doc.get("load") or {}
     if load.get("timeline"):
         steps = ", ".join(f"{x['milestone']} {x['seconds']:.0f}s" if x.get("seconds") is not None else x["milestone"]

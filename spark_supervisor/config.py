@@ -38,6 +38,7 @@ OWNER_LABEL = "spark-supervisor.owner"
 HASH_LABEL = "spark-supervisor.spec-hash"
 NODE_LABEL = "spark-supervisor.node"
 ROLE_LABEL = "spark-supervisor.role"
+RAY_STATE_LABEL = "spark-supervisor.ray-state"  # on a Ray head: "dashboard" (REST) or "gcs" (no dashboard)
 LABEL_PREFIX = "spark-supervisor."
 
 # Set per node from nodes[].fabric_ip / fabric_interface (commands.node_env); never shared between nodes.
@@ -543,8 +544,11 @@ class Serve(_Strict):
     port: Port = 8000
     reasoning_parser: str = ""
     tool_call_parser: str = ""
-    # "ray": Ray containers on every node, the serve in the head's; "mp": one node, one container, no Ray.
+    # "ray": Ray containers on every node, the serve in the head's. "mp": no Ray; one container per node
+    # with the serve in each (several nodes: vLLM's own multi-node mode, rank 0 on the head with the API,
+    # `--headless` ranks on the others, rendezvous at the head's fabric IP on master_port).
     distributed_executor_backend: Literal["ray", "mp"] = "ray"
+    master_port: Port = 29501
     placement_strategy: Literal["SPREAD", "PACK", ""] = "SPREAD"
     extra_args: list[str] = []
     env: dict[SharedEnvName, str] = {}
@@ -776,15 +780,12 @@ class Config(_Strict):
                                  "GPUs (nodes[].gpus, deployments.nodes)"))
             if dep.nodes and not any(n.role == "head" for n in members):
                 problems.append((f"deployments[{d}].nodes", "must include the head node"))
-            if dep.serve.distributed_executor_backend == "mp" and len(members) > 1:
-                problems.append((f"deployments[{d}].serve.distributed_executor_backend",
-                                 f"\"mp\" runs on one node, and this deployment spans {len(members)} "
-                                 f"({', '.join(n.name for n in members)}): use \"ray\" across nodes, or list "
-                                 "one node in deployments.nodes"))
             # Everything below listens on the head's host network: one port each.
-            ports = [(f"deployments[{d}].ray.port", dep.ray.port),
-                     (f"deployments[{d}].ray.dashboard_port", dep.ray.dashboard_port),
-                     (f"deployments[{d}].serve.port", dep.serve.port)]
+            ports = ([(f"deployments[{d}].ray.port", dep.ray.port),
+                      (f"deployments[{d}].ray.dashboard_port", dep.ray.dashboard_port)] if dep.uses_ray else [])
+            ports.append((f"deployments[{d}].serve.port", dep.serve.port))
+            if not dep.uses_ray and len(members) > 1:
+                ports.append((f"deployments[{d}].serve.master_port", dep.serve.master_port))
             if self.metrics.listen:
                 ports.append(("metrics.listen", self.metrics.port))
             for i, (key, port) in enumerate(ports):

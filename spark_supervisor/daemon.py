@@ -27,7 +27,9 @@ from .adapters.shell import control_dir
 from .config import Config
 from .model import (
     Action,
+    CheckImage,
     Decision,
+    ImageReport,
     DropPageCache,
     StartContainer,
     EndpointObservation,
@@ -66,7 +68,7 @@ class Backend(Protocol):
     """What the loop needs from the world; RealBackend in production, a fake in unit tests."""
 
     def observe(self, full: bool) -> Observation: ...
-    def run(self, action: Action) -> Verdict | None: ...
+    def run(self, action: Action) -> Verdict | ImageReport | None: ...
     def quick(self) -> Fingerprint: ...
     def teardown(self) -> list[str]: ...
     def close(self) -> None: ...
@@ -81,11 +83,13 @@ class RealBackend:
     def observe(self, full: bool) -> Observation:
         return self.observer.observe(full)
 
-    def run(self, action: Action) -> Verdict | None:
+    def run(self, action: Action) -> Verdict | ImageReport | None:
         return self.actor.run(action)
 
     def quick(self) -> Fingerprint:
-        return fingerprint(self.quick_probe.ray_nodes(), self.quick_probe.health())
+        # Without a dashboard Ray is read at ticks only (observe.Observer._ray_gcs): its last reading stands.
+        ray = self.quick_probe.ray_nodes() if self.observer.ray_via == "dashboard" else self.observer.last_ray
+        return fingerprint(ray, self.quick_probe.health())
 
     def teardown(self) -> list[str]:
         return teardown(self.world, self.log)
@@ -175,6 +179,9 @@ class Daemon:
                 self.log.warning("action.failed", action=type(action).__name__, reason=result.reason)
                 failure, fatal = result.reason, result.deterministic
                 break
+            if isinstance(result, ImageReport):
+                st.images[result.node] = result
+                continue
             verdict = result
             if isinstance(action, DropPageCache):
                 st.page_cache_dropped = st.page_cache_dropped | {action.node}
@@ -216,14 +223,15 @@ class Daemon:
             return min(cfg.deployment.readiness.poll_interval, cfg.supervisor.interval)
         return cfg.supervisor.transition_interval
 
-    def _run(self, actions: tuple[Action, ...]) -> list[tuple[Action, Verdict | ActionFailed | None]]:
-        """Run actions in order; consecutive removals (one per node) run at once. Stops at a failure."""
-        done: list[tuple[Action, Verdict | ActionFailed | None]] = []
+    def _run(self, actions: tuple[Action, ...]) -> list[tuple[Action, Verdict | ImageReport | ActionFailed | None]]:
+        """Run actions in order; consecutive removals or image checks (one per node) run at once. Stops at a
+        failure."""
+        done: list[tuple[Action, Verdict | ImageReport | ActionFailed | None]] = []
         i = 0
         while i < len(actions):
             j = i + 1
-            while (isinstance(actions[i], RemoveContainers) and j < len(actions)
-                   and isinstance(actions[j], RemoveContainers)):
+            while (isinstance(actions[i], RemoveContainers | CheckImage) and j < len(actions)
+                   and type(actions[j]) is type(actions[i])):
                 j += 1
             batch = actions[i:j]
             self.notifier.watchdog(self.clock())  # still the main loop: a long tick is not a hung one
@@ -240,7 +248,7 @@ class Daemon:
             i = j
         return done
 
-    def _run_one(self, action: Action) -> Verdict | ActionFailed | None:
+    def _run_one(self, action: Action) -> Verdict | ImageReport | ActionFailed | None:
         try:
             return self.backend.run(action)
         except ActionFailed as e:
@@ -609,6 +617,7 @@ class Daemon:
         """Leave FAILED (and forget the repair budget when the operator asks for a reset)."""
         st = self.status
         self._best_rank = 0
+        st.images = {}  # the image may have been fixed under the same name: check it again
         if why == "reset":
             self.repairs.clear()
             self.log.info("reconcile.reset", budget_cleared=True, phase=st.phase.value)

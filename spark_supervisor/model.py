@@ -102,6 +102,7 @@ class RayObservation:
     error: str = ""
     version: str = ""
     nodes: tuple[RayNode, ...] = ()
+    via: str = "dashboard"  # "dashboard" (its REST API) or "gcs" (asked in the head container: no dashboard)
 
     @property
     def alive(self) -> tuple[RayNode, ...]:
@@ -144,6 +145,32 @@ class EndpointObservation:
 
 
 @dataclass(frozen=True)
+class ImageReport:
+    """What a node's copy of the deployment's image holds (commands.IMAGE_PROBE). Versions: "" when the
+    command is there but its version could not be read; paths "" when the command is not there."""
+
+    node: str
+    image: str
+    key: str  # the ray_hash it was checked for: a new image, mounts or env means a new check
+    ray_path: str = ""
+    ray_version: str = ""
+    ray_python: str = ""
+    dashboard: bool = False
+    dashboard_detail: str = ""
+    vllm_path: str = ""
+    vllm_version: str = ""
+    vllm_python: str = ""
+
+    def summary(self, uses_ray: bool = True) -> str:
+        ray = (f"ray {self.ray_version or '?'} ({'with' if self.dashboard else 'without'} dashboard, "
+               f"Python {self.ray_python or '?'})" if self.ray_path else "no ray")
+        vllm = f"vllm {self.vllm_version or '?'}" if self.vllm_path else "no vllm"
+        if self.vllm_path and self.vllm_python:
+            vllm += f" (Python {self.vllm_python})"
+        return f"{ray}, {vllm}" if uses_ray else vllm
+
+
+@dataclass(frozen=True)
 class Observation:
     at: float
     full: bool
@@ -151,6 +178,8 @@ class Observation:
     ray: RayObservation | None = None
     serve: ServeObservation | None = None
     endpoint: EndpointObservation | None = None
+    # mp across nodes: the headless ranks' serves, node -> as ``serve`` (None: no running container there)
+    followers: dict[str, ServeObservation | None] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------- actions
@@ -172,6 +201,7 @@ class RemoveContainers:
 @dataclass(frozen=True)
 class StartContainer:
     node: str
+    dashboard: bool = True  # the image's Ray has its dashboard (the image check): the head starts one
 
 
 @dataclass(frozen=True)
@@ -180,6 +210,13 @@ class DropPageCache:
 
     node: str
     why: str = ""
+
+
+@dataclass(frozen=True)
+class CheckImage:
+    """Run the image check (commands.IMAGE_PROBE) on a node before the deployment's first start there."""
+
+    node: str
 
 
 @dataclass(frozen=True)
@@ -200,7 +237,8 @@ class Verify:
     deep: bool = False
 
 
-Action = StopUnits | RemoveContainers | StartContainer | DropPageCache | StopServe | StartServe | Verify
+Action = (StopUnits | RemoveContainers | CheckImage | StartContainer | DropPageCache | StopServe | StartServe
+          | Verify)
 
 
 def describe(action: Action) -> dict[str, Any]:
@@ -287,6 +325,7 @@ class Status:
     unknown_run_since: float = 0.0  # start of the unbroken run of ticks with something unseen (0: none)
     page_cache_dropped: frozenset[str] = frozenset()  # nodes dropped since the bring-up began (reset at SERVING)
     kv_cache: dict[str, Any] = field(default_factory=dict)  # tokens, best for this spec, warning
+    images: dict[str, ImageReport] = field(default_factory=dict)  # node -> its image check (this run)
 
     def advance(self, phase: Phase, reason: str, now: float, wall: float) -> bool:
         """Set the phase; return True when it (or its reason) changed."""

@@ -15,10 +15,10 @@ from . import commands
 from .adapters import AdapterError, Unreachable
 from .adapters.docker import DockerEngine
 from .adapters.nvidia import parse_meminfo, parse_smi_xml
-from .adapters.ray import RayDashboard
+from .adapters.ray import RayDashboard, read_nodes
 from .adapters.shell import NodeShell
 from .adapters.vllm import VllmApi
-from .config import Config, Node
+from .config import RAY_STATE_LABEL, Config, Node
 from .preflight import parse_ip_addr
 from .model import (
     Container,
@@ -165,17 +165,18 @@ def parse_serve_state(out: str, container_id: str = "") -> ServeObservation:
     return ServeObservation(True, pid, container_id, running, code, spec, started, tail)
 
 
-def observe_serve(world: World, head_container: Container | None) -> ServeObservation | None:
-    """None: no running head container to look in. Raises AdapterError when the exec fails: unknown."""
-    if head_container is None or not head_container.running:
+def observe_serve(world: World, container: Container | None, node: str = "") -> ServeObservation | None:
+    """None: no running container to look in. Raises AdapterError when the exec fails: unknown."""
+    if container is None or not container.running:
         return None
     dep = world.cfg.deployment
-    code, out = world.head().docker.exec(head_container.name, commands.serve_state(dep), what="serve state")
+    engine = world.nodes[node].docker if node else world.head().docker
+    code, out = engine.exec(container.name, commands.serve_state(dep), what="serve state")
     if code == 3:
         return ServeObservation(False)
     if code != 0:
         raise AdapterError("ServeStateFailed", f"the serve-state script exited {code}: {out.strip()[-200:]}")
-    serve = parse_serve_state(out, head_container.id)
+    serve = parse_serve_state(out, container.id)
     key = dep.api_key
     if key and key in serve.log_tail:  # vLLM echoes its arguments and environment in some versions
         serve = dataclasses.replace(serve, log_tail=serve.log_tail.replace(key, "[redacted]"))
@@ -187,11 +188,16 @@ class Observer:
         self.world, self.clock = world, clock
         self._serve: ServeObservation | None = None
         self._endpoint: EndpointObservation | None = None
+        self._followers: dict[str, ServeObservation | None] = {}
+        self._watched = False  # this tick's serve was judged by /health alone (the healthy watch)
+        self.ray_via = "dashboard"  # how the running Ray head is read: its container's label says
+        self.last_ray: RayObservation | None = None
 
     def _serve_and_endpoint(self, head_c: Container | None, full: bool, node_error: str) -> tuple[
             ServeObservation | None, EndpointObservation | None]:
         w = self.world
         last, ep_last = self._serve, self._endpoint
+        self._watched = False
         if node_error:  # the serve's node could not be seen: its serve is unknown, not gone
             return (dataclasses.replace(last or ServeObservation(False), error=f"its node: {node_error}"),
                     w.api.observe())
@@ -201,13 +207,9 @@ class Observer:
             # exec into the container and the model list until the next full observation.
             health = w.api.observe_health()
             if health.state == "up" and health.health == 200:
+                self._watched = True
                 return last, EndpointObservation("up", "", 200, ep_last.models)
-        try:
-            serve = observe_serve(w, head_c)
-        except AdapterError as e:
-            # Could not look: carry the last state seen, marked unknown; never read as "no serve".
-            seen = last if last is not None and head_c is not None and last.container_id == head_c.id else None
-            serve = dataclasses.replace(seen or ServeObservation(False), error=str(e))
+        serve = self._look(head_c, "", last)
         endpoint = w.api.observe() if serve is not None and (serve.running or serve.error) else None
         if endpoint is None and serve is not None:
             endpoint = EndpointObservation("unknown")
@@ -216,24 +218,88 @@ class Observer:
         self._endpoint = endpoint
         return serve, endpoint
 
+    def _look(self, c: Container | None, node: str, last: ServeObservation | None) -> ServeObservation | None:
+        """One serve's state; a failed look carries the last state seen, marked unknown (never "no serve")."""
+        try:
+            return observe_serve(self.world, c, node)
+        except AdapterError as e:
+            seen = last if last is not None and c is not None and last.container_id == c.id else None
+            return dataclasses.replace(seen or ServeObservation(False), error=str(e))
+
+    def _followers_of(self, nodes: dict[str, NodeObservation], skip: bool) -> dict[str, ServeObservation | None]:
+        """mp across nodes: the headless ranks, each in its node's container (in parallel: SSH round trips).
+        While the head's serve is watched as healthy (``skip``) their last states stand, as the head's does."""
+        cfg, w = self.world.cfg, self.world
+        dep = cfg.deployment
+        if not commands.multi_node_mp(cfg, dep):
+            return {}
+        out: dict[str, ServeObservation | None] = {}
+        pending = {}
+        for node in commands.serve_nodes(cfg, dep)[1:]:
+            o, last = nodes[node.name], self._followers.get(node.name)
+            name = commands.node_container_name(dep, node)
+            c = next((x for x in o.containers if x.name == name), None)
+            if o.error:
+                out[node.name] = dataclasses.replace(last or ServeObservation(False), error=f"its node: {o.error}")
+            elif skip and last is not None and c is not None and c.id == last.container_id and last.running:
+                out[node.name] = last
+            else:
+                pending[node.name] = w.pool.submit(self._look, c, node.name, last)
+        for name, f in pending.items():
+            try:
+                out[name] = f.result(timeout=self.world.cfg.supervisor.io_timeout + 10)
+            except cf.TimeoutError:
+                out[name] = dataclasses.replace(self._followers.get(name) or ServeObservation(False),
+                                                error="ServeStateTimeout: no answer")
+        self._followers.update({k: v for k, v in out.items() if v is None or not v.error})
+        return out
+
+    def _ray_gcs(self, head_c: Container | None, full: bool, serving: bool) -> RayObservation:
+        """Ray without its dashboard: the GCS asked inside the head container. It costs a Python start
+        (about 0.4 s of CPU), so while a serve runs it is read at full observations only; in between the
+        last reading stands (a lost node shows first as the serve's own death)."""
+        last = self.last_ray
+        if not full and serving and last is not None and last.via == "gcs" and last.reachable:
+            return last
+        if head_c is None or not head_c.running:
+            return RayObservation(False, "RayHeadNotRunning", via="gcs")
+        cfg = self.world.cfg
+        timeout = cfg.supervisor.io_timeout
+        try:
+            code, out = self.world.head().docker.exec(head_c.name, commands.ray_nodes(cfg, cfg.deployment, timeout),
+                                                      what="ray nodes")
+        except AdapterError as e:
+            return RayObservation(False, f"RayGcsUnreachable: {e}"[:200], via="gcs")
+        if code != 0:
+            return RayObservation(False, f"RayGcsUnreachable: exit {code}: {out.strip()[-200:]}", via="gcs")
+        return read_nodes(out.strip().splitlines()[-1] if out.strip() else "", "gcs")
+
     def observe(self, full: bool) -> Observation:
         w, cfg = self.world, self.world.cfg
+        dep = cfg.deployment
         timeout = cfg.supervisor.io_timeout + cfg.supervisor.ssh_connect_timeout + 5
         futures = {name: w.pool.submit(observe_node, a, cfg, full, w.probes) for name, a in w.nodes.items()}
-        ray_f = w.pool.submit(w.ray.observe) if cfg.deployment.uses_ray else None
+        ray_f = w.pool.submit(w.ray.observe) if dep.uses_ray and self.ray_via == "dashboard" else None
         nodes: dict[str, NodeObservation] = {}
         for name, f in futures.items():
             try:
                 nodes[name] = f.result(timeout=timeout)
             except cf.TimeoutError:
                 nodes[name] = NodeObservation(name, error=f"ObserveTimeout: no answer within {timeout:.0f}s")
-        try:
-            ray = ray_f.result(timeout=timeout) if ray_f is not None else None
-        except cf.TimeoutError:
-            ray = RayObservation(False, f"RayDashboardUnreachable: no answer within {timeout:.0f}s")
-        dep = cfg.deployment
         home = cfg.serve_node(dep)
         head_name = commands.node_container_name(dep, home)
         head_c = next((c for c in nodes[home.name].containers if c.name == head_name), None)
+        if head_c is not None and not nodes[home.name].error:
+            self.ray_via = "gcs" if head_c.labels.get(RAY_STATE_LABEL) == "gcs" else "dashboard"
+        ray: RayObservation | None = None
+        if ray_f is not None:
+            try:
+                ray = ray_f.result(timeout=timeout)
+            except cf.TimeoutError:
+                ray = RayObservation(False, f"RayDashboardUnreachable: no answer within {timeout:.0f}s")
         serve, endpoint = self._serve_and_endpoint(head_c, full, nodes[home.name].error)
-        return Observation(self.clock(), full, nodes, ray, serve, endpoint)
+        followers = self._followers_of(nodes, self._watched)
+        if dep.uses_ray and self.ray_via == "gcs":
+            ray = self._ray_gcs(head_c, full, serve is not None and serve.running)
+        self.last_ray = ray
+        return Observation(self.clock(), full, nodes, ray, serve, endpoint, followers)

@@ -19,10 +19,12 @@ import fnmatch
 import os
 
 from . import logscan
-from .commands import node_container_name
+from .commands import node_container_name, serve_nodes
+from .preflight import image_problem
 from .config import HASH_LABEL, OWNER_LABEL, Config, Deployment, ray_hash, serve_hash
 from .model import (
     Action,
+    CheckImage,
     Container,
     Decision,
     DropPageCache,
@@ -161,10 +163,28 @@ def unknowns(obs: Observation, cfg: Config, phase: Phase | None = None) -> dict[
     head_up = head is not None and any(c.running for c in _owned(head, dep))
     if (dep.uses_ray and head_up and phase != Phase.STARTING_RAY
             and (obs.ray is None or not obs.ray.reachable)):
-        out["ray dashboard"] = (obs.ray.error if obs.ray else "") or "no answer"
+        out[f"ray {obs.ray.via if obs.ray else 'dashboard'}"] = (obs.ray.error if obs.ray else "") or "no answer"
     if obs.serve is not None and obs.serve.error:
         out["serve state"] = obs.serve.error
+    for node, f in obs.followers.items():
+        if f is not None and f.error:
+            out[f"serve state {node}"] = f.error
     return out
+
+
+def _images(st: Status, cfg: Config, dep: Deployment) -> Decision | None:
+    """Before the deployment's first container starts on a node: its image checked there (what a start
+    would otherwise find out at STARTING_RAY, or 15 minutes into a load). None: checked and fit."""
+    key = ray_hash(cfg, dep)
+    members = cfg.members(dep)
+    todo = [n.name for n in members if (r := st.images.get(n.name)) is None or r.key != key]
+    if todo:
+        return Decision(Phase.DETECTING, f"CheckingImage: {dep.ray.image} on {', '.join(todo)}",
+                        tuple(CheckImage(n) for n in todo))
+    problem = image_problem(cfg, dep, st.images)
+    if problem is not None:
+        return Decision(Phase.FAILED, f"{problem[0]}: {problem[1]}", fatal=True)
+    return None
 
 
 def _owned(o: NodeObservation, dep: Deployment) -> list[Container]:
@@ -297,6 +317,9 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
             return _repair("gang", f"DeploymentLost: no {kind} container on any node", (), st, cfg, now)
         if not obs.full:
             return Decision(Phase.DETECTING, "")
+        checked = _images(st, cfg, dep)
+        if checked is not None:
+            return checked
         unseen = gpu_unknown(obs, cfg, dep)
         if unseen:  # nothing starts on a guess; DEGRADED once it lasts
             late = st.phase == Phase.DEGRADED or (st.phase == Phase.CLEANING
@@ -313,8 +336,10 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
         admitted = _admit(obs, st, cfg, Phase.CLEANING)
         if admitted is not None:
             return admitted
+        head_report = st.images.get(members[0].name)
+        dashboard = head_report is None or head_report.dashboard
         return Decision(Phase.STARTING_RAY, f"0/{len(members)} nodes",
-                        tuple(StartContainer(n.name) for n in members))
+                        tuple(StartContainer(n.name, dashboard) for n in members))
 
     # 4. Ray: every configured node ALIVE on its fabric IP, with the GPUs it was given. A dashboard that
     # does not answer says nothing about the nodes: with a serve to watch, go on without Ray's view.
@@ -331,7 +356,8 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
                                _teardown(cfg, obs, dep, "join timeout"), st, cfg, now)
             if st.phase == Phase.STARTING_RAY:
                 return Decision(Phase.STARTING_RAY, f"0/{len(members)} nodes (dashboard not answering yet)")
-            return Decision(_hold(st), f"ObservationUnknown: ray dashboard: {(ray.error if ray else '') or 'no answer'}")
+            return Decision(_hold(st), f"ObservationUnknown: ray {ray.via if ray else 'dashboard'}: "
+                            f"{(ray.error if ray else '') or 'no answer'}")
     else:
         want_ips = {n.fabric_ip for n in members}
         want_gpus = float(sum(n.gpus for n in members))
@@ -365,6 +391,10 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
     if s is not None and s.error and not s.present:
         return Decision(_hold(st), f"ObservationUnknown: serve state: {s.error}")
     if s is None or not s.present:
+        strays = [n for n, f in obs.followers.items() if f is not None and f.present and (f.running or f.error)]
+        if strays:  # ranks left from an earlier serve would wait for a head that is not theirs
+            return Decision(Phase.STARTING_VLLM, f"RanksWithoutHead: stopping the serve on {', '.join(strays)} "
+                            "before the launch", (StopServe("ranks without their head"),))
         if st.preflight:  # a fabric mistake: found now instead of after a 15-minute load
             return Decision(Phase.FAILED, "PreflightFailed: " + "; ".join(st.preflight), fatal=True)
         if not obs.full:  # admission reads every member's memory first
@@ -393,6 +423,9 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
                                 (StopServe("failed"),), fatal=True)
             reason = f"ServeFailed: {fail.reason} ({fail.line})" if fail else f"ServeExited: exit code {s.exit_code}"
             return _repair("serve", reason, (StopServe("exited"),), st, cfg, now)
+    ranks = _ranks(obs, st, cfg, now, sh)
+    if ranks is not None:
+        return ranks
 
     ep = obs.endpoint
     name = dep.serve.name
@@ -425,6 +458,33 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
                            (StopServe("wedged"),), st, cfg, now)
         return Decision(Phase.VERIFYING, "sanity completion", (Verify(s.identity),))
     return _serving(obs, st, cfg, now)
+
+
+def _ranks(obs: Observation, st: Status, cfg: Config, now: float, sh: str) -> Decision | None:
+    """mp across nodes: every headless rank runs the same spec beside a running head. One that exited or
+    vanished ends the whole serve (vLLM cannot go on without a rank): a serve repair of every rank. A rank
+    that could not be looked at is unknown (shown by ``unknowns``), never a reason to stop anything."""
+    dep = cfg.deployment
+    members = [n.name for n in serve_nodes(cfg, dep)]
+    for node, f in obs.followers.items():
+        rank = members.index(node) if node in members else -1
+        if f is None or f.error:
+            continue
+        if not f.present:
+            return _repair("serve", f"ServeRankMissing: no serve on {node} (rank {rank})",
+                           (StopServe("rank missing"),), st, cfg, now)
+        if f.spec_hash != sh:
+            return Decision(Phase.STARTING_VLLM, f"ServeSpecChanged: rank {rank} on {node}: relaunching",
+                            (StopServe("spec changed"),))
+        if not f.running:
+            fail = logscan.scan(f.log_tail).failure
+            if fail is not None and fail.deterministic:
+                return Decision(Phase.FAILED, f"ServeFailed: {fail.reason} on {node} (rank {rank}): {fail.hint} "
+                                f"({fail.line})", (StopServe("failed"),), fatal=True)
+            why = f"{fail.reason} ({fail.line})" if fail else f"exit code {f.exit_code}"
+            return _repair("serve", f"ServeRankExited: {node} (rank {rank}): {why}", (StopServe("rank exited"),),
+                           st, cfg, now)
+    return None
 
 
 def _free_memory_failure(obs: Observation, st: Status, cfg: Config, line: str) -> Decision:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ipaddress
 
 from .commands import node_env
-from .config import Config
-from .model import Observation
+from .config import Config, Deployment
+from .model import ImageReport, Observation
 
 _IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 
@@ -59,3 +59,48 @@ def preflight(cfg: Config, obs: Observation) -> list[str]:
     if world > per_node and dep.serve.placement_strategy != "SPREAD":
         problems.append(f"TP x PP = {world} spans nodes with {per_node} GPU each: set placement_strategy = \"SPREAD\"")
     return problems
+
+
+def parse_image_probe(node: str, image: str, key: str, out: str) -> ImageReport:
+    """commands.IMAGE_PROBE's key=value lines."""
+    got: dict[str, str] = {}
+    for line in out.splitlines():
+        k, sep, v = line.partition("=")
+        if sep and k in _PROBE_KEYS and k not in got:
+            got[k] = v.strip()
+    dash = got.get("ray_dashboard", "")
+    vllm_version = got.get("vllm_version", "").split()  # `vllm --version` may print more than the number
+    return ImageReport(node, image, key, ray_path=got.get("ray_path", ""), ray_version=got.get("ray_version", ""),
+                       ray_python=got.get("ray_python", ""), dashboard=dash == "yes",
+                       dashboard_detail=dash.removeprefix("no ").strip() if dash != "yes" else "",
+                       vllm_path=got.get("vllm_path", ""), vllm_version=vllm_version[-1] if vllm_version else "", vllm_python=got.get("vllm_python", ""))
+
+
+_PROBE_KEYS = {"ray_path", "ray_version", "ray_python", "ray_dashboard", "vllm_path", "vllm_version", "vllm_python"}
+
+
+def image_problem(cfg: Config, dep: Deployment, reports: dict[str, ImageReport]) -> tuple[str, str] | None:
+    """What in the checked images would fail the start for sure: (reason kind, detail), or None. Mixed
+    versions across nodes are refused here, before Ray (or torch's rendezvous) refuses them after a join."""
+    members = [n.name for n in cfg.members(dep)]
+    got = [reports[n] for n in members if n in reports]
+    image = dep.ray.image
+    if dep.uses_ray:
+        lacking = [r.node for r in got if not r.ray_path]
+        if lacking:
+            return ("ImageLacksRay", f"{', '.join(lacking)}: no `{dep.ray.command[0]}` in {image} (vLLM images "
+                    "after 0.19.1 ship without Ray): use an image built with Ray (e.g. the Spark community "
+                    "images), or set deployments.serve.distributed_executor_backend = \"mp\"")
+    lacking = [r.node for r in got if not r.vllm_path]
+    if lacking:
+        return ("ImageLacksVllm", f"{', '.join(lacking)}: no `{dep.serve.command[0]}` in {image}: set "
+                "deployments.serve.command to the image's vLLM entry point")
+    fields = [("Ray", "ray_version"), ("Python of Ray", "ray_python")] if dep.uses_ray else []
+    fields += [("vLLM", "vllm_version"), ("Python of vLLM", "vllm_python")]
+    for what, attr in fields:
+        seen = {r.node: getattr(r, attr) for r in got if getattr(r, attr)}
+        if len(set(seen.values())) > 1:
+            return ("ImageVersionMismatch", f"{what} differs between nodes ("
+                    + ", ".join(f"{n} {v}" for n, v in seen.items()) + f"): the nodes must run the same {what} "
+                    f"(pull the same {image} on every node)")
+    return None

@@ -71,6 +71,9 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
     for n in cfg.nodes:
         entry: dict[str, Any] = {"fabric_ip": n.fabric_ip, "role": n.role}
         o = obs.nodes.get(n.name) if obs else None
+        image = st.images.get(n.name)
+        if image is not None:
+            entry["image"] = {**dataclasses.asdict(image), "summary": image.summary(dep.uses_ray)}
         if o is not None:
             entry.update(error=o.error, docker_version=o.docker_version, probe_errors=list(o.probe_errors),
                          containers=[{"name": c.name, "state": c.state, "image": c.image}
@@ -79,7 +82,7 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
                          memory=dataclasses.asdict(o.memory) if o.memory else None)
         doc["nodes"][n.name] = entry
     if obs and obs.ray:
-        doc["ray"] = {"reachable": obs.ray.reachable, "error": obs.ray.error,
+        doc["ray"] = {"reachable": obs.ray.reachable, "error": obs.ray.error, "via": obs.ray.via,
                       "nodes_alive": len(obs.ray.alive), "gpus": obs.ray.gpus,
                       "nodes": [dataclasses.asdict(r) for r in obs.ray.nodes]}
     doc["bringup"] = bringup(st)
@@ -92,6 +95,10 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
         doc["serve"] = {"pid": s.pid, "running": s.running, "exit_code": s.exit_code, "started_at": s.started_at,
                         "spec_hash": s.spec_hash,
                         "endpoint": dataclasses.asdict(obs.endpoint) if obs.endpoint else None}
+        if obs.followers:  # mp across nodes: the headless ranks
+            doc["serve"]["ranks"] = {node: None if f is None else {
+                "pid": f.pid, "running": f.running, "exit_code": f.exit_code, "started_at": f.started_at,
+                "error": f.error} for node, f in obs.followers.items()}
     return doc
 
 

@@ -13,6 +13,7 @@ from spark_supervisor.model import (
     EndpointObservation,
     Gpu,
     GpuProcess,
+    ImageReport,
     Memory,
     NodeObservation,
     Observation,
@@ -80,3 +81,11 @@ def obs(c: config.Config, *, deployed: bool = False, nodes: dict[str, NodeObserv
 def serve_running(c: config.Config, log: str = "", pid: int = 77) -> ServeObservation:
     return ServeObservation(True, pid, "id-spark-1", True, None, config.serve_hash(c, c.deployment),
                             "2026-12-02T10:00:00Z", log)
+
+
+def images(c: config.Config, **kw: Any) -> dict[str, ImageReport]:
+    """Image checks that found what the deployment needs on every node (``kw`` overrides every report)."""
+    dep = c.deployment
+    fit = {"ray_path": "/usr/local/bin/ray", "ray_version": "2.60.0", "ray_python": "3.12.3", "dashboard": True,
+           "vllm_path": "/usr/local/bin/vllm", "vllm_version": "0.33.0", "vllm_python": "3.12.3"}
+    return {n.name: ImageReport(n.name, dep.ray.image, ray_hash(c, dep), **{**fit, **kw}) for n in c.members(dep)}

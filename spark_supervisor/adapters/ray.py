@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 
 from ..model import RayNode, RayObservation
@@ -12,6 +14,14 @@ def parse_nodes(doc: dict) -> tuple[RayNode, ...]:  # type: ignore[type-arg]
     return tuple(RayNode(node_id=r.get("node_id", ""), ip=r.get("node_ip", ""), alive=r.get("state") == "ALIVE",
                          gpus=float((r.get("resources_total") or {}).get("GPU", 0.0)),
                          is_head=bool(r.get("is_head_node"))) for r in rows)
+
+
+def read_nodes(text: str, via: str) -> RayObservation:
+    """The node table as JSON in the dashboard's envelope (from the dashboard or commands.RAY_NODES)."""
+    try:
+        return RayObservation(True, nodes=parse_nodes(json.loads(text)), via=via)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return RayObservation(False, f"RayStateUnreadable: {type(e).__name__} {e}"[:200], via=via)
 
 
 class RayDashboard:

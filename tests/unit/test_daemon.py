@@ -17,12 +17,14 @@ from spark_supervisor.model import (
     Observation,
     Phase,
     StartContainer,
+    CheckImage,
+    ImageReport,
     StartServe,
     Verdict,
     Verify,
 )
 from spark_supervisor.notify import Notifier
-from tests.helpers import cfg, data, obs, serve_running
+from tests.helpers import images, cfg, data, obs, serve_running
 
 
 class Clock:
@@ -51,6 +53,7 @@ class FakeBackend:
         self.next: Observation | None = None
         self.ran: list[Action] = []
         self.fail: dict[type, str | ActionFailed] = {}
+        self.reports: dict[str, ImageReport] = {}  # what CheckImage finds, per node
         self.closed = False
 
     def observe(self, full: bool) -> Observation:
@@ -64,6 +67,8 @@ class FakeBackend:
             raise f if isinstance(f, ActionFailed) else ActionFailed(f)
         if isinstance(action, Verify):
             return Verdict(True, "content answered", action.serve)
+        if isinstance(action, CheckImage):
+            return self.reports[action.node]
         return None
 
     def quick(self):
@@ -84,6 +89,7 @@ def make(tmp_path: Path, d: dict | None = None) -> tuple[Daemon, FakeBackend, Cl
     backend, clock, notes = FakeBackend(), Clock(), Notes()
     daemon = Daemon(str(path), cfg(d), log=structlog.get_logger(), backend_factory=lambda c: backend,
                     notifier=notes, clock=clock, wall=lambda: 1.7e9 + clock.t, rng=lambda: 1.0)
+    backend.reports = daemon.status.images = images(daemon.cfg)  # checked and fit (the check: test_image_*)
     return daemon, backend, clock, notes, path
 
 
@@ -206,8 +212,47 @@ def test_a_deterministic_failure_is_failed_until_reset(tmp_path) -> None:
     assert daemon.status.phase == Phase.FAILED and len(be.ran) == n  # still reporting, not retrying
     del be.fail[StartContainer]
     daemon.rearm("reset")
+    daemon.tick()  # a reset checks the image again: it may have been fixed under the same name
+    assert be.ran[-2:] == [CheckImage("spark-1"), CheckImage("spark-2")]
     daemon.tick()
     assert daemon.status.phase == Phase.STARTING_RAY
+
+
+def test_the_image_is_checked_on_every_node_before_anything_starts(tmp_path) -> None:
+    daemon, be, clock, notes, _ = make(tmp_path)
+    daemon.status.images = {}
+    be.next = obs(daemon.cfg)
+    daemon.tick()
+    assert be.ran == [CheckImage("spark-1"), CheckImage("spark-2")]
+    assert daemon.status.phase == Phase.DETECTING and daemon.status.reason.startswith("CheckingImage:")
+    assert daemon.status.images == be.reports
+    daemon.tick()
+    assert be.ran[2:] == [StartContainer("spark-1"), StartContainer("spark-2")]
+
+
+def test_an_image_without_ray_is_failed_before_any_container_starts(tmp_path) -> None:
+    daemon, be, clock, notes, _ = make(tmp_path)
+    daemon.status.images = {}
+    be.reports = images(daemon.cfg, ray_path="", ray_version="", ray_python="", dashboard=False)
+    be.next = obs(daemon.cfg)
+    daemon.tick()
+    daemon.tick()
+    assert daemon.status.phase == Phase.FAILED and daemon.status.reason.startswith("ImageLacksRay: spark-1, spark-2")
+    assert 'distributed_executor_backend = "mp"' in daemon.status.reason
+    assert not [a for a in be.ran if not isinstance(a, CheckImage)]
+    clock.t += 3600
+    daemon.tick()
+    assert daemon.status.phase == Phase.FAILED and len(be.ran) == 2  # not checked again until a reset
+
+
+def test_without_a_dashboard_the_ray_head_starts_without_one(tmp_path) -> None:
+    daemon, be, clock, notes, _ = make(tmp_path)
+    daemon.status.images = {}
+    be.reports = images(daemon.cfg, dashboard=False)
+    be.next = obs(daemon.cfg)
+    daemon.tick()
+    daemon.tick()
+    assert be.ran[2:] == [StartContainer("spark-1", dashboard=False), StartContainer("spark-2", dashboard=False)]
 
 
 def test_the_repair_budget_survives_a_daemon_restart(tmp_path) -> None:

@@ -24,12 +24,13 @@ from spark_supervisor.model import (
     Verify,
 )
 from spark_supervisor.plan import plan
-from tests.helpers import cfg, data, free_gpu, node_obs, obs, ray_container, serve_running
+from tests.helpers import images, cfg, data, free_gpu, node_obs, obs, ray_container, serve_running
 
 C = cfg()
 
 
 def status(phase: Phase = Phase.DETECTING, since: float = 0.0, **kw) -> Status:
+    kw.setdefault("images", images(C))
     st = Status(**kw)
     st.advance(phase, "", since, since)
     return st

@@ -14,7 +14,7 @@ from spark_supervisor.model import (
     StopServe,
 )
 from spark_supervisor.plan import plan
-from tests.helpers import cfg, data, node_obs, obs, ray_ok, serve_running
+from tests.helpers import images, cfg, data, node_obs, obs, ray_ok, serve_running
 
 C = cfg()  # gpu_memory_utilization 0.85 of 122880 MiB: vLLM asks for 104448 MiB
 FREE = Memory(122880, 118000, 117000, 800)
@@ -25,6 +25,7 @@ REFUSED = ("(EngineCore pid=1) ERROR 12-02 10:00:00 [core.py:1] ValueError: Free
 
 
 def st(phase: Phase = Phase.DETECTING, since: float = 0.0, **kw) -> Status:
+    kw.setdefault("images", images(C))
     s = Status(**kw)
     s.advance(phase, "", since, since)
     return s

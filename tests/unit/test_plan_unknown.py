@@ -19,7 +19,7 @@ from spark_supervisor.model import (
     Verdict,
 )
 from spark_supervisor.plan import plan, unknowns
-from tests.helpers import cfg, data, node_obs, obs, ray_container, ray_ok, serve_running
+from tests.helpers import images, cfg, data, node_obs, obs, ray_container, ray_ok, serve_running
 
 C = cfg()
 UP = EndpointObservation("up", health=200, models=("Qwen3.5",))
@@ -72,7 +72,7 @@ def test_a_failed_serve_state_exec_never_launches_a_second_serve() -> None:
 def test_a_failed_serve_state_exec_with_nothing_seen_before_holds_without_launching() -> None:
     from spark_supervisor.model import ServeObservation
     unknown = ServeObservation(False, error="ServeStateFailed: the serve-state script exited 126")
-    st = Status()
+    st = Status(images=images(C))
     st.advance(Phase.DETECTING, "", 0, 0)
     d = plan(obs(C, deployed=True, serve=unknown), st, C, 10)
     assert d.phase == Phase.DETECTING and not destructive(d)
@@ -119,7 +119,7 @@ def test_an_unreachable_worker_that_ray_reports_dead_is_lost_but_nothing_is_half
 
 def test_an_unreachable_worker_with_nothing_deployed_backs_off() -> None:
     nodes = {"spark-1": node_obs("spark-1"), "spark-2": NodeObservation("spark-2", error="DockerTimeout: x")}
-    st = Status()
+    st = Status(images=images(C))
     st.advance(Phase.DETECTING, "", 0, 0)
     d = plan(obs(C, nodes=nodes), st, C, 1)
     assert d.phase == Phase.BACKOFF and d.failure and not d.actions
@@ -144,7 +144,7 @@ def test_gpu_memory_that_could_not_be_read_starts_nothing() -> None:
     blind = node_obs("spark-2", gpu=None, memory=None,
                      probe_errors=("nvidia-smi: CommandTimeout: nvidia-smi did not finish within 20s",
                                    "meminfo: CommandTimeout: cat did not finish within 20s"))
-    st = Status()
+    st = Status(images=images(C))
     st.advance(Phase.CLEANING, "", 0, 0)
     d = plan(obs(C, nodes={"spark-1": node_obs("spark-1"), "spark-2": blind}), st, C, 1)
     assert d.phase == Phase.CLEANING and not d.actions
@@ -155,7 +155,7 @@ def test_gpu_memory_that_could_not_be_read_starts_nothing() -> None:
 
 
 def test_ray_unknown_before_the_serve_launch_launches_nothing() -> None:
-    st = Status()
+    st = Status(images=images(C))
     st.advance(Phase.STARTING_VLLM, "", 0, 0)
     d = plan(obs(C, deployed=True, ray=RAY_TIMEOUT), st, C, 1)
     assert d.phase == Phase.STARTING_VLLM and not d.actions
@@ -172,7 +172,7 @@ def test_the_patience_counts_an_unbroken_run_of_unknowns_whatever_part_was_unsee
 
 
 def test_a_dashboard_that_does_not_answer_yet_while_ray_starts_is_the_join_not_an_unknown() -> None:
-    st = Status()
+    st = Status(images=images(C))
     st.advance(Phase.STARTING_RAY, "", 0, 0)
     st.unknown_run_since = 0
     o = obs(C, deployed=True, ray=RayObservation(False, "RayDashboardUnreachable: ConnectError"))
@@ -186,7 +186,7 @@ def test_a_dashboard_that_does_not_answer_yet_while_ray_starts_is_the_join_not_a
 def test_a_stale_log_carried_over_a_failed_exec_is_never_judged_a_stalled_load() -> None:
     s = replace(serve_running(C, log="Loading safetensors checkpoint shards:  2% Completed | 1/39 [00:18<11:00]\r"),
                 error="DockerTimeout: exec")
-    st = Status(load_progress_at=100)
+    st = Status(load_progress_at=100, images=images(C))
     st.advance(Phase.LOADING, "", 0, 0)
     d = plan(obs(C, deployed=True, serve=s, endpoint=EndpointObservation("refused")), st, C,
              200 + C.deployment.readiness.stall_timeout + C.deployment.readiness.deadline)
@@ -196,7 +196,7 @@ def test_a_stale_log_carried_over_a_failed_exec_is_never_judged_a_stalled_load()
 
 def test_nvidia_smi_failing_alone_still_starts_nothing() -> None:
     blind = node_obs("spark-2", gpu=None, probe_errors=("nvidia-smi: CommandTimeout: nvidia-smi did not finish",))
-    st = Status()
+    st = Status(images=images(C))
     st.advance(Phase.CLEANING, "", 0, 0)
     d = plan(obs(C, nodes={"spark-1": node_obs("spark-1"), "spark-2": blind}), st, C, 1)
     assert not d.actions and d.reason.startswith("ObservationUnknown: GPU memory: spark-2: nvidia-smi")
