@@ -344,6 +344,29 @@ def up() -> None:
     (DIR / "supervisor").mkdir(exist_ok=True)
 
 
+RAY_NO_DASHBOARD = DIR / "ray-nodash"
+
+
+def ray_without_dashboard() -> Path:
+    """A venv with the testbed's Ray version installed without its extras (`pip install ray`, not
+    ray[default]): Ray without a dashboard, as in an image built that way. Its `ray` script; cached."""
+    import ray  # the project venv's: the same version on every node of the cluster
+    ray_bin = RAY_NO_DASHBOARD / "bin" / "ray"
+    marker = RAY_NO_DASHBOARD / f".ray-{ray.__version__}"
+    if marker.exists():
+        return ray_bin
+    shutil.rmtree(RAY_NO_DASHBOARD, ignore_errors=True)
+    subprocess.run([str(PYTHON / "bin" / "python3"), "-m", "venv", str(RAY_NO_DASHBOARD)], check=True, timeout=300)
+    subprocess.run([str(RAY_NO_DASHBOARD / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+                    f"ray=={ray.__version__}"], check=True, timeout=900, capture_output=True)
+    probe = subprocess.run([str(RAY_NO_DASHBOARD / "bin" / "python"), "-c", "import ray.dashboard.optional_deps"],
+                           capture_output=True, timeout=120)
+    if probe.returncode == 0:
+        raise RuntimeError(f"{RAY_NO_DASHBOARD}: the dashboard's dependencies came with ray: not a test of its absence")
+    marker.touch()
+    return ray_bin
+
+
 def clean_containers(*, infra: bool = False) -> None:
     """Remove the nodes' containers (a power cycle); the systemd head container only with infra=True."""
     for node in NODES:
