@@ -433,7 +433,7 @@ class Daemon:
             full = self.last_full.nodes
             nodes = {k: dataclasses.replace(full[k], containers=v.containers, error=v.error) if k in full else v
                      for k, v in obs.nodes.items()}
-            obs = Observation(obs.at, obs.full, nodes, obs.ray, obs.serve, obs.endpoint)
+            obs = dataclasses.replace(obs, nodes=nodes)
         problems = tuple(p for p in (self.repairs.problem, self._state_write_error) if p)
         doc = statefile.document(self.status, obs, self.cfg, self.config_path, self.config_hash,
                                  self.wall(), self.wall() - now, problems)

@@ -87,6 +87,13 @@ FAILURES: tuple[tuple[str, bool, str, tuple[str, ...]], ...] = (
      (r"Timed out waiting for engine core processes to start",)),
     ("RayOomKill", False, "set RAY_memory_monitor_refresh_ms=0 on every node",
      (r"killed due to memory pressure \(OOM\)", r"Task was killed due to the node running low on memory")),
+    # vLLM's mp mode across nodes (torch's rendezvous at the head's master_addr:master_port).
+    ("MasterPortInUse", False, "something on the head already listens on deployments.serve.master_port: stop it "
+     "or choose another port",
+     (r"failed to listen on any local network address.*EADDRINUSE",)),
+    ("RanksNeverJoined", False, "a headless rank did not reach rank 0: read that rank's serve log on its node, "
+     "and check that the head's fabric IP answers on master_port",
+     (r"Timed out after \d+ seconds waiting for clients", r"client socket has (?:timed out|failed to connect)")),
     ("EngineDied", False, "a worker or node died; the whole stack is restarted",
      (r"RayWorkerProc rank=\S+ died unexpectedly", r"Engine core proc \S+ died unexpectedly",
       r"EngineCore encountered a fatal error", r"EngineCore encountered an issue")),

@@ -25,7 +25,11 @@ from .testbed import until
 
 ROOT = testbed.SRC
 BIN = Path(sys.executable).parent
-OWNED = {"spark-1": "testbed-ray-spark-1", "spark-2": "testbed-ray-spark-2"}
+# The backend the shared tests, `make chaos` and `make test-mp` run the deployment with: "ray" (etc/testbed.toml)
+# or "mp" (vLLM's own multi-node mode: a serve rank in a container on each node, no Ray).
+BACKEND = os.environ.get("SPARK_TESTBED_BACKEND", "ray")
+OWNED = {n: f"testbed-{'ray' if BACKEND == 'ray' else 'vllm'}-{n}" for n in testbed.NODES}
+RANKS = {n: 1 if BACKEND == "mp" or n == "spark-1" else 0 for n in testbed.NODES}  # serves per node, serving
 
 
 def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -39,6 +43,8 @@ def write_config(tmp_path: Path, patch: dict[str, Any] | None = None, *,
                  deployment: dict[str, Any] | None = None) -> Path:
     d = tomllib.loads((ROOT / "etc" / "testbed.toml").read_text())
     d = merge(d, {"supervisor": {"state_dir": str(tmp_path / "state")}})
+    if BACKEND == "mp":
+        d["deployments"][0]["serve"]["distributed_executor_backend"] = "mp"
     d = merge(d, patch or {})
     if deployment:
         d["deployments"][0] = merge(d["deployments"][0], deployment)
@@ -138,13 +144,14 @@ def event_time(e: dict[str, Any]) -> float:
     return datetime.fromisoformat(e["timestamp"]).timestamp()
 
 
-def serve_processes(head: str = OWNED["spark-1"]) -> int:
-    """Serve processes in the head container (the python process, not its sh wrapper), counted from the
+def serve_processes(node: str = "spark-1", container: str = "") -> int:
+    """Serve processes in a node's container (the python process, not its sh wrapper), counted from the
     host's /proc under the container's shim (which parents both its init and what `docker exec` started),
     so that the count needs neither containerd nor an exec and holds while either is hung."""
-    shim = psutil.Process(testbed.container_pid("spark-1", head)).parent()
+    container = container or OWNED[node]
+    shim = psutil.Process(testbed.container_pid(node, container)).parent()
     if shim is None or not shim.name().startswith("containerd-shim"):
-        raise RuntimeError(f"the parent of {head}'s init is not its containerd shim: {shim}")
+        raise RuntimeError(f"the parent of {container}'s init is not its containerd shim: {shim}")
     n = 0
     for p in shim.children(recursive=True):
         try:
@@ -164,9 +171,8 @@ def invariant_violations() -> list[str]:
         now = containers(node)
         if set(now) != {name}:
             out.append(f"{node}: containers {sorted(now)}")
-    n = serve_processes()
-    if n != 1:
-        out.append(f"{n} serve processes")
+        elif (n := serve_processes(node)) != RANKS[node]:
+            out.append(f"{node}: {n} serve processes")
     return out
 
 
@@ -183,6 +189,6 @@ def verify_serving(d: Supervisor) -> dict[str, Any]:
         now = containers(node)
         assert set(now) == {name}, f"{node}: containers {sorted(now)}, expected only {name}"
         assert now[name]["state"] == "running", f"{node}: {name} is {now[name]['state']}"
-    n = serve_processes()
-    assert n == 1, f"{n} serve processes, expected 1"
+        n = serve_processes(node)
+        assert n == RANKS[node], f"{node}: {n} serve processes, expected {RANKS[node]}"
     return st

@@ -4,7 +4,15 @@ It joins the real Ray cluster, reserves one GPU bundle per tensor-parallel rank 
 prints vLLM's startup lines (process tags, tqdm shard bars, milestones) while it "loads", refuses
 connections until loaded, then answers /health, /version, /v1/models and /v1/chat/completions in the
 reasoning format of the chosen vLLM version. When a Ray node of its placement group dies it prints
-vLLM's engine-death lines and exits 1, like vLLM. Test knobs, all environment variables:
+vLLM's engine-death lines and exits 1, like vLLM.
+
+mp multi-node mode (`--distributed-executor-backend mp --nnodes N --node-rank R --master-addr A
+--master-port P`, `--headless` on R > 0), one GPU per node: rank 0 listens on A:P (torch's TCPStore) and
+waits for the N-1 headless ranks to connect and name their rank, then loads and serves HTTP; a headless
+rank connects (retrying), loads its own shards and never opens an HTTP port. Either side losing the
+connection to the other is a rank's death: vLLM's engine-death lines, exit 1. On SIGTERM rank 0 tells the
+headless ranks to shut down (they exit 0); a headless rank's SIGTERM is a quiet exit 0 (rank 0 then dies).
+`vllm --version` prints the version. Test knobs, all environment variables:
 
 STANDIN_VLLM_VERSION   0.11.0 | 0.15.1 | 0.33.0 (default): log shape and reasoning field name
 STANDIN_SHARDS         checkpoint shards (39)       STANDIN_SHARD_SECONDS  seconds per shard (0.1)
@@ -17,18 +25,24 @@ STANDIN_GPU_STATES     comma-separated paths of the nodes' gpu.json (spark_testb
                        (page cache counts as used) is below --gpu-memory-utilization x MemTotal. A file
                        without "meminfo" (or missing) is not checked.
 STANDIN_KV_TOKENS      the KV cache the start reports, in tokens (409856); the GiB line scales with it
+STANDIN_FOLLOWER_TIMEOUT  mp multi-node: seconds rank 0 waits for the headless ranks to join, and a headless
+                       rank keeps retrying to connect to rank 0 (60; torch's TCPStore timeout)
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import re
 import signal
+import socket
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -43,8 +57,12 @@ FAIL = os.environ.get("STANDIN_FAIL", "")
 PG_TIMEOUT = float(os.environ.get("STANDIN_PG_TIMEOUT", "60"))
 KV_TOKENS = int(os.environ.get("STANDIN_KV_TOKENS", "409856"))
 KV_GIB_PER_TOKEN = 37.52 / 409856  # the default pair: "Available KV cache memory: 37.52 GiB", 409,856 tokens
+FOLLOWER_TIMEOUT = float(os.environ.get("STANDIN_FOLLOWER_TIMEOUT", "60"))
 PID = os.getpid()
 _stop = threading.Event()
+_wakers: list[threading.Event] = []  # events a SIGTERM sets too, so a wait on them ends at once
+_at_exit: list[Callable[[], None]] = []  # run before a SIGTERM's exit 0 (rank 0 lets its followers go)
+_dying = threading.Lock()  # one death report, even when several ranks go at once
 
 
 def fault() -> str:
@@ -56,11 +74,24 @@ def fault() -> str:
         return ""
 
 
-def log(msg: str, proc: str = "APIServer", level: str = "INFO", src: str = "api_server.py:1") -> None:
+def _tag(proc: str) -> str:
+    """vLLM's process prefix; none for a process vLLM does not decorate (a headless rank's main process)."""
+    if not proc:
+        return ""
     tag = f"({proc} pid={PID}) "
     if OLD:  # 0.11 colours the process tag even off a TTY
         tag = f"\x1b[1;36m{tag}\x1b[0;0m"
-    sys.stdout.write(f"{tag}{level} {time.strftime('%m-%d %H:%M:%S')} [{src}] {msg}\n")
+    return tag
+
+
+def log(msg: str, proc: str = "APIServer", level: str = "INFO", src: str = "api_server.py:1") -> None:
+    sys.stdout.write(f"{_tag(proc)}{level} {time.strftime('%m-%d %H:%M:%S')} [{src}] {msg}\n")
+    sys.stdout.flush()
+
+
+def raw(line: str, proc: str = "") -> None:
+    """A line outside the logger: the tail of a traceback (a worker's output carries its process prefix)."""
+    sys.stdout.write(f"{_tag(proc)}{line}\n")
     sys.stdout.flush()
 
 
@@ -78,9 +109,34 @@ def die(lines: list[str], code: int = 1) -> None:
     os._exit(code)
 
 
+def _on_term(*_: Any) -> None:
+    _stop.set()
+    for event in list(_wakers):
+        event.set()
+
+
+def _exit_stopped() -> None:
+    for hook in _at_exit:
+        hook()
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def interruptible(seconds: float) -> None:
     if _stop.wait(seconds):
-        os._exit(0)
+        _exit_stopped()
+
+
+def wait_or_stop(event: threading.Event, timeout: float | None = None) -> bool:
+    """Wait for the event (False: timed out); a SIGTERM meanwhile exits 0 at once."""
+    _wakers.append(event)
+    try:
+        got = _stop.is_set() or event.wait(timeout)
+    finally:
+        _wakers.remove(event)
+    if _stop.is_set():
+        _exit_stopped()
+    return got
 
 
 def join_ray(tp: int, strategy: str) -> tuple[Any, set[str]]:
@@ -147,6 +203,250 @@ def free_memory_short(utilization: float) -> str:
                     f"than desired GPU memory utilization ({utilization}, {utilization * total:.2f} GiB). "
                     "Decrease GPU memory utilization or reduce GPU memory used by other processes.")
     return ""
+
+# --- mp multi-node (`--nnodes N`): rank 0 is torch's TCPStore server, the headless ranks its clients. ---
+# The stand-in's wire: a follower sends "rank R\n"; rank 0 answers "go\n" once all N-1 have joined (the
+# process group is complete) and "shutdown\n" when it stops. A connection closing is a rank's death.
+
+WORKER_INIT_FAILED = ("Exception: WorkerProc initialization failed due to an exception in a background process. "
+                      "See stack trace for root cause.")
+ENGINE_INIT_FAILED = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+ENGINE_DEAD = ["EngineCore encountered a fatal error.",
+               "EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause."]
+
+
+def worker_name(rank: int, tp: int, pp: int) -> str:
+    """vLLM's worker process name (its log prefix): Worker, Worker_TP1, Worker_PP1, Worker_PP1_TP0."""
+    suffix = "_".join(x for x in (f"PP{rank // tp}" if pp > 1 else "", f"TP{rank % tp}" if tp > 1 else "") if x)
+    return f"Worker_{suffix}" if suffix else "Worker"
+
+
+def gloo_closed(host: str, port: int, proc: str) -> None:
+    # gloo's own message when the peer of a collective goes away (seen in vLLM engine deaths)
+    raw(f"RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by peer "
+        f"[{host}]:{port}", proc)
+
+
+def check_multi_node(a: argparse.Namespace, world: int) -> None:
+    """vLLM's refusals for a multi-node mp start, one GPU per node."""
+    if a.distributed_executor_backend not in ("mp", ""):  # "": vLLM's default without Ray is mp
+        # Plausible wording (not seen): vLLM's ParallelConfig refuses --nnodes with another backend.
+        die([f"ValueError: nnodes > 1 can only be set when distributed executor backend is mp, got "
+             f"'{a.distributed_executor_backend}'."])
+    if not 0 <= a.node_rank < a.nnodes:
+        die([f"ValueError: node_rank ({a.node_rank}) must be in [0, nnodes ({a.nnodes}))."])  # plausible
+    if world > a.nnodes:
+        die([f"ValueError: World size ({world}) is larger than the number of available GPUs (1) in this node. "
+             "If this is intentional and you are using: - ray, set '--distributed-executor-backend ray'."])
+
+
+class Rendezvous:
+    """Rank 0's side: the TCPStore listener, the joined followers, and watching them while it runs."""
+
+    def __init__(self, a: argparse.Namespace, world: int) -> None:
+        self.n, self.host, self.port = a.nnodes, a.master_addr, a.master_port
+        self.tp, self.pp = a.tensor_parallel_size, a.pipeline_parallel_size
+        self.me = worker_name(0, self.tp, self.pp)
+        self.lock = threading.Lock()
+        self.joined: dict[int, tuple[socket.socket, tuple[str, int]]] = {}
+        self.all_in = threading.Event()
+        log(f"world_size={world} rank=0 local_rank=0 distributed_init_method=tcp://{self.host}:{self.port} "
+            "backend=nccl", proc=self.me, src="parallel_state.py:1165")
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore: TIME_WAIT is no obstacle
+        try:
+            self.listener.bind((self.host, self.port))
+            self.listener.listen(64)
+        except OSError as e:
+            code = e.errno or errno.EADDRINUSE
+            # torch's libuv TCPStore (torch >= 2.4), as seen: "... useIpv6: false, code: -98, name: EADDRINUSE, ..."
+            raw("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+                f"address. port: {self.port}, useIpv6: false, code: -{code}, name: "
+                f"{errno.errorcode.get(code, 'UNKNOWN')}, message: {os.strerror(code).lower()}", self.me)
+            die([WORKER_INIT_FAILED, ENGINE_INIT_FAILED])
+        _at_exit.append(self.release)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, peer = self.listener.accept()
+            except OSError:  # the listener closed: shutting down
+                return
+            threading.Thread(target=self._handshake, args=(conn, peer), daemon=True).start()
+
+    def _handshake(self, conn: socket.socket, peer: tuple[str, int]) -> None:
+        buf = b""
+        conn.settimeout(max(FOLLOWER_TIMEOUT, 1.0))
+        try:
+            while b"\n" not in buf and len(buf) < 64:
+                data = conn.recv(64)
+                if not data:
+                    break
+                buf += data
+        except OSError:
+            pass
+        m = re.fullmatch(rb"rank (\d+)", buf.split(b"\n")[0].strip())
+        rank = int(m.group(1)) if m else -1
+        with self.lock:
+            if self.all_in.is_set() or not 0 < rank < self.n or rank in self.joined:
+                conn.close()  # a late, duplicate or garbled client: the process group is not its
+                return
+            conn.settimeout(None)
+            self.joined[rank] = (conn, peer)
+            if len(self.joined) == self.n - 1:
+                self.all_in.set()
+
+    def wait(self) -> None:
+        """Until every headless rank joined (then tell them to go and watch them), or torch's timeout."""
+        t0 = time.monotonic()
+        if not wait_or_stop(self.all_in, FOLLOWER_TIMEOUT):
+            with self.lock:
+                n = len(self.joined) + 1  # torch counts rank 0's own client
+            # torch checks whole seconds elapsed > timeout, so 600 s reads "after 601 seconds" (seen)
+            secs = max(int(time.monotonic() - t0), int(FOLLOWER_TIMEOUT) + 1)
+            raw(f"torch.distributed.DistStoreError: Timed out after {secs} seconds waiting for clients. "
+                f"{n}/{self.n} clients joined.", self.me)
+            die([WORKER_INIT_FAILED, ENGINE_INIT_FAILED])
+        with self.lock:
+            members = sorted(self.joined.items())
+        for rank, (conn, peer) in members:
+            try:
+                conn.sendall(b"go\n")
+            except OSError:
+                pass  # its watcher reports it
+            threading.Thread(target=self._watch, args=(rank, conn, peer), daemon=True).start()
+
+    def _watch(self, rank: int, conn: socket.socket, peer: tuple[str, int]) -> None:
+        """vLLM never survives losing a rank: the next collective fails and the engine dies."""
+        try:
+            while conn.recv(64):
+                pass
+        except OSError:
+            pass
+        if _stop.is_set() or not _dying.acquire(blocking=False):
+            return
+        gloo_closed(peer[0], peer[1], self.me)
+        log(f"Worker proc {worker_name(rank, self.tp, self.pp)} died unexpectedly, shutting down executor.",
+            proc="EngineCore_DP0", level="ERROR", src="multiproc_executor.py:231")
+        die(ENGINE_DEAD)
+
+    def release(self) -> None:
+        """Shutting down: the headless ranks are told to exit, then every connection closes."""
+        try:
+            self.listener.close()
+        except OSError:
+            pass
+        with self.lock:
+            members = list(self.joined.values())
+        for conn, _ in members:
+            try:
+                conn.sendall(b"shutdown\n")
+                conn.shutdown(socket.SHUT_RDWR)  # a FIN now, and its watcher's recv returns
+            except OSError:
+                pass
+            conn.close()
+
+
+def connect_to_head(host: str, port: int, me: str) -> socket.socket:
+    """A headless rank's TCPStore client: retry a refused connection until the timeout, as torch does."""
+    deadline = time.monotonic() + FOLLOWER_TIMEOUT
+    warned = False
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return socket.create_connection((host, port), timeout=max(0.1, min(1.0, left)))
+        except OSError as e:
+            code = e.errno or errno.ETIMEDOUT
+            if not warned:  # c10d's warning, straight from C++ (no vLLM prefix); printed once here
+                warned = True
+                sys.stdout.write(f"[W{time.strftime('%m%d %H:%M:%S')}.000000000 socket.cpp:764] [c10d] The client "
+                                 f"socket has failed to connect to [{host}]:{port} (errno: {code} - "
+                                 f"{os.strerror(code)}).\n")
+            if time.monotonic() + 0.2 >= deadline:
+                # torch's client, as seen: "... has timed out after 300000ms while trying to connect to (h, p)."
+                raw(f"torch.distributed.DistNetworkError: The client socket has timed out after "
+                    f"{int(FOLLOWER_TIMEOUT * 1000)}ms while trying to connect to ({host}, {port}).", me)
+                raw(WORKER_INIT_FAILED)
+                os._exit(1)
+            interruptible(0.2)
+
+
+def follow_head(sock: socket.socket, go: threading.Event, host: str, port: int, me: str) -> None:
+    """A headless rank's watch on rank 0: "go", "shutdown", or its death."""
+    buf = b""
+    while True:
+        try:
+            data = sock.recv(64)
+        except OSError:
+            data = b""
+        if not data:
+            if _stop.is_set() or not _dying.acquire(blocking=False):
+                return
+            gloo_closed(host, port, me)
+            log(f"Worker proc {me} died unexpectedly, shutting down executor.", proc="", level="ERROR",
+                src="multiproc_executor.py:231")
+            # No EngineCore runs on a headless rank; the generic lines are there for the log readers (logscan).
+            die(ENGINE_DEAD)
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line == b"go":
+                go.set()
+            elif line == b"shutdown":
+                log("Shutting down.", proc="", src="serve.py:262")
+                os._exit(0)
+
+
+def serve_headless(a: argparse.Namespace, world: int) -> int:
+    """A rank > 0 in mp multi-node mode: no API server, only its worker."""
+    rank, host, port = a.node_rank, a.master_addr, a.master_port
+    me = worker_name(rank, a.tensor_parallel_size, a.pipeline_parallel_size)
+    # vllm/entrypoints/cli/serve.py run_headless (seen: "serve.py:216 'Launching vLLM ... headless ...'")
+    log(f"Launching vLLM (v{VERSION}) headless multiproc executor, with head node address {host}:{port} for "
+        "torch.distributed process group.", proc="", src="serve.py:216")
+    if FAIL == "exit":
+        log("Error: the stand-in was told to exit at once", proc="", level="ERROR")
+        return 1
+    if FAIL == "missing-model" or (a.model.startswith("/") and not os.path.exists(a.model)):
+        sys.stdout.write("huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
+                         f"'namespace/repo_name': '{a.model}'. Use `repo_type` argument if needed.\n")
+        return 1
+    check_multi_node(a, world)
+    short = ("ValueError: Free memory on device cuda:0 (20.13/119.70 GiB) on startup is less than desired GPU "
+             f"memory utilization ({a.gpu_memory_utilization}, 101.75 GiB). Decrease GPU memory utilization or "
+             "reduce GPU memory used by other processes." if FAIL == "free-memory"
+             else free_memory_short(a.gpu_memory_utilization))
+    if short:
+        raw(short, me)
+        raw(WORKER_INIT_FAILED)
+        return 1
+    log(f"world_size={world} rank={rank} local_rank=0 distributed_init_method=tcp://{host}:{port} backend=nccl",
+        proc=me, src="parallel_state.py:1165")
+    sock = connect_to_head(host, port, me)
+    sock.settimeout(None)
+    sock.sendall(f"rank {rank}\n".encode())
+    go = threading.Event()
+    threading.Thread(target=follow_head, args=(sock, go, host, port, me), daemon=True).start()
+    wait_or_stop(go)  # the process group completes when every rank has joined
+    log("vLLM is using nccl==2.27.7", proc=me, src="pynccl.py:70")
+    log(f"Starting to load model {a.model}...", proc=me, src="gpu_model_runner.py:2900")
+    desc = "Loading safetensors checkpoint shards"
+    bar(desc, 0, SHARDS, SHARD_S, "\r")
+    for i in range(1, SHARDS + 1):
+        interruptible(SHARD_S)
+        bar(desc, i, SHARDS, SHARD_S, "\r" if i < SHARDS else "\n")
+    log(f"Loading weights took {SHARDS * SHARD_S:.2f} seconds", proc=me, src="default_loader.py:310")
+    log(f"Model loading took 58.4213 GiB{'' if OLD else ' memory'} and {SHARDS * SHARD_S + 1:.6f} seconds",
+        proc=me, src="gpu_model_runner.py:2950")
+    _stop.wait()  # serving collectives until told otherwise; SIGTERM: a quiet exit 0
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+    return 0
+
 
 
 class Api(BaseHTTPRequestHandler):
@@ -254,6 +554,10 @@ API_KEY = ""
 
 def main(argv: list[str] | None = None) -> int:
     global API_KEY
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--version"]:  # `vllm --version` prints the bare version
+        print(VERSION)
+        return 0
     p = argparse.ArgumentParser(prog="vllm")
     p.add_argument("command", choices=["serve"])
     p.add_argument("model", nargs="?", default="")
@@ -266,6 +570,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--distributed-executor-backend", default="")
     p.add_argument("--served-model-name", default="")
     p.add_argument("--api-key", default="")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--master-addr", default="")
+    p.add_argument("--master-port", type=int, default=29501)
+    p.add_argument("--headless", action="store_true")
     # What the supervisor and the tests pass; anything else is refused like the real server refuses it.
     for flag in ("--reasoning-parser", "--tool-call-parser", "--max-model-len", "--max-num-seqs", "--dtype"):
         p.add_argument(flag)
@@ -274,9 +583,16 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     a.model = a.model or a.model_flag
     API_KEY = a.api_key
-    signal.signal(signal.SIGTERM, lambda *_: _stop.set())
+    signal.signal(signal.SIGTERM, _on_term)
     served = a.served_model_name or a.model
     world = a.tensor_parallel_size * a.pipeline_parallel_size
+    if a.headless != (a.nnodes > 1 and a.node_rank > 0):
+        # Plausible wording (not seen): the stand-in runs a headless rank only as a multi-node rank > 0.
+        log("Error: --headless goes with --nnodes > 1 and --node-rank > 0 (and a rank > 0 is --headless)",
+            level="ERROR")
+        return 1
+    if a.headless:
+        return serve_headless(a, world)
 
     if OLD:
         log(f"vLLM API server version {VERSION}")
@@ -294,7 +610,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
                          f"'namespace/repo_name': '{a.model}'. Use `repo_type` argument if needed.\n")
         return 1
-    if world > 1 and a.distributed_executor_backend != "ray":
+    if a.nnodes > 1:
+        check_multi_node(a, world)
+    elif world > 1 and a.distributed_executor_backend != "ray":
         die([f"ValueError: World size ({world}) is larger than the number of available GPUs (1) in this node. "
              "If this is intentional and you are using: - ray, set '--distributed-executor-backend ray'."])
     log(f"Initializing a V1 LLM engine (v{VERSION}) with config: model='{a.model}', "
@@ -312,6 +630,9 @@ def main(argv: list[str] | None = None) -> int:
     short = free_memory_short(a.gpu_memory_utilization)
     if short:
         die([short, "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"])
+    rendezvous = Rendezvous(a, world) if a.nnodes > 1 else None
+    if rendezvous:
+        rendezvous.wait()
     log("vLLM is using nccl==2.27.7", proc="RayWorkerProc", src="pynccl.py:70")
     log(f"Starting to load model {a.model}...", proc="RayWorkerProc", src="gpu_model_runner.py:2900")
     desc = "Loading safetensors checkpoint shards"
@@ -352,6 +673,8 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _stop.wait()
     log("[shutdown] API server: shutdown triggered")
+    if rendezvous:
+        rendezvous.release()
     server.shutdown()
     return 0
 

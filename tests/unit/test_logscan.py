@@ -85,3 +85,16 @@ def test_rates_in_iterations_per_second_and_the_timeline() -> None:
 def test_bad_arguments_are_deterministic() -> None:
     f = logscan.classify("vllm serve: error: unrecognized arguments: --max-modl-len 4096")
     assert f is not None and f.reason == "BadArguments" and f.deterministic
+
+
+def test_the_mp_rendezvous_failures_are_named() -> None:
+    port = ("(Worker_TP0 pid=9) torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+            "local network address. port: 29501, useIpv6: false, code: -98, name: EADDRINUSE, message: address "
+            "already in use\n(EngineCore_DP0 pid=9) ERROR 12-03 02:11:17 [core.py:700] RuntimeError: Engine core "
+            "initialization failed. See root cause above. Failed core proc(s): {}\n")
+    f = logscan.classify(port)
+    assert f is not None and f.reason == "MasterPortInUse" and not f.deterministic
+    never = ("(Worker_TP0 pid=9) torch.distributed.DistStoreError: Timed out after 61 seconds waiting for clients. "
+             "1/2 clients joined.\n")
+    f = logscan.classify(never)
+    assert f is not None and f.reason == "RanksNeverJoined"
