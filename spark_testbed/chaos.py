@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from . import faults, testbed
-from .harness import OWNED, Supervisor, invariant_violations, write_config
+from .harness import BACKEND, OWNED, Supervisor, invariant_violations, write_config
 from .testbed import until
 
 FAULT_FILE = testbed.DIR / "serve-fault"
@@ -64,8 +64,8 @@ class Run:
         self.daemon = Supervisor(self.config, self.workdir, f"daemon-{self.generation}")
 
 
-def _serve_kill() -> None:
-    testbed.docker("spark-1", "exec", OWNED["spark-1"], "sh", "-c", "kill -9 $(cat /tmp/spark-supervisor/testbed/pid)",
+def _serve_kill(node: str = "spark-1") -> None:
+    testbed.docker(node, "exec", OWNED[node], "sh", "-c", "kill -9 $(cat /tmp/spark-supervisor/testbed/pid)",
                    check=False)
 
 
@@ -106,6 +106,9 @@ OBSERVATION: dict[str, Callable[[], faults.Freeze]] = {
     "head containerd hung (serve-state exec)": lambda: faults.containerd_hung("spark-1"),
     "worker Docker engine hung": lambda: faults.docker_engine_hung("spark-2"),
 }
+if BACKEND == "mp":  # vLLM's mp mode across both nodes (SPARK_TESTBED_BACKEND=mp): no Ray, a rank per node
+    del OBSERVATION["ray dashboard hung"]
+    REAL["worker serve rank killed"] = Real(lambda r: _serve_kill("spark-2"), frozenset({"serve"}))
 MENU = sorted(REAL) + sorted(OBSERVATION)
 
 

@@ -96,11 +96,14 @@ class DockerEngine:
             return False
 
     def has_image(self, image: str) -> bool:
+        return bool(self.image_id(image))
+
+    def image_id(self, image: str) -> str:
+        """The local image's ID ("" when it is not on this engine): a re-pulled tag has a new one."""
         try:
-            self._call(lambda: self.client().api.inspect_image(image))
-            return True
+            return str(self._call(lambda: self.client().api.inspect_image(image)).get("Id", "?"))
         except NotFoundError:
-            return False
+            return ""
 
     def pull(self, image: str, *, timeout: float, heartbeat: Any = None,
              progress: Any = None) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from spark_testbed import testbed
-from spark_testbed.harness import OWNED, Supervisor, containers, owned_ids, serve_processes, write_config
+from spark_testbed.harness import BACKEND, OWNED, Supervisor, containers, owned_ids, serve_processes, write_config
 from spark_testbed.testbed import until
 
 HEAD = OWNED["spark-1"]
@@ -32,7 +32,8 @@ PATCH: dict[str, Any] = {"healing": {"repair_budget": 50, "node_patience": 60, "
 # The reasons the planner gives for each kind of loss (plan.py): which one a fault shows depends on what
 # the daemon happens to see first (the engine's container list, Ray's node list, the serve's exit).
 SERVE_GONE = ("ServeExited: exit code", "ServeFailed: ", "ServeUnhealthy: /health failed")
-RAY_GANG_LOST = ("PartialDeployment: ", "RayNodeLost: ", "DeploymentLost: no Ray container on any node")
+RAY_GANG_LOST = ("PartialDeployment: ", "RayNodeLost: ", "DeploymentLost: no Ray container on any node",
+                 "DeploymentLost: no serve container on any node")  # the last with the mp backend
 # A worker the daemon cannot reach while Ray still lists it alive: held (ObservationUnknown), DEGRADED
 # after the patience; NodeLost if Ray no longer lists it. Never a repair.
 NODE_UNREACHABLE = ("ObservationUnknown: spark-2: ", "ObservationUnknown: node spark-2: ", "NodeLost: spark-2 ")
@@ -126,7 +127,7 @@ def test_a_ray_container_removed_is_a_gang_restart(daemon: Supervisor, node: str
     st = assert_clean_serving(daemon, f.at)
     removed = {(e["node"], e["container"]) for e in f.new_events("clean.container_removed")}
     assert removed and all(n != node for n, _ in removed), "the survivors were removed, the gang re-formed"
-    assert st["ray"]["nodes_alive"] == 2 and st["ray"]["gpus"] == 2.0
+    assert BACKEND == "mp" or (st["ray"]["nodes_alive"] == 2 and st["ray"]["gpus"] == 2.0)
     assert f.repairs_used() == 1
 
 

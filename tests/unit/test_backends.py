@@ -49,7 +49,8 @@ def st(phase: Phase = Phase.DETECTING, since: float = 0.0, c=C, **kw) -> Status:
 WITH_ALL = ("ray_path=/work/.venv/bin/ray\nray_python=3.11.7\nray_version=2.60.0\nray_dashboard=yes\n"
             "vllm_path=/work/.venv/bin/spark-testbed-vllm\nvllm_python=3.11.7\nvllm_version=0.33.0\n")
 NO_DASHBOARD = ("ray_path=/tmp/rn/bin/ray\nray_python=3.11.7\nray_version=2.60.0\n"
-                "ray_dashboard=no ModuleNotFoundError: No module named 'aiohttp'\n"
+                "ray_dashboard=no missing aiohttp, aiohttp_cors, grpc, opencensus, opentelemetry, prometheus_client, "
+                "pydantic\n"
                 "vllm_path=/var/lib/spark-testbed/vllm-cpu/bin/vllm\nvllm_python=3.11.7\nvllm_version=0.32.0\n")
 NOTHING = "ray_path=\nvllm_path=\n"
 
