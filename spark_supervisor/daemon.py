@@ -168,6 +168,8 @@ class Daemon:
             st.preflight = tuple(preflight(cfg, obs))
         self._track(obs, now)
         st.repairs_in_window = len(self.repairs.recent(self.wall(), cfg.healing.repair_window))
+        before = (st.phase, st.reason, st.progress)
+        self._progress(obs, now)  # before the plan: a load that moved this tick is not judged stalled
         decision = plan(obs, st, cfg, now)
         self._look_closer = decision.look_closer
         if decision.repair:
@@ -197,8 +199,6 @@ class Daemon:
                     st.verdict = verdict
                     if not verdict.passed:
                         failure = f"SanityFailed: {verdict.why}"
-        before = (st.phase, st.reason, st.progress)
-        self._progress(obs, now)
         self._advance(decision, failure, fatal, now)
         if self._progressed(before):
             self._last_progress = now

@@ -75,3 +75,20 @@ def test_a_worker_rank_killed_is_a_serve_repair_of_every_rank(mp: Supervisor) ->
     assert first["reason"].startswith(("ServeRankExited: spark-2 (rank 1)", "ServeExited", "ServeFailed",
                                        "ServeUnhealthy")), first
     assert ids() == before  # the containers stayed: only the serves were restarted
+
+
+def test_the_master_port_taken_is_named_and_served_once_it_is_free(supervisor: Callable[..., Supervisor],
+                                                                   tmp_path: Path) -> None:
+    import socket
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(("127.0.0.2", 29501))  # the head's fabric IP and the default master_port
+    squatter.listen()
+    try:
+        d = supervisor(write_config(tmp_path, PATCH, deployment=DEPLOYMENT))
+        d.wait(lambda s: any(e["reason"].startswith("ServeFailed: MasterPortInUse") for e in d.repairs()), 120,
+               "the serve's failure named")
+    finally:
+        squatter.close()
+    verify(d)
+    assert all(e["kind"] == "serve" for e in d.repairs()), d.repairs()  # the containers were never the problem

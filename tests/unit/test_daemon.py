@@ -408,3 +408,22 @@ def test_a_start_with_far_less_kv_cache_than_the_best_for_its_spec_is_a_warning(
     daemon2.tick()
     assert not daemon2.status.kv_cache["warning"]
     assert json.loads((state / "kv.json").read_text())[serve_hash(c, c.deployment)] == 500000
+
+
+def test_a_load_that_moved_on_the_tick_it_would_have_stalled_is_not_stalled(tmp_path) -> None:
+    daemon, be, clock, notes, _ = make(tmp_path)
+    c = daemon.cfg
+
+    def loading(shard: int) -> Observation:
+        bar = f"Loading safetensors checkpoint shards:  {shard * 100 // 39}% Completed | {shard}/39 [00:40<01:30]\r"
+        return obs(c, deployed=True, serve=serve_running(c, log=bar), endpoint=EndpointObservation("refused"))
+    be.next = loading(1)
+    daemon.tick()
+    assert daemon.status.phase == Phase.LOADING
+    clock.t += c.deployment.readiness.stall_timeout + 1
+    be.next = loading(2)  # it moved just now: judged on this tick's progress, not the last one's
+    daemon.tick()
+    assert daemon.status.phase == Phase.LOADING and not daemon.repairs.recent(daemon.wall(), 3600)
+    clock.t += c.deployment.readiness.stall_timeout + 1
+    daemon.tick()  # and now it has not moved for longer than the stall timeout
+    assert daemon.status.reason.startswith("LoadStalled")
