@@ -167,6 +167,11 @@ class Daemon:
             self.last_full = obs
             st.preflight = tuple(preflight(cfg, obs))
         self._track(obs, now)
+        return self._reconcile(obs, now)
+
+    def _reconcile(self, obs: Observation, now: float, *, again: bool = True) -> float:
+        """Plan and act on one observation; returns the seconds until the next tick."""
+        st, cfg = self.status, self.cfg
         st.repairs_in_window = len(self.repairs.recent(self.wall(), cfg.healing.repair_window))
         before = (st.phase, st.reason, st.progress)
         self._progress(obs, now)  # before the plan: a load that moved this tick is not judged stalled
@@ -206,7 +211,12 @@ class Daemon:
         self._fingerprint = fingerprint(obs.ray, obs.endpoint)
         self.metrics.update(st, obs, self.clock())
         self._write_status(now)
-        if decision.actions and not failure and st.phase not in (Phase.SERVING, Phase.FAILED):
+        if (again and decision.actions and not failure and st.phase != Phase.FAILED
+                and all(isinstance(a, CheckImage) for a in decision.actions)):
+            # Only looked at the images: decide on at once with the same (fresh) observation.
+            return self._reconcile(obs, self.clock(), again=False)
+        if (decision.actions or decision.look_closer) and not failure and st.phase not in (Phase.SERVING,
+                                                                                             Phase.FAILED):
             self._eager += 1
             if self._eager <= 3:  # bounded: something that comes back as fast as it is removed must not spin us
                 return 0.0  # something was done: look again at once rather than idle for an interval

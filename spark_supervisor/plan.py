@@ -397,8 +397,8 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
                             "before the launch", (StopServe("ranks without their head"),))
         if st.preflight:  # a fabric mistake: found now instead of after a 15-minute load
             return Decision(Phase.FAILED, "PreflightFailed: " + "; ".join(st.preflight), fatal=True)
-        if not obs.full:  # admission reads every member's memory first
-            return Decision(Phase.STARTING_VLLM, "reading memory before the launch")
+        if not obs.full:  # admission reads every member's memory first, on the next tick, at once
+            return Decision(Phase.STARTING_VLLM, "reading memory before the launch", look_closer=True)
         held = gpu_blockers(obs, cfg, dep)
         if held:
             if st.phase == Phase.STARTING_VLLM and st.in_phase(now) > cfg.stale.memory_free_timeout:

@@ -212,9 +212,8 @@ def test_a_deterministic_failure_is_failed_until_reset(tmp_path) -> None:
     assert daemon.status.phase == Phase.FAILED and len(be.ran) == n  # still reporting, not retrying
     del be.fail[StartContainer]
     daemon.rearm("reset")
-    daemon.tick()  # a reset checks the image again: it may have been fixed under the same name
-    assert be.ran[-2:] == [CheckImage("spark-1"), CheckImage("spark-2")]
-    daemon.tick()
+    daemon.tick()  # a reset checks the image again (it may have been fixed under the same name), then starts
+    assert be.ran[-4:-2] == [CheckImage("spark-1"), CheckImage("spark-2")]
     assert daemon.status.phase == Phase.STARTING_RAY
 
 
@@ -222,12 +221,11 @@ def test_the_image_is_checked_on_every_node_before_anything_starts(tmp_path) -> 
     daemon, be, clock, notes, _ = make(tmp_path)
     daemon.status.images = {}
     be.next = obs(daemon.cfg)
-    daemon.tick()
-    assert be.ran == [CheckImage("spark-1"), CheckImage("spark-2")]
-    assert daemon.status.phase == Phase.DETECTING and daemon.status.reason.startswith("CheckingImage:")
+    daemon.tick()  # the check, then (the same tick, the same observation) the start
+    assert be.ran == [CheckImage("spark-1"), CheckImage("spark-2"), StartContainer("spark-1"),
+                      StartContainer("spark-2")]
     assert daemon.status.images == be.reports
-    daemon.tick()
-    assert be.ran[2:] == [StartContainer("spark-1"), StartContainer("spark-2")]
+    assert [h.reason.split(":")[0] for h in daemon.status.history] == ["CheckingImage", "0/2 nodes"]
 
 
 def test_an_image_without_ray_is_failed_before_any_container_starts(tmp_path) -> None:
@@ -235,7 +233,6 @@ def test_an_image_without_ray_is_failed_before_any_container_starts(tmp_path) ->
     daemon.status.images = {}
     be.reports = images(daemon.cfg, ray_path="", ray_version="", ray_python="", dashboard=False)
     be.next = obs(daemon.cfg)
-    daemon.tick()
     daemon.tick()
     assert daemon.status.phase == Phase.FAILED and daemon.status.reason.startswith("ImageLacksRay: spark-1, spark-2")
     assert 'distributed_executor_backend = "mp"' in daemon.status.reason
@@ -250,7 +247,6 @@ def test_without_a_dashboard_the_ray_head_starts_without_one(tmp_path) -> None:
     daemon.status.images = {}
     be.reports = images(daemon.cfg, dashboard=False)
     be.next = obs(daemon.cfg)
-    daemon.tick()
     daemon.tick()
     assert be.ran[2:] == [StartContainer("spark-1", dashboard=False), StartContainer("spark-2", dashboard=False)]
 

@@ -98,3 +98,13 @@ def test_the_mp_rendezvous_failures_are_named() -> None:
              "1/2 clients joined.\n")
     f = logscan.classify(never)
     assert f is not None and f.reason == "RanksNeverJoined"
+
+
+def test_a_rank_that_retried_its_connect_then_lost_its_head_died_of_the_loss() -> None:
+    text = ("[W1203 02:11:17.000000000 socket.cpp:764] [c10d] The client socket has failed to connect to "
+            "[127.0.0.1]:29501 (errno: 111 - Connection refused).\n"  # a retry while rank 0 was not listening yet
+            "(Worker_TP1 pid=9) RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:547] "
+            "Connection closed by peer [127.0.0.1]:29501\n"
+            "(EngineCore_DP0 pid=9) ERROR 12-03 02:11:20 [core.py:700] EngineCore encountered a fatal error.\n")
+    f = logscan.classify(text)
+    assert f is not None and f.reason == "EngineDied" and "Connection closed by peer" in f.line
