@@ -1,5 +1,9 @@
 """The decision table: (observation, status, config, now) -> phase, reason and actions. Pure.
 
+A pass runs the rule steps in ``RULES`` in order (nodes seen, hygiene, containers, placement, Ray, serve,
+ranks, readiness, liveness); each is a function of the tick's ``Facts`` that a test can call alone, and
+the first that returns a decision decides.
+
 The phase follows from what is observed, never from memory of what was done: stale things present
 -> CLEANING; no healthy Ray cluster -> STARTING_RAY; no serve -> STARTING_VLLM; serve not answering
 -> LOADING; answering but not yet judged -> VERIFYING; judged sane -> SERVING. Deadlines count from
@@ -16,18 +20,20 @@ not running, a probe failing past its threshold.
 from __future__ import annotations
 
 import fnmatch
-import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
 
 from . import logscan
 from .commands import node_container_name, serve_nodes
+from .admission import admit, free_memory_failure, gpu_blockers, gpu_unknown
 from .preflight import image_problem
-from .config import HASH_LABEL, OWNER_LABEL, Config, Deployment, ray_hash, serve_hash
+from .config import HASH_LABEL, OWNER_LABEL, Config, Deployment, Node, ray_hash, serve_hash
 from .model import (
     Action,
     CheckImage,
     Container,
     Decision,
-    DropPageCache,
     NodeObservation,
     Observation,
     Phase,
@@ -70,87 +76,6 @@ def stale_units(o: NodeObservation, cfg: Config) -> tuple[str, ...]:
                 or (st.disable and u.enabled in ("enabled", "enabled-runtime"))):
             out.append(name)
     return tuple(out)
-
-
-def _need_mib(o: NodeObservation, dep: Deployment) -> int | None:
-    """What --gpu-memory-utilization will ask for on a unified-memory node (GB10: nvidia-smi says N/A)."""
-    if o.memory is None or o.gpu is None or o.gpu.total_mib is not None:
-        return None
-    return int(dep.serve.gpu_memory_utilization * o.memory.total_mib)
-
-
-def _mem(o: NodeObservation) -> str:
-    m = o.memory
-    assert m is not None
-    return (f"MemFree {m.free_mib} MiB, Cached {m.cached_mib} MiB, MemAvailable {m.available_mib} MiB"
-            if m.free_mib is not None else f"MemAvailable {m.available_mib} MiB")
-
-
-def gpu_blockers(obs: Observation, cfg: Config, dep: Deployment) -> list[str]:
-    """What still holds GPU memory on the deployment's nodes: processes we do not own, and memory that even
-    dropping the page cache would not give back (MemAvailable below what vLLM will ask for)."""
-    held: list[str] = []
-    st = cfg.stale
-    for node in cfg.members(dep):
-        o = obs.nodes[node.name]
-        if o.gpu is not None:
-            residual = 0
-            for p in o.gpu.processes:
-                base = os.path.basename(p.name)
-                if any(base == a or base.startswith(a) for a in st.allowed_gpu_processes):
-                    residual += p.used_mib
-                else:
-                    held.append(f"{node.name}: pid {p.pid} ({p.name or '?'}) {p.used_mib} MiB")
-            if residual > st.residual_mib:
-                held.append(f"{node.name}: allowed processes hold {residual} MiB > {st.residual_mib} MiB")
-        need = _need_mib(o, dep)
-        if need is not None and o.memory is not None and o.memory.available_mib < need:
-            held.append(f"{node.name}: MemAvailable {o.memory.available_mib} MiB < {need} MiB "
-                        f"({dep.serve.gpu_memory_utilization} x MemTotal)")
-    return held
-
-
-def page_cache_in_the_way(obs: Observation, cfg: Config, dep: Deployment) -> dict[str, str]:
-    """Nodes where vLLM's own check would fail on MemFree although MemAvailable is enough: the page cache
-    (a previous load's weight shards) is what stands in the way. node -> the figures."""
-    out = {}
-    for node in cfg.members(dep):
-        o = obs.nodes[node.name]
-        need = _need_mib(o, dep)
-        m = o.memory
-        if need is not None and m is not None and m.free_mib is not None and m.free_mib < need <= m.available_mib:
-            out[node.name] = f"{node.name}: {_mem(o)}; vLLM will ask for {need} MiB"
-    return out
-
-
-def _admit(obs: Observation, st: Status, cfg: Config, phase: Phase) -> Decision | None:
-    """Before a launch: drop the page cache where it is in the way (once), or say why it cannot start."""
-    dep = cfg.deployment
-    cache = page_cache_in_the_way(obs, cfg, dep)
-    if not cache:
-        return None
-    figures = "; ".join(cache.values())
-    if cfg.memory.page_cache == "never":
-        return Decision(Phase.FAILED, f"FreeMemoryBelowUtilization: {figures}: the page cache holds the rest and "
-                        "[memory] page_cache = \"never\" (drop it by hand: sync; echo 3 > /proc/sys/vm/drop_caches, "
-                        "or set page_cache = \"drop\", or lower gpu_memory_utilization)", fatal=True)
-    again = sorted(set(cache) & st.page_cache_dropped)
-    if again:
-        return Decision(Phase.FAILED, f"FreeMemoryBelowUtilization: {figures} even after dropping the page cache "
-                        "(something keeps refilling it or holds memory: lower gpu_memory_utilization)", fatal=True)
-    return Decision(phase, f"PageCacheInTheWay: {figures}: dropping it",
-                    tuple(DropPageCache(n, "page cache in the way") for n in cache))
-
-
-def gpu_unknown(obs: Observation, cfg: Config, dep: Deployment) -> list[str]:
-    """Members whose GPU memory could not be read this tick: nothing may start there on a guess."""
-    out = []
-    for node in cfg.members(dep):
-        o = obs.nodes[node.name]
-        errors = [e for e in o.probe_errors if e.startswith(("nvidia-smi", "meminfo"))]
-        if errors or o.gpu is None:  # no process list, or no memory figures: not a reading to start on
-            out.append(f"{node.name}: " + ("; ".join(errors) or "GPU not read"))
-    return out
 
 
 def unknowns(obs: Observation, cfg: Config, phase: Phase | None = None) -> dict[str, str]:
@@ -235,35 +160,77 @@ def _with_unknowns(d: Decision, obs: Observation, st: Status, cfg: Config, now: 
     return Decision(d.phase, reason, d.actions)
 
 
-def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
-    dep = cfg.deployment
-    members = cfg.members(dep)
-    member_names = {n.name for n in members}
+@dataclass(frozen=True)
+class Facts:
+    """What every rule step reads: this tick's observation, the status, the config, the time."""
 
-    # 1. Nodes that did not answer are unknown, not empty. Nothing is decided about a gang one of whose
-    # members cannot be seen, and nothing is ever torn down for it: if the node is really gone, a
-    # repair could not complete anyway, and if it is only unreachable the model is still serving.
-    down = [o for o in obs.nodes.values() if o.error and o.name in member_names]
-    if down:
-        why = "; ".join(f"{o.name}: {o.error}" for o in down)
-        deployed = any(_owned(o, dep) for o in obs.nodes.values()) or st.phase in _DEPLOYED
-        if not deployed:
-            return Decision(Phase.BACKOFF, "NodeUnreachable: " + why, failure=True)
-        ray = obs.ray
-        alive = {n.ip for n in ray.alive} if ray is not None and ray.reachable else None
-        ips = {n.name: n.fabric_ip for n in members}
-        gone = [o.name for o in down if alive is not None and ips[o.name] not in alive]
-        if gone:  # Ray, which can still be asked, confirms the loss: wait for the node to come back
-            return Decision(Phase.DEGRADED, f"NodeLost: {', '.join(gone)} unreachable and not alive in Ray "
-                            f"({why}); waiting for it to return")
-        return Decision(_hold(st), f"ObservationUnknown: {why}")
+    obs: Observation
+    st: Status
+    cfg: Config
+    now: float
 
-    # 2. Stale units and containers on any node that answered, and containers we own under another
-    # deployment name.
+    @cached_property
+    def dep(self) -> Deployment:
+        return self.cfg.deployment
+
+    @cached_property
+    def members(self) -> list[Node]:
+        return self.cfg.members(self.dep)
+
+    @cached_property
+    def any_owned(self) -> bool:
+        return any(_owned(self.obs.nodes[n.name], self.dep) for n in self.members)
+
+    @cached_property
+    def kind(self) -> str:
+        """What the deployment's containers are, in reasons."""
+        return "Ray" if self.dep.uses_ray else "serve"
+
+    @cached_property
+    def progress(self) -> logscan.LoadProgress:
+        return logscan.scan(self.obs.serve.log_tail if self.obs.serve is not None else "")
+
+    def repair(self, kind: str, reason: str, actions: tuple[Action, ...]) -> Decision:
+        return _repair(kind, reason, actions, self.st, self.cfg, self.now)
+
+    def teardown(self, why: str) -> tuple[Action, ...]:
+        return _teardown(self.cfg, self.obs, self.dep, why)
+
+
+Rule = Callable[[Facts], "Decision | None"]
+
+
+def nodes_seen(f: Facts) -> Decision | None:
+    """1. Nodes that did not answer are unknown, not empty. Nothing is decided about a gang one of whose
+    members cannot be seen, and nothing is ever torn down for it: if the node is really gone, a repair
+    could not complete anyway, and if it is only unreachable the model is still serving."""
+    obs, st = f.obs, f.st
+    names = {n.name for n in f.members}
+    down = [o for o in obs.nodes.values() if o.error and o.name in names]
+    if not down:
+        return None
+    why = "; ".join(f"{o.name}: {o.error}" for o in down)
+    deployed = any(_owned(o, f.dep) for o in obs.nodes.values()) or st.phase in _DEPLOYED
+    if not deployed:
+        return Decision(Phase.BACKOFF, "NodeUnreachable: " + why, failure=True)
+    ray = obs.ray
+    alive = {n.ip for n in ray.alive} if ray is not None and ray.reachable else None
+    ips = {n.name: n.fabric_ip for n in f.members}
+    gone = [o.name for o in down if alive is not None and ips[o.name] not in alive]
+    if gone:  # Ray, which can still be asked, confirms the loss: wait for the node to come back
+        return Decision(Phase.DEGRADED, f"NodeLost: {', '.join(gone)} unreachable and not alive in Ray "
+                        f"({why}); waiting for it to return")
+    return Decision(_hold(st), f"ObservationUnknown: {why}")
+
+
+def hygiene(f: Facts) -> Decision | None:
+    """2. Stale units and containers on any node that answered, and containers we own under another
+    deployment name (or on a node the deployment no longer has)."""
+    cfg, dep = f.cfg, f.dep
     actions: list[Action] = []
     found: list[str] = []
     for node in cfg.nodes:
-        o = obs.nodes[node.name]
+        o = f.obs.nodes[node.name]
         if o.error:
             continue
         units = stale_units(o, cfg)
@@ -275,123 +242,131 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
             actions.append(RemoveContainers(node.name, names, "stale"))
             found.append(f"{node.name}: containers {', '.join(names)}")
         orphans = tuple(c.name for c in o.containers
-                        if OWNER_LABEL in c.labels and (c.labels[OWNER_LABEL] != dep.name or node not in members))
+                        if OWNER_LABEL in c.labels and (c.labels[OWNER_LABEL] != dep.name or node not in f.members))
         if orphans:
             actions.append(RemoveContainers(node.name, orphans, "orphan"))
             found.append(f"{node.name}: orphans {', '.join(orphans)}")
-    if actions:
-        return Decision(Phase.CLEANING, "StaleFound: " + "; ".join(found), tuple(actions))
+    return Decision(Phase.CLEANING, "StaleFound: " + "; ".join(found), tuple(actions)) if actions else None
 
-    # 3. Our containers (Ray nodes, or the mp serve's home): all present, running and of the current
-    # spec, or none at all.
-    rh = ray_hash(cfg, dep)
-    kind = "Ray" if dep.uses_ray else "serve"
+
+def containers(f: Facts) -> Decision | None:
+    """3. The deployment's containers (Ray nodes, or the homes of the mp serve): all present, running and
+    of the current spec, or none at all."""
+    dep, st = f.dep, f.st
+    rh = ray_hash(f.cfg, dep)
     problems: list[str] = []
     between: list[str] = []
-    any_owned = False
-    for node in members:
-        cs = _owned(obs.nodes[node.name], dep)
-        any_owned |= bool(cs)
+    for node in f.members:
+        cs = _owned(f.obs.nodes[node.name], dep)
         ok = [c for c in cs if c.name == node_container_name(dep, node) and c.running
               and c.labels.get(HASH_LABEL) == rh]
         if ok and len(cs) == 1:
             continue
         if not cs:
-            problems.append(f"{node.name}: no {kind} container")
+            problems.append(f"{node.name}: no {f.kind} container")
         elif any(c.labels.get(HASH_LABEL) != rh for c in cs):
             problems.append(f"{node.name}: spec changed")
         elif any(c.lost for c in cs) or len(cs) > 1:
-            problems.append(f"{node.name}: {kind} container {cs[0].state}")
+            problems.append(f"{node.name}: {f.kind} container {cs[0].state}")
         else:  # paused, restarting, removing: neither running nor gone
-            between.append(f"{node.name}: {kind} container {cs[0].state}")
-    if any_owned and problems:
+            between.append(f"{node.name}: {f.kind} container {cs[0].state}")
+    if f.any_owned and problems:
         if all("spec changed" in p for p in problems):
-            return Decision(Phase.CLEANING, "SpecChanged: replacing the deployment", _teardown(cfg, obs, dep, "replace"))
-        return _repair("gang", "PartialDeployment: " + "; ".join(problems), _teardown(cfg, obs, dep, "gang restart"),
-                       st, cfg, now)
+            return Decision(Phase.CLEANING, "SpecChanged: replacing the deployment", f.teardown("replace"))
+        return f.repair("gang", "PartialDeployment: " + "; ".join(problems), f.teardown("gang restart"))
     if between:
         return Decision(_hold(st), "ContainerInTransition: " + "; ".join(between))
+    if not f.any_owned and st.phase in _DEPLOYED:  # all we ran vanished (a power cut, `docker rm -f` everywhere)
+        return f.repair("gang", f"DeploymentLost: no {f.kind} container on any node", ())
+    return None
 
-    if not any_owned:
-        if st.phase in _DEPLOYED:  # everything we ran vanished (a power cut, `docker rm -f` on both nodes)
-            return _repair("gang", f"DeploymentLost: no {kind} container on any node", (), st, cfg, now)
-        if not obs.full:
-            return Decision(Phase.DETECTING, "")
-        checked = _images(st, cfg, dep)
-        if checked is not None:
-            return checked
-        unseen = gpu_unknown(obs, cfg, dep)
-        if unseen:  # nothing starts on a guess; DEGRADED once it lasts
-            late = st.phase == Phase.DEGRADED or (st.phase == Phase.CLEANING
-                                                  and st.in_phase(now) > cfg.healing.unknown_patience)
-            return Decision(Phase.DEGRADED if late else Phase.CLEANING,
-                            "ObservationUnknown: GPU memory: " + "; ".join(unseen))
-        held = gpu_blockers(obs, cfg, dep)
-        if held:
-            if st.phase == Phase.CLEANING and st.in_phase(now) > cfg.stale.memory_free_timeout:
-                return Decision(Phase.FAILED, f"GpuMemoryHeld: still held after {cfg.stale.memory_free_timeout:.0f}s: "
-                                + "; ".join(held) + " (not ours: stop it, then `spark-supervisor reset`)",
-                                fatal=True)
-            return Decision(Phase.CLEANING, "WaitingForGpuMemory: " + "; ".join(held))
-        admitted = _admit(obs, st, cfg, Phase.CLEANING)
-        if admitted is not None:
-            return admitted
-        head_report = st.images.get(members[0].name)
-        dashboard = head_report is None or head_report.dashboard
-        return Decision(Phase.STARTING_RAY, f"0/{len(members)} nodes",
-                        tuple(StartContainer(n.name, dashboard) for n in members))
 
-    # 4. Ray: every configured node ALIVE on its fabric IP, with the GPUs it was given. A dashboard that
-    # does not answer says nothing about the nodes: with a serve to watch, go on without Ray's view.
-    ray = obs.ray
-    s = obs.serve
-    serve_known = s is not None and s.present
+def placement(f: Facts) -> Decision | None:
+    """4. Nothing of the deployment runs: start its containers once the images are checked and the GPU
+    memory of every member is seen free (never on a guess)."""
+    if f.any_owned:
+        return None
+    obs, st, cfg, dep = f.obs, f.st, f.cfg, f.dep
+    if not obs.full:
+        return Decision(Phase.DETECTING, "")
+    checked = _images(st, cfg, dep)
+    if checked is not None:
+        return checked
+    unseen = gpu_unknown(obs, cfg, dep)
+    if unseen:  # nothing starts on a guess; DEGRADED once it lasts
+        late = st.phase == Phase.DEGRADED or (st.phase == Phase.CLEANING
+                                              and st.in_phase(f.now) > cfg.healing.unknown_patience)
+        return Decision(Phase.DEGRADED if late else Phase.CLEANING,
+                        "ObservationUnknown: GPU memory: " + "; ".join(unseen))
+    held = gpu_blockers(obs, cfg, dep)
+    if held:
+        if st.phase == Phase.CLEANING and st.in_phase(f.now) > cfg.stale.memory_free_timeout:
+            return Decision(Phase.FAILED, f"GpuMemoryHeld: still held after {cfg.stale.memory_free_timeout:.0f}s: "
+                            + "; ".join(held) + " (not ours: stop it, then `spark-supervisor reset`)", fatal=True)
+        return Decision(Phase.CLEANING, "WaitingForGpuMemory: " + "; ".join(held))
+    admitted = admit(obs, st, cfg, Phase.CLEANING)
+    if admitted is not None:
+        return admitted
+    head_report = st.images.get(f.members[0].name)
+    dashboard = head_report is None or head_report.dashboard
+    return Decision(Phase.STARTING_RAY, f"0/{len(f.members)} nodes",
+                    tuple(StartContainer(n.name, dashboard) for n in f.members))
+
+
+def ray(f: Facts) -> Decision | None:
+    """5. Ray: every configured node ALIVE on its fabric IP, with the GPUs it was given. A Ray that does
+    not answer says nothing about the nodes: with a serve to watch, go on without Ray's view."""
+    obs, st, dep, members = f.obs, f.st, f.dep, f.members
     if not dep.uses_ray:
-        pass  # mp: one node, no Ray step
-    elif ray is None or not ray.reachable:
-        if not serve_known:
-            if st.phase == Phase.STARTING_RAY and st.in_phase(now) > dep.ray.join_timeout:
-                why = (ray.error if ray else "") or "no answer"
-                return _repair("gang", f"RayJoinTimeout: Ray not reachable after {dep.ray.join_timeout:.0f}s ({why})",
-                               _teardown(cfg, obs, dep, "join timeout"), st, cfg, now)
-            if st.phase == Phase.STARTING_RAY:
-                return Decision(Phase.STARTING_RAY, f"0/{len(members)} nodes (dashboard not answering yet)")
-            return Decision(_hold(st), f"ObservationUnknown: ray {ray.via if ray else 'dashboard'}: "
-                            f"{(ray.error if ray else '') or 'no answer'}")
-    else:
-        want_ips = {n.fabric_ip for n in members}
-        want_gpus = float(sum(n.gpus for n in members))
-        alive_ips = {n.ip for n in ray.alive}
-        serve_seen = s is not None and s.present and (s.running or bool(s.error))
-        wrong = sorted(alive_ips - want_ips)
-        if wrong:
-            return Decision(Phase.FAILED, f"RayNodeWrongIp: a node registered with {', '.join(wrong)}, expected the "
-                            f"fabric IPs {', '.join(sorted(want_ips))}: set fabric_ip/VLLM_HOST_IP per node",
-                            _teardown(cfg, obs, dep, "wrong ip"), fatal=True)
-        if not (want_ips <= alive_ips and ray.gpus >= want_gpus):
-            missing = [n for n in members if n.fabric_ip not in alive_ips]
-            lost = sorted(n.name for n in missing)
-            status = f"{len(alive_ips)}/{len(members)} nodes, {ray.gpus:.1f}/{want_gpus:.1f} GPUs"
-            if serve_seen or st.phase in (Phase.SERVING, Phase.VERIFYING, Phase.LOADING):
-                # Evidence is Ray marking the node DEAD (or alive nodes short of GPUs); a node merely not
-                # in the list is held, not torn down for.
-                dead = {n.ip for n in ray.nodes if not n.alive}
-                if not missing or any(n.fabric_ip in dead for n in missing):
-                    return _repair("gang", f"RayNodeLost: {', '.join(lost) or 'GPUs'} ({status})",
-                                   _teardown(cfg, obs, dep, "ray node lost"), st, cfg, now)
-                return Decision(_hold(st), f"RayNodeNotListed: {', '.join(lost)} not in Ray's node list ({status})")
-            if st.phase == Phase.STARTING_RAY and st.in_phase(now) > dep.ray.join_timeout:
-                return _repair("gang", f"RayJoinTimeout: {status} after {dep.ray.join_timeout:.0f}s "
-                               f"(waiting for {', '.join(lost)})", _teardown(cfg, obs, dep, "join timeout"), st, cfg, now)
-            return Decision(Phase.STARTING_RAY, status)
+        return None  # mp: no Ray step
+    r, s = obs.ray, obs.serve
+    if r is None or not r.reachable:
+        if s is not None and s.present:
+            return None
+        if st.phase == Phase.STARTING_RAY and st.in_phase(f.now) > dep.ray.join_timeout:
+            why = (r.error if r else "") or "no answer"
+            return f.repair("gang", f"RayJoinTimeout: Ray not reachable after {dep.ray.join_timeout:.0f}s ({why})",
+                            f.teardown("join timeout"))
+        if st.phase == Phase.STARTING_RAY:
+            return Decision(Phase.STARTING_RAY, f"0/{len(members)} nodes (dashboard not answering yet)")
+        return Decision(_hold(st), f"ObservationUnknown: ray {r.via if r else 'dashboard'}: "
+                        f"{(r.error if r else '') or 'no answer'}")
+    want_ips = {n.fabric_ip for n in members}
+    want_gpus = float(sum(n.gpus for n in members))
+    alive_ips = {n.ip for n in r.alive}
+    serve_seen = s is not None and s.present and (s.running or bool(s.error))
+    wrong = sorted(alive_ips - want_ips)
+    if wrong:
+        return Decision(Phase.FAILED, f"RayNodeWrongIp: a node registered with {', '.join(wrong)}, expected the "
+                        f"fabric IPs {', '.join(sorted(want_ips))}: set fabric_ip/VLLM_HOST_IP per node",
+                        f.teardown("wrong ip"), fatal=True)
+    if want_ips <= alive_ips and r.gpus >= want_gpus:
+        return None
+    missing = [n for n in members if n.fabric_ip not in alive_ips]
+    lost = sorted(n.name for n in missing)
+    status = f"{len(alive_ips)}/{len(members)} nodes, {r.gpus:.1f}/{want_gpus:.1f} GPUs"
+    if serve_seen or st.phase in (Phase.SERVING, Phase.VERIFYING, Phase.LOADING):
+        # Evidence is Ray marking the node DEAD (or alive nodes short of GPUs); a node merely not in the
+        # list is held, not torn down for.
+        dead = {n.ip for n in r.nodes if not n.alive}
+        if not missing or any(n.fabric_ip in dead for n in missing):
+            return f.repair("gang", f"RayNodeLost: {', '.join(lost) or 'GPUs'} ({status})", f.teardown("ray node lost"))
+        return Decision(_hold(st), f"RayNodeNotListed: {', '.join(lost)} not in Ray's node list ({status})")
+    if st.phase == Phase.STARTING_RAY and st.in_phase(f.now) > dep.ray.join_timeout:
+        return f.repair("gang", f"RayJoinTimeout: {status} after {dep.ray.join_timeout:.0f}s "
+                        f"(waiting for {', '.join(lost)})", f.teardown("join timeout"))
+    return Decision(Phase.STARTING_RAY, status)
 
-    # 5. The serve, inside the head's Ray container. A serve state that could not be read is the last
-    # one seen: nothing is launched or stopped on it, the endpoint's own evidence still counts.
-    sh = serve_hash(cfg, dep)
+
+def serve(f: Facts) -> Decision | None:
+    """6. The serve, in the head's container (and, mp across nodes, a rank in every member's). A serve
+    state that could not be read is the last one seen: nothing is launched or stopped on it; the
+    endpoint's own evidence still counts."""
+    obs, st, cfg, dep, s = f.obs, f.st, f.cfg, f.dep, f.obs.serve
     if s is not None and s.error and not s.present:
         return Decision(_hold(st), f"ObservationUnknown: serve state: {s.error}")
     if s is None or not s.present:
-        strays = [n for n, f in obs.followers.items() if f is not None and f.present and (f.running or f.error)]
+        strays = [n for n, x in obs.followers.items() if x is not None and x.present and (x.running or x.error)]
         if strays:  # ranks left from an earlier serve would wait for a head that is not theirs
             return Decision(Phase.STARTING_VLLM, f"RanksWithoutHead: stopping the serve on {', '.join(strays)} "
                             "before the launch", (StopServe("ranks without their head"),))
@@ -401,63 +376,88 @@ def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
             return Decision(Phase.STARTING_VLLM, "reading memory before the launch", look_closer=True)
         held = gpu_blockers(obs, cfg, dep)
         if held:
-            if st.phase == Phase.STARTING_VLLM and st.in_phase(now) > cfg.stale.memory_free_timeout:
+            if st.phase == Phase.STARTING_VLLM and st.in_phase(f.now) > cfg.stale.memory_free_timeout:
                 return Decision(Phase.FAILED, f"GpuMemoryHeld: still held after {cfg.stale.memory_free_timeout:.0f}s: "
                                 + "; ".join(held), fatal=True)
             return Decision(Phase.STARTING_VLLM, "WaitingForGpuMemory: " + "; ".join(held))
-        admitted = _admit(obs, st, cfg, Phase.STARTING_VLLM)
+        admitted = admit(obs, st, cfg, Phase.STARTING_VLLM)
         if admitted is not None:
             return admitted
         return Decision(Phase.STARTING_VLLM, f"launching {dep.serve.name}", (StartServe(),))
-    progress = logscan.scan(s.log_tail)
-    if not s.error:
-        if s.spec_hash != sh:
-            return Decision(Phase.STARTING_VLLM, "ServeSpecChanged: relaunching",
-                            (StopServe("spec changed"),))
-        if not s.running:
-            fail = progress.failure
-            if fail is not None and fail.reason == "FreeMemoryBelowUtilization":
-                return _free_memory_failure(obs, st, cfg, fail.line)
-            if fail is not None and fail.deterministic:  # the same again on retry: stop and say why
-                return Decision(Phase.FAILED, f"ServeFailed: {fail.reason}: {fail.hint} ({fail.line})",
-                                (StopServe("failed"),), fatal=True)
-            reason = f"ServeFailed: {fail.reason} ({fail.line})" if fail else f"ServeExited: exit code {s.exit_code}"
-            return _repair("serve", reason, (StopServe("exited"),), st, cfg, now)
-    ranks = _ranks(obs, st, cfg, now, sh)
-    if ranks is not None:
-        return ranks
+    if s.error:
+        return None
+    if s.spec_hash != serve_hash(cfg, dep):
+        return Decision(Phase.STARTING_VLLM, "ServeSpecChanged: relaunching", (StopServe("spec changed"),))
+    if s.running:
+        return None
+    fail = f.progress.failure
+    if fail is not None and fail.reason == "FreeMemoryBelowUtilization":
+        return free_memory_failure(obs, st, cfg, fail.line)
+    if fail is not None and fail.deterministic:  # the same again on retry: stop and say why
+        return Decision(Phase.FAILED, f"ServeFailed: {fail.reason}: {fail.hint} ({fail.line})",
+                        (StopServe("failed"),), fatal=True)
+    reason = f"ServeFailed: {fail.reason} ({fail.line})" if fail else f"ServeExited: exit code {s.exit_code}"
+    return f.repair("serve", reason, (StopServe("exited"),))
 
-    ep = obs.endpoint
-    name = dep.serve.name
-    h = cfg.healing
-    v = st.verdict
-    verified = v is not None and v.passed and v.serve == s.identity
-    if verified and st.phase in (Phase.SERVING, Phase.DEGRADED):
-        # Judged sane: from here on the liveness trackers decide, counted past their thresholds; one
-        # /health that failed or could not be read is not a reason to leave SERVING.
-        return _serving(obs, st, cfg, now)
+
+def ranks(f: Facts) -> Decision | None:
+    """7. mp across nodes: the headless ranks beside a running head."""
+    return _ranks(f.obs, f.st, f.cfg, f.now, serve_hash(f.cfg, f.dep))
+
+
+def _verified(f: Facts) -> bool:
+    v, s = f.st.verdict, f.obs.serve
+    return v is not None and s is not None and v.passed and v.serve == s.identity
+
+
+def readiness(f: Facts) -> Decision | None:
+    """8. Loading until the model is listed, then one real completion judged before SERVING. Once judged
+    sane, liveness decides: one /health that failed or could not be read is no reason to leave SERVING."""
+    obs, st, dep, s = f.obs, f.st, f.dep, f.obs.serve
+    assert s is not None
+    if _verified(f) and st.phase in (Phase.SERVING, Phase.DEGRADED):
+        return None
+    ep, name = obs.endpoint, dep.serve.name
     if ep is None or ep.state != "up" or name not in ep.models:
         if s.error:  # the log tail is the last one seen: no stall or deadline is judged on it
             return Decision(_hold(st), f"ObservationUnknown: serve state: {s.error}")
         if (st.phase == Phase.LOADING and st.load_progress_at
-                and now - st.load_progress_at > dep.readiness.stall_timeout):
-            return _repair("serve", f"LoadStalled: no progress for {dep.readiness.stall_timeout:.0f}s at "
-                           f"{progress.summary()}", (StopServe("load stalled"),), st, cfg, now)
-        if st.phase == Phase.LOADING and st.in_phase(now) > dep.readiness.deadline:
-            return _repair("serve", f"LoadTimeout: not ready after {dep.readiness.deadline:.0f}s "
-                           f"({progress.summary()})", (StopServe("load timeout"),), st, cfg, now)
+                and f.now - st.load_progress_at > dep.readiness.stall_timeout):
+            return f.repair("serve", f"LoadStalled: no progress for {dep.readiness.stall_timeout:.0f}s at "
+                            f"{f.progress.summary()}", (StopServe("load stalled"),))
+        if st.phase == Phase.LOADING and st.in_phase(f.now) > dep.readiness.deadline:
+            return f.repair("serve", f"LoadTimeout: not ready after {dep.readiness.deadline:.0f}s "
+                            f"({f.progress.summary()})", (StopServe("load timeout"),))
         detail = ""  # progress is reported apart from the reason, so history keeps only real changes
         if ep is not None and ep.state == "error":
             detail = f"EndpointError: {ep.detail}"
         elif ep is not None and ep.state == "up":
             detail = f"API up, {name} not listed yet"
         return Decision(Phase.LOADING, detail)
-    if not verified:
-        if st.deep.failures >= h.deep_failure_threshold:
-            return _repair("serve", f"ServeWedged: {st.deep.failures} sanity completions failed ({st.deep.detail})",
-                           (StopServe("wedged"),), st, cfg, now)
-        return Decision(Phase.VERIFYING, "sanity completion", (Verify(s.identity),))
-    return _serving(obs, st, cfg, now)
+    if _verified(f):
+        return None
+    if st.deep.failures >= f.cfg.healing.deep_failure_threshold:
+        return f.repair("serve", f"ServeWedged: {st.deep.failures} sanity completions failed ({st.deep.detail})",
+                        (StopServe("wedged"),))
+    return Decision(Phase.VERIFYING, "sanity completion", (Verify(s.identity),))
+
+
+def liveness(f: Facts) -> Decision:
+    """9. Serving: liveness with thresholds. Trackers restart with each serve instance (the hold)."""
+    return _serving(f.obs, f.st, f.cfg, f.now)
+
+
+# The reconcile, in order: the first step that decides wins (KubeRay's reconcile functions, as one pass).
+RULES: tuple[Rule, ...] = (nodes_seen, hygiene, containers, placement, ray, serve, ranks, readiness, liveness)
+
+
+def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
+    facts = Facts(obs, st, cfg, now)
+    for rule in RULES:
+        d = rule(facts)
+        if d is not None:
+            return d
+    raise AssertionError("liveness always decides")
 
 
 def _ranks(obs: Observation, st: Status, cfg: Config, now: float, sh: str) -> Decision | None:
@@ -485,26 +485,6 @@ def _ranks(obs: Observation, st: Status, cfg: Config, now: float, sh: str) -> De
             return _repair("serve", f"ServeRankExited: {node} (rank {rank}): {why}", (StopServe("rank exited"),),
                            st, cfg, now)
     return None
-
-
-def _free_memory_failure(obs: Observation, st: Status, cfg: Config, line: str) -> Decision:
-    """vLLM refused to start on free memory. Right after a drop, or with MemAvailable short too, the same
-    would happen again: FAILED with the numbers. Otherwise the page cache is the likely cause: drop it and
-    let the launch be retried once (no repair budget: nothing was broken)."""
-    dep = cfg.deployment
-    if not obs.full:
-        return Decision(st.phase, "FreeMemoryBelowUtilization: reading memory before deciding", look_closer=True)
-    nodes = [obs.nodes[n.name] for n in cfg.members(dep)]
-    figures = "; ".join(f"{o.name}: {_mem(o)}" for o in nodes if o.memory is not None) or "memory not read"
-    short = gpu_blockers(obs, cfg, dep)
-    if st.page_cache_dropped or short or cfg.memory.page_cache == "never":
-        why = ("after dropping the page cache" if st.page_cache_dropped else
-               "with MemAvailable short too" if short else "and [memory] page_cache = \"never\"")
-        return Decision(Phase.FAILED, f"ServeFailed: FreeMemoryBelowUtilization {why}: {figures} ({line}); "
-                        "free the memory or lower gpu_memory_utilization", (StopServe("failed"),), fatal=True)
-    return Decision(Phase.STARTING_VLLM, f"FreeMemoryBelowUtilization: {figures}: dropping the page cache, "
-                    "then one more launch", (StopServe("free memory"), *(
-                        DropPageCache(n.name, "vLLM refused on free memory") for n in cfg.members(dep))))
 
 
 def _serving(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:

@@ -1,0 +1,111 @@
+"""Memory admission before a launch, pure: what vLLM's own start-up check will see on each node (GPU
+processes we do not own, MemFree against --gpu-memory-utilization on unified memory, the page cache in
+the way), and what to do about it."""
+
+from __future__ import annotations
+
+import os
+
+from .config import Config, Deployment
+from .model import Decision, DropPageCache, NodeObservation, Observation, Phase, Status, StopServe
+
+
+def _need_mib(o: NodeObservation, dep: Deployment) -> int | None:
+    """What --gpu-memory-utilization will ask for on a unified-memory node (GB10: nvidia-smi says N/A)."""
+    if o.memory is None or o.gpu is None or o.gpu.total_mib is not None:
+        return None
+    return int(dep.serve.gpu_memory_utilization * o.memory.total_mib)
+
+
+def _mem(o: NodeObservation) -> str:
+    m = o.memory
+    assert m is not None
+    return (f"MemFree {m.free_mib} MiB, Cached {m.cached_mib} MiB, MemAvailable {m.available_mib} MiB"
+            if m.free_mib is not None else f"MemAvailable {m.available_mib} MiB")
+
+
+def gpu_blockers(obs: Observation, cfg: Config, dep: Deployment) -> list[str]:
+    """What still holds GPU memory on the deployment's nodes: processes we do not own, and memory that even
+    dropping the page cache would not give back (MemAvailable below what vLLM will ask for)."""
+    held: list[str] = []
+    st = cfg.stale
+    for node in cfg.members(dep):
+        o = obs.nodes[node.name]
+        if o.gpu is not None:
+            residual = 0
+            for p in o.gpu.processes:
+                base = os.path.basename(p.name)
+                if any(base == a or base.startswith(a) for a in st.allowed_gpu_processes):
+                    residual += p.used_mib
+                else:
+                    held.append(f"{node.name}: pid {p.pid} ({p.name or '?'}) {p.used_mib} MiB")
+            if residual > st.residual_mib:
+                held.append(f"{node.name}: allowed processes hold {residual} MiB > {st.residual_mib} MiB")
+        need = _need_mib(o, dep)
+        if need is not None and o.memory is not None and o.memory.available_mib < need:
+            held.append(f"{node.name}: MemAvailable {o.memory.available_mib} MiB < {need} MiB "
+                        f"({dep.serve.gpu_memory_utilization} x MemTotal)")
+    return held
+
+
+def page_cache_in_the_way(obs: Observation, cfg: Config, dep: Deployment) -> dict[str, str]:
+    """Nodes where vLLM's own check would fail on MemFree although MemAvailable is enough: the page cache
+    (a previous load's weight shards) is what stands in the way. node -> the figures."""
+    out = {}
+    for node in cfg.members(dep):
+        o = obs.nodes[node.name]
+        need = _need_mib(o, dep)
+        m = o.memory
+        if need is not None and m is not None and m.free_mib is not None and m.free_mib < need <= m.available_mib:
+            out[node.name] = f"{node.name}: {_mem(o)}; vLLM will ask for {need} MiB"
+    return out
+
+
+def admit(obs: Observation, st: Status, cfg: Config, phase: Phase) -> Decision | None:
+    """Before a launch: drop the page cache where it is in the way (once), or say why it cannot start."""
+    dep = cfg.deployment
+    cache = page_cache_in_the_way(obs, cfg, dep)
+    if not cache:
+        return None
+    figures = "; ".join(cache.values())
+    if cfg.memory.page_cache == "never":
+        return Decision(Phase.FAILED, f"FreeMemoryBelowUtilization: {figures}: the page cache holds the rest and "
+                        "[memory] page_cache = \"never\" (drop it by hand: sync; echo 3 > /proc/sys/vm/drop_caches, "
+                        "or set page_cache = \"drop\", or lower gpu_memory_utilization)", fatal=True)
+    again = sorted(set(cache) & st.page_cache_dropped)
+    if again:
+        return Decision(Phase.FAILED, f"FreeMemoryBelowUtilization: {figures} even after dropping the page cache "
+                        "(something keeps refilling it or holds memory: lower gpu_memory_utilization)", fatal=True)
+    return Decision(phase, f"PageCacheInTheWay: {figures}: dropping it",
+                    tuple(DropPageCache(n, "page cache in the way") for n in cache))
+
+
+def gpu_unknown(obs: Observation, cfg: Config, dep: Deployment) -> list[str]:
+    """Members whose GPU memory could not be read this tick: nothing may start there on a guess."""
+    out = []
+    for node in cfg.members(dep):
+        o = obs.nodes[node.name]
+        errors = [e for e in o.probe_errors if e.startswith(("nvidia-smi", "meminfo"))]
+        if errors or o.gpu is None:  # no process list, or no memory figures: not a reading to start on
+            out.append(f"{node.name}: " + ("; ".join(errors) or "GPU not read"))
+    return out
+
+
+def free_memory_failure(obs: Observation, st: Status, cfg: Config, line: str) -> Decision:
+    """vLLM refused to start on free memory. Right after a drop, or with MemAvailable short too, the same
+    would happen again: FAILED with the numbers. Otherwise the page cache is the likely cause: drop it and
+    let the launch be retried once (no repair budget: nothing was broken)."""
+    dep = cfg.deployment
+    if not obs.full:
+        return Decision(st.phase, "FreeMemoryBelowUtilization: reading memory before deciding", look_closer=True)
+    nodes = [obs.nodes[n.name] for n in cfg.members(dep)]
+    figures = "; ".join(f"{o.name}: {_mem(o)}" for o in nodes if o.memory is not None) or "memory not read"
+    short = gpu_blockers(obs, cfg, dep)
+    if st.page_cache_dropped or short or cfg.memory.page_cache == "never":
+        why = ("after dropping the page cache" if st.page_cache_dropped else
+               "with MemAvailable short too" if short else "and [memory] page_cache = \"never\"")
+        return Decision(Phase.FAILED, f"ServeFailed: FreeMemoryBelowUtilization {why}: {figures} ({line}); "
+                        "free the memory or lower gpu_memory_utilization", (StopServe("failed"),), fatal=True)
+    return Decision(Phase.STARTING_VLLM, f"FreeMemoryBelowUtilization: {figures}: dropping the page cache, "
+                    "then one more launch", (StopServe("free memory"), *(
+                        DropPageCache(n.name, "vLLM refused on free memory") for n in cfg.members(dep))))
