@@ -143,7 +143,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_teardown(args: argparse.Namespace) -> int:
     from . import logs
     from .act import ActionFailed
-    from .daemon import teardown
+    from .backend import teardown
     from .observe import World
     cfg = _load(args.config)
     logs.setup()

@@ -1,0 +1,83 @@
+"""The backend: what the reconcile loop needs from the world (observe, act, the quick check between ticks,
+teardown), with RealBackend over the adapters in production and a fake in unit tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from . import config as config_mod
+from . import probes
+from .act import ActionFailed, Actor
+from .adapters import AdapterError
+from .adapters.quick import QuickProbe
+from .adapters.shell import control_dir
+from .config import Config
+from .model import Action, EndpointObservation, ImageReport, Observation, RayObservation, Verdict
+from .observe import Observer, World
+
+Fingerprint = tuple[frozenset[str] | None, str]
+
+
+def fingerprint(ray: RayObservation | None, endpoint: EndpointObservation | None) -> Fingerprint:
+    """What the quick check compares between ticks: the Ray nodes alive and the /health result."""
+    alive = frozenset(n.ip for n in ray.alive) if ray is not None and ray.reachable else None
+    return alive, probes.health_result(endpoint)
+
+
+class Backend(Protocol):
+    """What the loop needs from the world; RealBackend in production, a fake in unit tests."""
+
+    def observe(self, full: bool) -> Observation: ...
+    def run(self, action: Action) -> Verdict | ImageReport | None: ...
+    def quick(self) -> Fingerprint: ...
+    def teardown(self) -> list[str]: ...
+    def close(self) -> None: ...
+
+
+class RealBackend:
+    def __init__(self, cfg: Config, log: Any, heartbeat: Callable[[], None] | None = None):
+        self.world = World(cfg, control_dir=control_dir(cfg.supervisor.state_dir))
+        self.observer, self.actor, self.log = Observer(self.world), Actor(self.world, log, heartbeat), log
+        self.quick_probe = QuickProbe(self.world.ray.url if cfg.deployment.uses_ray else "", self.world.api.url)
+
+    def observe(self, full: bool) -> Observation:
+        return self.observer.observe(full)
+
+    def run(self, action: Action) -> Verdict | ImageReport | None:
+        return self.actor.run(action)
+
+    def quick(self) -> Fingerprint:
+        # Without a dashboard Ray is read at ticks only (observe.Observer._ray_gcs): its last reading stands.
+        ray = self.quick_probe.ray_nodes() if self.observer.ray_via == "dashboard" else self.observer.last_ray
+        return fingerprint(ray, self.quick_probe.health())
+
+    def teardown(self) -> list[str]:
+        return teardown(self.world, self.log)
+
+    def close(self) -> None:
+        self.quick_probe.close()
+        self.world.close()
+
+
+def teardown(world: World, log: Any) -> list[str]:
+    """Remove every container this deployment owns, on every node, workers first."""
+    from .commands import node_container_name
+    cfg = world.cfg
+    dep = cfg.deployment
+    removed, errors = [], []
+    for node in reversed(cfg.members(dep)):
+        a = world.nodes[node.name]
+        try:
+            names = [c.name for c in a.docker.containers()
+                     if c.labels.get(config_mod.OWNER_LABEL) == dep.name or c.name == node_container_name(dep, node)]
+            for name in names:
+                if a.docker.remove(name):
+                    removed.append(f"{node.name}/{name}")
+                    log.info("teardown.container_removed", node=node.name, container=name)
+        except AdapterError as e:
+            errors.append(f"{node.name}: {e}")
+            log.error("teardown.failed", node=node.name, error=str(e))
+    if errors:
+        raise ActionFailed("TeardownIncomplete: " + "; ".join(errors))
+    return removed
