@@ -16,6 +16,7 @@ from .adapters import AdapterError, NotFoundError
 from .config import Node, ray_hash, serve_hash
 from .model import (
     Action,
+    Reason,
     CheckImage,
     ImageReport,
     DropPageCache,
@@ -35,9 +36,10 @@ class ActionFailed(Exception):
     """An action could not be carried out. ``deterministic``: it would fail the same way on retry
     (a missing image with pulls disabled): FAILED with the reason instead of burning retries."""
 
-    def __init__(self, reason: str, *, deterministic: bool = False):
-        super().__init__(reason)
-        self.reason = reason
+    def __init__(self, kind: str, detail: str, *, deterministic: bool = False):
+        self.why = Reason(kind, detail)
+        super().__init__(str(self.why))
+        self.reason = str(self.why)
         self.deterministic = deterministic
 
 
@@ -52,7 +54,7 @@ class Actor:
         try:
             return self._dispatch(action)
         except AdapterError as e:
-            raise ActionFailed(str(e)) from None
+            raise ActionFailed(e.reason, str(e.args[0])) from None
 
     def _dispatch(self, action: Action) -> Verdict | ImageReport | None:
         w, cfg = self.world, self.world.cfg
@@ -130,7 +132,7 @@ class Actor:
                 pass  # another shape (an older version): check again
         code, out = a.docker.run_once(spec)
         if code != 0:  # the probe itself always exits 0: the image could not even run sh
-            raise ActionFailed(f"ImageCheckFailed: {node}: {spec.image} exited {code}: {out.strip()[-200:]}",
+            raise ActionFailed("ImageCheckFailed", f"{node}: {spec.image} exited {code}: {out.strip()[-200:]}",
                                deterministic=code in (126, 127))
         report = parse_image_probe(node, spec.image, key, out)
         self.log.info("image.checked", node=node, image=spec.image, ray=report.ray_version or None,
@@ -161,19 +163,19 @@ class Actor:
         if a.node.drop_caches or a.node.remote:
             r = a.shell.run(list(a.node.drop_caches) or commands.DROP_CACHES)
             if r.rc != 0:  # not allowed or not there: the same again on retry
-                raise ActionFailed(f"PageCacheDropFailed: {a.node.name}: {(r.err.strip() or f'exit {r.rc}')[-200:]} "
+                raise ActionFailed("PageCacheDropFailed", f"{a.node.name}: {(r.err.strip() or f'exit {r.rc}')[-200:]} "
                                    "(set nodes.drop_caches, or [memory] page_cache = \"never\")", deterministic=True)
             return
         self._ensure_image(a, image)
         code, out = a.docker.run_once(commands.drop_caches_container(image))
         if code != 0:  # the image cannot do it (no sh, no sync, no write): the same again on retry
-            raise ActionFailed(f"PageCacheDropFailed: {a.node.name}: helper container exited {code}: {out[-200:]} "
+            raise ActionFailed("PageCacheDropFailed", f"{a.node.name}: helper container exited {code}: {out[-200:]} "
                                "(set nodes.drop_caches, or [memory] page_cache = \"never\")", deterministic=True)
 
     def _systemctl(self, a: Any, verb: str, unit: str) -> None:
         r = a.shell.run(commands.systemctl(verb, [unit]))
         if r.rc != 0:
-            raise ActionFailed(f"SystemctlFailed: systemctl {verb} {unit} on {a.node.name}: "
+            raise ActionFailed("SystemctlFailed", f"systemctl {verb} {unit} on {a.node.name}: "
                                f"{(r.err.strip() or f'exit {r.rc}')[-200:]}")
 
     def _ensure_image(self, a: Any, image: str) -> None:
@@ -181,7 +183,7 @@ class Actor:
             return
         policy = self.world.cfg.deployment.ray.image_pull
         if policy == "never":
-            raise ActionFailed(f"ImageMissing: {image} is not on {a.node.name} and image_pull = \"never\" "
+            raise ActionFailed("ImageMissing", f"{image} is not on {a.node.name} and image_pull = \"never\" "
                                f"(load it with `docker load` or set image_pull = \"if-missing\")",
                                deterministic=True)
         timeout = self.world.cfg.deployment.ray.pull_timeout

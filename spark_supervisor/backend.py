@@ -79,5 +79,5 @@ def teardown(world: World, log: Any) -> list[str]:
             errors.append(f"{node.name}: {e}")
             log.error("teardown.failed", node=node.name, error=str(e))
     if errors:
-        raise ActionFailed("TeardownIncomplete: " + "; ".join(errors))
+        raise ActionFailed("TeardownIncomplete", "; ".join(errors))
     return removed

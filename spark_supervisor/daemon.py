@@ -23,6 +23,7 @@ from . import logscan, probes, statefile
 from .act import ActionFailed
 from .config import Config
 from .model import (
+    Reason,
     Action,
     CheckImage,
     Decision,
@@ -130,12 +131,12 @@ class Daemon:
         self._look_closer = decision.look_closer
         if decision.repair:
             self._start_repair(decision, now)
-        failure = decision.reason if decision.failure else ""
+        failure = decision.why if decision.failure else None
         fatal = False
         for action, result in self._run(decision.actions):
             if isinstance(result, ActionFailed):
                 self.log.warning("action.failed", action=type(action).__name__, reason=result.reason)
-                failure, fatal = result.reason, result.deterministic
+                failure, fatal = result.why, result.deterministic
                 break
             if isinstance(result, ImageReport):
                 st.images[result.node] = result
@@ -154,7 +155,7 @@ class Daemon:
                 if not action.deep:
                     st.verdict = verdict
                     if not verdict.passed:
-                        failure = f"SanityFailed: {verdict.why}"
+                        failure = Reason("SanityFailed", verdict.why)
         self._advance(decision, failure, fatal, now)
         if self._progressed(before):
             self._last_progress = now
@@ -271,13 +272,13 @@ class Daemon:
         self._best_rank = 0
         st.page_cache_dropped = frozenset()
         self.repairs.add(self.wall(), decision.repair, decision.reason)
-        self.metrics.repaired(decision.repair, decision.reason)
+        self.metrics.repaired(decision.repair, decision.why.kind)
         self._bringup_at = now
         n = len(self.repairs.recent(self.wall(), h.repair_window))
         st.repairs_in_window = n
         delay = backoff_delay(n, self.cfg.supervisor.backoff_base, self.cfg.supervisor.backoff_max, self.rng())
         st.next_repair_at = now + delay
-        self.log.warning("repair.started", kind=decision.repair, reason=decision.reason,
+        self.log.warning("repair.started", kind=decision.repair, reason=decision.reason, reason_kind=decision.why.kind,
                          budget_used=n, budget=h.repair_budget, next_repair_not_before_s=round(delay, 1))
 
     def _kv_cache(self, obs: Observation, tokens: int) -> None:
@@ -323,31 +324,32 @@ class Daemon:
             self._milestone = p.milestone
             self.log.info("load.progress", milestone=p.milestone, progress=st.progress, version=p.version)
 
-    def _advance(self, decision: Decision, failure: str, fatal: bool, now: float) -> None:
+    def _advance(self, decision: Decision, failure: Reason | None, fatal: bool, now: float) -> None:
         st, sup = self.status, self.cfg.supervisor
-        phase, reason = decision.phase, decision.reason
+        phase, why = decision.phase, decision.why
         if decision.fatal or fatal:
-            phase, reason = Phase.FAILED, failure or reason
-            self.log.error("reconcile.failed", reason=reason,
+            phase, why = Phase.FAILED, failure or why
+            self.log.error("reconcile.failed", reason=str(why), reason_kind=why.kind,
                            hint="fix the cause, then `systemctl reload spark-supervisor` or `spark-supervisor reset`")
         elif failure:
             st.failures += 1
             delay = backoff_delay(st.failures, sup.backoff_base, sup.backoff_max, self.rng())
             st.backoff_until = now + delay
-            phase, reason = Phase.BACKOFF, failure
-            self.log.warning("reconcile.retry_scheduled", attempt=st.failures, in_s=round(delay, 1), reason=failure)
+            phase, why = Phase.BACKOFF, failure
+            self.log.warning("reconcile.retry_scheduled", attempt=st.failures, in_s=round(delay, 1), reason=str(why),
+                             reason_kind=why.kind)
         elif phase == Phase.SERVING:
             st.failures = 0
             st.page_cache_dropped = frozenset()
         before = st.phase
-        if st.advance(phase, reason, now, self.wall()):
+        if st.advance(phase, why, now, self.wall()):
             if before != phase:
                 log = self.log.warning if phase == Phase.BACKOFF else self.log.info
-                log("phase.changed", **{"from": before.value}, to=phase.value, reason=reason)
+                log("phase.changed", **{"from": before.value}, to=phase.value, reason=str(why), reason_kind=why.kind)
                 if phase == Phase.SERVING:
                     self.metrics.ready_after(now - self._bringup_at)
             else:
-                self.log.info("phase.progress", phase=phase.value, reason=reason)
+                self.log.info("phase.progress", phase=phase.value, reason=str(why), reason_kind=why.kind)
         line = self.status_line()
         if line != self._last_status:
             self._last_status = line
@@ -489,7 +491,8 @@ class Daemon:
                 self.backend.teardown()
             except ActionFailed as e:
                 self.log.error("teardown.incomplete", reason=e.reason)
-        self.status.advance(Phase.STOPPING, f"on_stop={self.cfg.supervisor.on_stop}", self.clock(), self.wall())
+        self.status.advance(Phase.STOPPING, Reason(detail=f"on_stop={self.cfg.supervisor.on_stop}"), self.clock(),
+                            self.wall())
         self._last_doc = ""
         self._write_status(self.clock())
         self.backend.close()
@@ -584,7 +587,7 @@ class Daemon:
             self.log.info("reconcile.reset", budget_cleared=True, phase=st.phase.value)
         st.failures, st.backoff_until, st.next_repair_at = 0, 0.0, 0.0
         if st.phase in (Phase.FAILED, Phase.BACKOFF):
-            st.advance(Phase.DETECTING, f"re-armed by {why}", self.clock(), self.wall())
+            st.advance(Phase.DETECTING, Reason(detail=f"re-armed by {why}"), self.clock(), self.wall())
             self.log.info("reconcile.rearmed", by=why)
 
 

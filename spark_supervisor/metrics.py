@@ -56,8 +56,8 @@ class Metrics:
             self.ray_nodes.set(len(obs.ray.alive))
             self.gpus.set(obs.ray.gpus)
 
-    def repaired(self, kind: str, reason: str) -> None:
-        self.repairs.labels(kind, reason.split(":")[0]).inc()
+    def repaired(self, kind: str, reason_kind: str) -> None:
+        self.repairs.labels(kind, reason_kind).inc()
 
     def unknown(self, what: str) -> None:
         self.unknowns.labels(what).inc()

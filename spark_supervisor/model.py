@@ -246,14 +246,30 @@ def describe(action: Action) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class Reason:
+    """Why: a kind (a CamelCase tag that metrics, alerts, chaos and tests match on; "" for a plain note of
+    progress) and its details, rendered to text only at the edge (status, logs, STATUS=)."""
+
+    kind: str = ""
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.detail}" if self.kind and self.detail else self.kind or self.detail
+
+
+@dataclass(frozen=True)
 class Decision:
     phase: Phase
-    reason: str = ""  # CamelCase tag, optionally ": detail"
+    why: Reason = Reason()
     actions: tuple[Action, ...] = ()
     failure: bool = False  # the reason is an error: back off before the next attempt
     repair: str = ""  # "serve" or "gang": the actions repair a fault and count against the budget
     fatal: bool = False  # deterministic, or the budget is spent: FAILED until a config change or reset
     look_closer: bool = False  # decide on the next tick, from a full observation (memory, GPU, units)
+
+    @property
+    def reason(self) -> str:
+        return str(self.why)
 
 
 # ----------------------------------------------------------------------------------------------- status
@@ -293,6 +309,7 @@ class Transition:
     reason: str
     at: float  # monotonic
     wall: float
+    kind: str = ""  # the reason's kind
 
 
 @dataclass
@@ -303,7 +320,7 @@ class Status:
     """
 
     phase: Phase = Phase.DETECTING
-    reason: str = ""
+    why: Reason = Reason()
     since: float = 0.0
     since_wall: float = 0.0
     history: list[Transition] = field(default_factory=list)
@@ -327,14 +344,18 @@ class Status:
     kv_cache: dict[str, Any] = field(default_factory=dict)  # tokens, best for this spec, warning
     images: dict[str, ImageReport] = field(default_factory=dict)  # node -> its image check (this run)
 
-    def advance(self, phase: Phase, reason: str, now: float, wall: float) -> bool:
+    @property
+    def reason(self) -> str:
+        return str(self.why)
+
+    def advance(self, phase: Phase, why: Reason, now: float, wall: float) -> bool:
         """Set the phase; return True when it (or its reason) changed."""
-        if phase == self.phase and reason == self.reason and self.history:
+        if phase == self.phase and why == self.why and self.history:
             return False
         if phase != self.phase or not self.history:
             self.since, self.since_wall = now, wall
-        self.phase, self.reason = phase, reason
-        self.history.append(Transition(phase, reason, now, wall))
+        self.phase, self.why = phase, why
+        self.history.append(Transition(phase, str(why), now, wall, why.kind))
         del self.history[:-50]
         return True
 

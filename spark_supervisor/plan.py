@@ -30,6 +30,7 @@ from .admission import admit, free_memory_failure, gpu_blockers, gpu_unknown
 from .preflight import image_problem
 from .config import HASH_LABEL, OWNER_LABEL, Config, Deployment, Node, ray_hash, serve_hash
 from .model import (
+    Reason,
     Action,
     CheckImage,
     Container,
@@ -103,12 +104,13 @@ def _images(st: Status, cfg: Config, dep: Deployment) -> Decision | None:
     key = ray_hash(cfg, dep)
     members = cfg.members(dep)
     todo = [n.name for n in members if (r := st.images.get(n.name)) is None or r.key != key]
-    if todo:
-        return Decision(Phase.DETECTING, f"CheckingImage: {dep.ray.image} on {', '.join(todo)}",
+    if todo:  # part of getting ready to start: no phase of its own (CLEANING stays CLEANING)
+        phase = st.phase if st.phase in (Phase.DETECTING, Phase.CLEANING) else Phase.DETECTING
+        return Decision(phase, Reason("CheckingImage", f"{dep.ray.image} on {', '.join(todo)}"),
                         tuple(CheckImage(n) for n in todo))
     problem = image_problem(cfg, dep, st.images)
     if problem is not None:
-        return Decision(Phase.FAILED, f"{problem[0]}: {problem[1]}", fatal=True)
+        return Decision(Phase.FAILED, Reason(*problem), fatal=True)
     return None
 
 
@@ -128,9 +130,9 @@ def _teardown(cfg: Config, obs: Observation, dep: Deployment, why: str) -> tuple
 
 def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
     if st.phase == Phase.FAILED:  # until a config change (SIGHUP) or `spark-supervisor reset`
-        return Decision(Phase.FAILED, st.reason)
+        return Decision(Phase.FAILED, st.why)
     if st.phase == Phase.BACKOFF and now < st.backoff_until:
-        return Decision(Phase.BACKOFF, st.reason)
+        return Decision(Phase.BACKOFF, st.why)
     return _with_unknowns(_plan(obs, st, cfg, now), obs, st, cfg, now)
 
 
@@ -145,19 +147,20 @@ def _with_unknowns(d: Decision, obs: Observation, st: Status, cfg: Config, now: 
     part could not be seen from one tick to the next). Repairs, failures, cleaning and Ray's own join
     stand on their own evidence and deadlines and are left as they are."""
     seen_not = unknowns(obs, cfg, st.phase)
-    if (not seen_not or d.repair or d.fatal or d.failure or d.reason.startswith("NodeLost")
+    if (not seen_not or d.repair or d.fatal or d.failure or d.why.kind == "NodeLost"
             or d.phase in (Phase.BACKOFF, Phase.STARTING_RAY)):
         return d
-    if d.reason.startswith("ObservationUnknown"):
-        reason = d.reason
+    if d.why.kind == "ObservationUnknown":
+        why = d.why
     elif d.phase == Phase.CLEANING:
         return d
     else:
-        reason = "ObservationUnknown: " + "; ".join(f"{k}: {v}" for k, v in seen_not.items())
+        why = Reason("ObservationUnknown", "; ".join(f"{k}: {v}" for k, v in seen_not.items()))
     since = st.unknown_run_since or now
     if now - since > cfg.healing.unknown_patience:
-        return Decision(Phase.DEGRADED, f"{reason} (longer than {cfg.healing.unknown_patience:.0f}s)", d.actions)
-    return Decision(d.phase, reason, d.actions)
+        return Decision(Phase.DEGRADED, Reason(why.kind, f"{why.detail} (longer than {cfg.healing.unknown_patience:.0f}s)"),
+                        d.actions)
+    return Decision(d.phase, why, d.actions)
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,7 @@ class Facts:
     def progress(self) -> logscan.LoadProgress:
         return logscan.scan(self.obs.serve.log_tail if self.obs.serve is not None else "")
 
-    def repair(self, kind: str, reason: str, actions: tuple[Action, ...]) -> Decision:
+    def repair(self, kind: str, reason: Reason, actions: tuple[Action, ...]) -> Decision:
         return _repair(kind, reason, actions, self.st, self.cfg, self.now)
 
     def teardown(self, why: str) -> tuple[Action, ...]:
@@ -212,15 +215,15 @@ def nodes_seen(f: Facts) -> Decision | None:
     why = "; ".join(f"{o.name}: {o.error}" for o in down)
     deployed = any(_owned(o, f.dep) for o in obs.nodes.values()) or st.phase in _DEPLOYED
     if not deployed:
-        return Decision(Phase.BACKOFF, "NodeUnreachable: " + why, failure=True)
+        return Decision(Phase.BACKOFF, Reason("NodeUnreachable", why), failure=True)
     ray = obs.ray
     alive = {n.ip for n in ray.alive} if ray is not None and ray.reachable else None
     ips = {n.name: n.fabric_ip for n in f.members}
     gone = [o.name for o in down if alive is not None and ips[o.name] not in alive]
     if gone:  # Ray, which can still be asked, confirms the loss: wait for the node to come back
-        return Decision(Phase.DEGRADED, f"NodeLost: {', '.join(gone)} unreachable and not alive in Ray "
-                        f"({why}); waiting for it to return")
-    return Decision(_hold(st), f"ObservationUnknown: {why}")
+        return Decision(Phase.DEGRADED, Reason("NodeLost", f"{', '.join(gone)} unreachable and not alive in Ray "
+                        f"({why}); waiting for it to return"))
+    return Decision(_hold(st), Reason("ObservationUnknown", f"{why}"))
 
 
 def hygiene(f: Facts) -> Decision | None:
@@ -246,7 +249,7 @@ def hygiene(f: Facts) -> Decision | None:
         if orphans:
             actions.append(RemoveContainers(node.name, orphans, "orphan"))
             found.append(f"{node.name}: orphans {', '.join(orphans)}")
-    return Decision(Phase.CLEANING, "StaleFound: " + "; ".join(found), tuple(actions)) if actions else None
+    return Decision(Phase.CLEANING, Reason("StaleFound", "; ".join(found)), tuple(actions)) if actions else None
 
 
 def containers(f: Facts) -> Decision | None:
@@ -272,12 +275,12 @@ def containers(f: Facts) -> Decision | None:
             between.append(f"{node.name}: {f.kind} container {cs[0].state}")
     if f.any_owned and problems:
         if all("spec changed" in p for p in problems):
-            return Decision(Phase.CLEANING, "SpecChanged: replacing the deployment", f.teardown("replace"))
-        return f.repair("gang", "PartialDeployment: " + "; ".join(problems), f.teardown("gang restart"))
+            return Decision(Phase.CLEANING, Reason("SpecChanged", "replacing the deployment"), f.teardown("replace"))
+        return f.repair("gang", Reason("PartialDeployment", "; ".join(problems)), f.teardown("gang restart"))
     if between:
-        return Decision(_hold(st), "ContainerInTransition: " + "; ".join(between))
+        return Decision(_hold(st), Reason("ContainerInTransition", "; ".join(between)))
     if not f.any_owned and st.phase in _DEPLOYED:  # all we ran vanished (a power cut, `docker rm -f` everywhere)
-        return f.repair("gang", f"DeploymentLost: no {f.kind} container on any node", ())
+        return f.repair("gang", Reason("DeploymentLost", f"no {f.kind} container on any node"), ())
     return None
 
 
@@ -288,7 +291,7 @@ def placement(f: Facts) -> Decision | None:
         return None
     obs, st, cfg, dep = f.obs, f.st, f.cfg, f.dep
     if not obs.full:
-        return Decision(Phase.DETECTING, "")
+        return Decision(Phase.DETECTING, Reason())
     checked = _images(st, cfg, dep)
     if checked is not None:
         return checked
@@ -297,19 +300,19 @@ def placement(f: Facts) -> Decision | None:
         late = st.phase == Phase.DEGRADED or (st.phase == Phase.CLEANING
                                               and st.in_phase(f.now) > cfg.healing.unknown_patience)
         return Decision(Phase.DEGRADED if late else Phase.CLEANING,
-                        "ObservationUnknown: GPU memory: " + "; ".join(unseen))
+                        Reason("ObservationUnknown", "GPU memory: " + "; ".join(unseen)))
     held = gpu_blockers(obs, cfg, dep)
     if held:
         if st.phase == Phase.CLEANING and st.in_phase(f.now) > cfg.stale.memory_free_timeout:
-            return Decision(Phase.FAILED, f"GpuMemoryHeld: still held after {cfg.stale.memory_free_timeout:.0f}s: "
-                            + "; ".join(held) + " (not ours: stop it, then `spark-supervisor reset`)", fatal=True)
-        return Decision(Phase.CLEANING, "WaitingForGpuMemory: " + "; ".join(held))
+            return Decision(Phase.FAILED, Reason("GpuMemoryHeld", f"still held after {cfg.stale.memory_free_timeout:.0f}s: "
+                            + "; ".join(held) + " (not ours: stop it, then `spark-supervisor reset`)"), fatal=True)
+        return Decision(Phase.CLEANING, Reason("WaitingForGpuMemory", "; ".join(held)))
     admitted = admit(obs, st, cfg, Phase.CLEANING)
     if admitted is not None:
         return admitted
     head_report = st.images.get(f.members[0].name)
     dashboard = head_report is None or head_report.dashboard
-    return Decision(Phase.STARTING_RAY, f"0/{len(f.members)} nodes",
+    return Decision(Phase.STARTING_RAY, Reason(detail=f"0/{len(f.members)} nodes"),
                     tuple(StartContainer(n.name, dashboard) for n in f.members))
 
 
@@ -325,20 +328,20 @@ def ray(f: Facts) -> Decision | None:
             return None
         if st.phase == Phase.STARTING_RAY and st.in_phase(f.now) > dep.ray.join_timeout:
             why = (r.error if r else "") or "no answer"
-            return f.repair("gang", f"RayJoinTimeout: Ray not reachable after {dep.ray.join_timeout:.0f}s ({why})",
+            return f.repair("gang", Reason("RayJoinTimeout", f"Ray not reachable after {dep.ray.join_timeout:.0f}s ({why})"),
                             f.teardown("join timeout"))
         if st.phase == Phase.STARTING_RAY:
-            return Decision(Phase.STARTING_RAY, f"0/{len(members)} nodes (dashboard not answering yet)")
-        return Decision(_hold(st), f"ObservationUnknown: ray {r.via if r else 'dashboard'}: "
-                        f"{(r.error if r else '') or 'no answer'}")
+            return Decision(Phase.STARTING_RAY, Reason(detail=f"0/{len(members)} nodes (dashboard not answering yet)"))
+        return Decision(_hold(st), Reason("ObservationUnknown", f"ray {r.via if r else 'dashboard'}: "
+                        f"{(r.error if r else '') or 'no answer'}"))
     want_ips = {n.fabric_ip for n in members}
     want_gpus = float(sum(n.gpus for n in members))
     alive_ips = {n.ip for n in r.alive}
     serve_seen = s is not None and s.present and (s.running or bool(s.error))
     wrong = sorted(alive_ips - want_ips)
     if wrong:
-        return Decision(Phase.FAILED, f"RayNodeWrongIp: a node registered with {', '.join(wrong)}, expected the "
-                        f"fabric IPs {', '.join(sorted(want_ips))}: set fabric_ip/VLLM_HOST_IP per node",
+        return Decision(Phase.FAILED, Reason("RayNodeWrongIp", f"a node registered with {', '.join(wrong)}, expected the "
+                        f"fabric IPs {', '.join(sorted(want_ips))}: set fabric_ip/VLLM_HOST_IP per node"),
                         f.teardown("wrong ip"), fatal=True)
     if want_ips <= alive_ips and r.gpus >= want_gpus:
         return None
@@ -350,12 +353,12 @@ def ray(f: Facts) -> Decision | None:
         # list is held, not torn down for.
         dead = {n.ip for n in r.nodes if not n.alive}
         if not missing or any(n.fabric_ip in dead for n in missing):
-            return f.repair("gang", f"RayNodeLost: {', '.join(lost) or 'GPUs'} ({status})", f.teardown("ray node lost"))
-        return Decision(_hold(st), f"RayNodeNotListed: {', '.join(lost)} not in Ray's node list ({status})")
+            return f.repair("gang", Reason("RayNodeLost", f"{', '.join(lost) or 'GPUs'} ({status})"), f.teardown("ray node lost"))
+        return Decision(_hold(st), Reason("RayNodeNotListed", f"{', '.join(lost)} not in Ray's node list ({status})"))
     if st.phase == Phase.STARTING_RAY and st.in_phase(f.now) > dep.ray.join_timeout:
-        return f.repair("gang", f"RayJoinTimeout: {status} after {dep.ray.join_timeout:.0f}s "
-                        f"(waiting for {', '.join(lost)})", f.teardown("join timeout"))
-    return Decision(Phase.STARTING_RAY, status)
+        return f.repair("gang", Reason("RayJoinTimeout", f"{status} after {dep.ray.join_timeout:.0f}s "
+                        f"(waiting for {', '.join(lost)})"), f.teardown("join timeout"))
+    return Decision(Phase.STARTING_RAY, Reason(detail=status))
 
 
 def serve(f: Facts) -> Decision | None:
@@ -364,40 +367,40 @@ def serve(f: Facts) -> Decision | None:
     endpoint's own evidence still counts."""
     obs, st, cfg, dep, s = f.obs, f.st, f.cfg, f.dep, f.obs.serve
     if s is not None and s.error and not s.present:
-        return Decision(_hold(st), f"ObservationUnknown: serve state: {s.error}")
+        return Decision(_hold(st), Reason("ObservationUnknown", f"serve state: {s.error}"))
     if s is None or not s.present:
         strays = [n for n, x in obs.followers.items() if x is not None and x.present and (x.running or x.error)]
         if strays:  # ranks left from an earlier serve would wait for a head that is not theirs
-            return Decision(Phase.STARTING_VLLM, f"RanksWithoutHead: stopping the serve on {', '.join(strays)} "
-                            "before the launch", (StopServe("ranks without their head"),))
+            return Decision(Phase.STARTING_VLLM, Reason("RanksWithoutHead", f"stopping the serve on {', '.join(strays)} "
+                            "before the launch"), (StopServe("ranks without their head"),))
         if st.preflight:  # a fabric mistake: found now instead of after a 15-minute load
-            return Decision(Phase.FAILED, "PreflightFailed: " + "; ".join(st.preflight), fatal=True)
+            return Decision(Phase.FAILED, Reason("PreflightFailed", "; ".join(st.preflight)), fatal=True)
         if not obs.full:  # admission reads every member's memory first, on the next tick, at once
-            return Decision(Phase.STARTING_VLLM, "reading memory before the launch", look_closer=True)
+            return Decision(Phase.STARTING_VLLM, Reason(detail="reading memory before the launch"), look_closer=True)
         held = gpu_blockers(obs, cfg, dep)
         if held:
             if st.phase == Phase.STARTING_VLLM and st.in_phase(f.now) > cfg.stale.memory_free_timeout:
-                return Decision(Phase.FAILED, f"GpuMemoryHeld: still held after {cfg.stale.memory_free_timeout:.0f}s: "
-                                + "; ".join(held), fatal=True)
-            return Decision(Phase.STARTING_VLLM, "WaitingForGpuMemory: " + "; ".join(held))
+                return Decision(Phase.FAILED, Reason("GpuMemoryHeld", f"still held after {cfg.stale.memory_free_timeout:.0f}s: "
+                                + "; ".join(held)), fatal=True)
+            return Decision(Phase.STARTING_VLLM, Reason("WaitingForGpuMemory", "; ".join(held)))
         admitted = admit(obs, st, cfg, Phase.STARTING_VLLM)
         if admitted is not None:
             return admitted
-        return Decision(Phase.STARTING_VLLM, f"launching {dep.serve.name}", (StartServe(),))
+        return Decision(Phase.STARTING_VLLM, Reason(detail=f"launching {dep.serve.name}"), (StartServe(),))
     if s.error:
         return None
     if s.spec_hash != serve_hash(cfg, dep):
-        return Decision(Phase.STARTING_VLLM, "ServeSpecChanged: relaunching", (StopServe("spec changed"),))
+        return Decision(Phase.STARTING_VLLM, Reason("ServeSpecChanged", "relaunching"), (StopServe("spec changed"),))
     if s.running:
         return None
     fail = f.progress.failure
     if fail is not None and fail.reason == "FreeMemoryBelowUtilization":
         return free_memory_failure(obs, st, cfg, fail.line)
     if fail is not None and fail.deterministic:  # the same again on retry: stop and say why
-        return Decision(Phase.FAILED, f"ServeFailed: {fail.reason}: {fail.hint} ({fail.line})",
+        return Decision(Phase.FAILED, Reason("ServeFailed", f"{fail.reason}: {fail.hint} ({fail.line})"),
                         (StopServe("failed"),), fatal=True)
-    reason = f"ServeFailed: {fail.reason} ({fail.line})" if fail else f"ServeExited: exit code {s.exit_code}"
-    return f.repair("serve", reason, (StopServe("exited"),))
+    why = Reason("ServeFailed", f"{fail.reason} ({fail.line})") if fail else Reason("ServeExited", f"exit code {s.exit_code}")
+    return f.repair("serve", why, (StopServe("exited"),))
 
 
 def ranks(f: Facts) -> Decision | None:
@@ -420,26 +423,26 @@ def readiness(f: Facts) -> Decision | None:
     ep, name = obs.endpoint, dep.serve.name
     if ep is None or ep.state != "up" or name not in ep.models:
         if s.error:  # the log tail is the last one seen: no stall or deadline is judged on it
-            return Decision(_hold(st), f"ObservationUnknown: serve state: {s.error}")
+            return Decision(_hold(st), Reason("ObservationUnknown", f"serve state: {s.error}"))
         if (st.phase == Phase.LOADING and st.load_progress_at
                 and f.now - st.load_progress_at > dep.readiness.stall_timeout):
-            return f.repair("serve", f"LoadStalled: no progress for {dep.readiness.stall_timeout:.0f}s at "
-                            f"{f.progress.summary()}", (StopServe("load stalled"),))
+            return f.repair("serve", Reason("LoadStalled", f"no progress for {dep.readiness.stall_timeout:.0f}s at "
+                            f"{f.progress.summary()}"), (StopServe("load stalled"),))
         if st.phase == Phase.LOADING and st.in_phase(f.now) > dep.readiness.deadline:
-            return f.repair("serve", f"LoadTimeout: not ready after {dep.readiness.deadline:.0f}s "
-                            f"({f.progress.summary()})", (StopServe("load timeout"),))
-        detail = ""  # progress is reported apart from the reason, so history keeps only real changes
+            return f.repair("serve", Reason("LoadTimeout", f"not ready after {dep.readiness.deadline:.0f}s "
+                            f"({f.progress.summary()})"), (StopServe("load timeout"),))
+        why = Reason()  # progress is reported apart from the reason, so history keeps only real changes
         if ep is not None and ep.state == "error":
-            detail = f"EndpointError: {ep.detail}"
+            why = Reason("EndpointError", ep.detail)
         elif ep is not None and ep.state == "up":
-            detail = f"API up, {name} not listed yet"
-        return Decision(Phase.LOADING, detail)
+            why = Reason(detail=f"API up, {name} not listed yet")
+        return Decision(Phase.LOADING, why)
     if _verified(f):
         return None
     if st.deep.failures >= f.cfg.healing.deep_failure_threshold:
-        return f.repair("serve", f"ServeWedged: {st.deep.failures} sanity completions failed ({st.deep.detail})",
+        return f.repair("serve", Reason("ServeWedged", f"{st.deep.failures} sanity completions failed ({st.deep.detail})"),
                         (StopServe("wedged"),))
-    return Decision(Phase.VERIFYING, "sanity completion", (Verify(s.identity),))
+    return Decision(Phase.VERIFYING, Reason(detail="sanity completion"), (Verify(s.identity),))
 
 
 def liveness(f: Facts) -> Decision:
@@ -471,18 +474,18 @@ def _ranks(obs: Observation, st: Status, cfg: Config, now: float, sh: str) -> De
         if f is None or f.error:
             continue
         if not f.present:
-            return _repair("serve", f"ServeRankMissing: no serve on {node} (rank {rank})",
+            return _repair("serve", Reason("ServeRankMissing", f"no serve on {node} (rank {rank})"),
                            (StopServe("rank missing"),), st, cfg, now)
         if f.spec_hash != sh:
-            return Decision(Phase.STARTING_VLLM, f"ServeSpecChanged: rank {rank} on {node}: relaunching",
+            return Decision(Phase.STARTING_VLLM, Reason("ServeSpecChanged", f"rank {rank} on {node}: relaunching"),
                             (StopServe("spec changed"),))
         if not f.running:
             fail = logscan.scan(f.log_tail).failure
             if fail is not None and fail.deterministic:
-                return Decision(Phase.FAILED, f"ServeFailed: {fail.reason} on {node} (rank {rank}): {fail.hint} "
-                                f"({fail.line})", (StopServe("failed"),), fatal=True)
+                return Decision(Phase.FAILED, Reason("ServeFailed", f"{fail.reason} on {node} (rank {rank}): {fail.hint} "
+                                f"({fail.line})"), (StopServe("failed"),), fatal=True)
             why = f"{fail.reason} ({fail.line})" if fail else f"exit code {f.exit_code}"
-            return _repair("serve", f"ServeRankExited: {node} (rank {rank}): {why}", (StopServe("rank exited"),),
+            return _repair("serve", Reason("ServeRankExited", f"{node} (rank {rank}): {why}"), (StopServe("rank exited"),),
                            st, cfg, now)
     return None
 
@@ -492,26 +495,26 @@ def _serving(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
     h, dep, s = cfg.healing, cfg.deployment, obs.serve
     assert s is not None
     if st.health.failures >= h.health_failure_threshold:
-        return _repair("serve", f"ServeUnhealthy: /health failed {st.health.failures} times ({st.health.detail})",
+        return _repair("serve", Reason("ServeUnhealthy", f"/health failed {st.health.failures} times ({st.health.detail})"),
                        (StopServe("unhealthy"),), st, cfg, now)
     if st.deep.failures >= h.deep_failure_threshold:
-        return _repair("serve", f"ServeWedged: {st.deep.failures} deep probes failed ({st.deep.detail})",
+        return _repair("serve", Reason("ServeWedged", f"{st.deep.failures} deep probes failed ({st.deep.detail})"),
                        (StopServe("wedged"),), st, cfg, now)
     serving = f"{dep.serve.name} on {len(cfg.members(dep))} nodes"
     if now - max(st.deep.last_at, st.since) >= h.deep_probe_interval:
-        return Decision(Phase.SERVING, serving, (Verify(s.identity, deep=True),))
-    return Decision(Phase.SERVING, serving)
+        return Decision(Phase.SERVING, Reason(detail=serving), (Verify(s.identity, deep=True),))
+    return Decision(Phase.SERVING, Reason(detail=serving))
 
 
 _REPAIR_PHASE = {"serve": Phase.STARTING_VLLM, "gang": Phase.CLEANING}
 
 
-def _repair(kind: str, reason: str, actions: tuple[Action, ...], st: Status, cfg: Config, now: float) -> Decision:
+def _repair(kind: str, reason: Reason, actions: tuple[Action, ...], st: Status, cfg: Config, now: float) -> Decision:
     """A fault's repair, within the budget and spaced by jittered exponential backoff."""
     h = cfg.healing
     if st.repairs_in_window >= h.repair_budget:
-        return Decision(Phase.FAILED, f"RestartBudgetExhausted: {st.repairs_in_window} repairs in "
-                        f"{h.repair_window / 3600:g}h; last fault: {reason}", fatal=True)
+        return Decision(Phase.FAILED, Reason("RestartBudgetExhausted", f"{st.repairs_in_window} repairs in "
+                        f"{h.repair_window / 3600:g}h; last fault: {reason}"), fatal=True)
     if now < st.next_repair_at:
-        return Decision(Phase.BACKOFF, f"RepairDelayed: {reason}")
+        return Decision(Phase.BACKOFF, Reason("RepairDelayed", str(reason)))
     return Decision(_REPAIR_PHASE[kind], reason, actions, repair=kind)

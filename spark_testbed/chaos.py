@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import random
-import re
 import signal
 import statistics
 import subprocess
@@ -125,9 +124,9 @@ def _reasons(events: list[dict[str, Any]]) -> list[str]:
     """The reason tags the daemon showed (phase changes and progress), in order, each once."""
     out: list[str] = []
     for e in events:
-        if e.get("event") in ("phase.changed", "phase.progress", "repair.started") and e.get("reason"):
-            tag = str(e["reason"]).split(":")[0]
-            if re.fullmatch(r"[A-Z][A-Za-z]+", tag) and tag not in out:
+        if e.get("event") in ("phase.changed", "phase.progress", "repair.started"):
+            tag = e.get("reason_kind") or ""
+            if tag and tag not in out:
                 out.append(tag)
     return out
 

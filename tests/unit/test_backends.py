@@ -8,6 +8,7 @@ from spark_supervisor import commands
 from spark_supervisor.adapters.ray import read_nodes
 from spark_supervisor.config import RAY_STATE_LABEL, serve_hash
 from spark_supervisor.model import (
+    Reason,
     CheckImage,
     EndpointObservation,
     Phase,
@@ -39,7 +40,7 @@ MP = mp_config()
 def st(phase: Phase = Phase.DETECTING, since: float = 0.0, c=C, **kw) -> Status:
     kw.setdefault("images", images(c))
     s = Status(**kw)
-    s.advance(phase, "", since, since)
+    s.advance(phase, Reason(), since, since)
     return s
 
 

@@ -1,7 +1,7 @@
 import httpx
 
 from spark_supervisor.metrics import Metrics, NoMetrics
-from spark_supervisor.model import Phase, Status, Verdict
+from spark_supervisor.model import Reason, Phase, Status, Verdict
 from tests.helpers import cfg, obs
 
 
@@ -9,11 +9,11 @@ def test_prometheus_endpoint_reports_phase_progress_ray_and_repairs() -> None:
     m = Metrics("127.0.0.1:0")
     try:
         st = Status()
-        st.advance(Phase.LOADING, "", 10.0, 1.0)
+        st.advance(Phase.LOADING, Reason(), 10.0, 1.0)
         st.load_fraction, st.eta_s = 0.25, 480.0
         c = cfg()
         m.update(st, obs(c, deployed=True), 70.0)
-        m.repaired("gang", "RayNodeLost: spark-2 (1/2 nodes)")
+        m.repaired("gang", "RayNodeLost")
         m.probed("deep", "success", Verdict(True, "ok", latency_s=0.8))
         m.ready_after(912.5)
         port = m.server.server_address[1]

@@ -3,6 +3,7 @@
 from dataclasses import replace
 
 from spark_supervisor.model import (
+    Reason,
     Tracker,
     Container,
     EndpointObservation,
@@ -32,7 +33,7 @@ C = cfg()
 def status(phase: Phase = Phase.DETECTING, since: float = 0.0, **kw) -> Status:
     kw.setdefault("images", images(C))
     st = Status(**kw)
-    st.advance(phase, "", since, since)
+    st.advance(phase, Reason(), since, since)
     return st
 
 
@@ -123,7 +124,7 @@ def test_unreachable_node_is_a_failure_and_nothing_is_touched() -> None:
 
 def test_backoff_holds_until_its_time() -> None:
     st = status(Phase.BACKOFF, since=0, backoff_until=50)
-    st.reason = "X"
+    st.why = Reason("X")
     assert plan(obs(C), st, C, 49) == plan(obs(C), st, C, 10)
     assert plan(obs(C), st, C, 49).phase == Phase.BACKOFF
     assert plan(obs(C), st, C, 50).phase == Phase.STARTING_RAY
@@ -260,7 +261,7 @@ def serving_status(**kw) -> Status:
 
 def test_failed_is_sticky_until_rearmed() -> None:
     st = status(Phase.FAILED)
-    st.reason = "ServeFailed: X"
+    st.why = Reason("ServeFailed", "X")
     assert plan(obs(C), st, C, 1) == plan(obs(C), st, C, 1000)
     assert plan(obs(C), st, C, 1).actions == ()
 

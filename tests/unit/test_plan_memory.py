@@ -4,6 +4,7 @@ vLLM's free-memory refusal classified by its cause. One situation at a time, fak
 from dataclasses import replace
 
 from spark_supervisor.model import (
+    Reason,
     DropPageCache,
     Memory,
     Phase,
@@ -27,7 +28,7 @@ REFUSED = ("(EngineCore pid=1) ERROR 12-02 10:00:00 [core.py:1] ValueError: Free
 def st(phase: Phase = Phase.DETECTING, since: float = 0.0, **kw) -> Status:
     kw.setdefault("images", images(C))
     s = Status(**kw)
-    s.advance(phase, "", since, since)
+    s.advance(phase, Reason(), since, since)
     return s
 
 

@@ -5,6 +5,7 @@ An observation that failed holds the phase and is shown; only positive evidence 
 from dataclasses import replace
 
 from spark_supervisor.model import (
+    Reason,
     EndpointObservation,
     NodeObservation,
     Phase,
@@ -28,7 +29,7 @@ RAY_TIMEOUT = RayObservation(False, "RayDashboardUnreachable: ReadTimeout timed 
 
 def serving(since: float = 0.0, unknown: dict[str, float] | None = None, **kw) -> Status:
     st = Status(verdict=Verdict(True, "ok", serve_running(C).identity), **kw)
-    st.advance(Phase.SERVING, "", since, since)
+    st.advance(Phase.SERVING, Reason(), since, since)
     st.unknown_since = dict(unknown or {})
     st.unknown_run_since = min(st.unknown_since.values(), default=0.0)
     return st
@@ -73,7 +74,7 @@ def test_a_failed_serve_state_exec_with_nothing_seen_before_holds_without_launch
     from spark_supervisor.model import ServeObservation
     unknown = ServeObservation(False, error="ServeStateFailed: the serve-state script exited 126")
     st = Status(images=images(C))
-    st.advance(Phase.DETECTING, "", 0, 0)
+    st.advance(Phase.DETECTING, Reason(), 0, 0)
     d = plan(obs(C, deployed=True, serve=unknown), st, C, 10)
     assert d.phase == Phase.DETECTING and not destructive(d)
     assert d.reason == "ObservationUnknown: serve state: ServeStateFailed: the serve-state script exited 126"
@@ -120,7 +121,7 @@ def test_an_unreachable_worker_that_ray_reports_dead_is_lost_but_nothing_is_half
 def test_an_unreachable_worker_with_nothing_deployed_backs_off() -> None:
     nodes = {"spark-1": node_obs("spark-1"), "spark-2": NodeObservation("spark-2", error="DockerTimeout: x")}
     st = Status(images=images(C))
-    st.advance(Phase.DETECTING, "", 0, 0)
+    st.advance(Phase.DETECTING, Reason(), 0, 0)
     d = plan(obs(C, nodes=nodes), st, C, 1)
     assert d.phase == Phase.BACKOFF and d.failure and not d.actions
 
@@ -145,7 +146,7 @@ def test_gpu_memory_that_could_not_be_read_starts_nothing() -> None:
                      probe_errors=("nvidia-smi: CommandTimeout: nvidia-smi did not finish within 20s",
                                    "meminfo: CommandTimeout: cat did not finish within 20s"))
     st = Status(images=images(C))
-    st.advance(Phase.CLEANING, "", 0, 0)
+    st.advance(Phase.CLEANING, Reason(), 0, 0)
     d = plan(obs(C, nodes={"spark-1": node_obs("spark-1"), "spark-2": blind}), st, C, 1)
     assert d.phase == Phase.CLEANING and not d.actions
     assert d.reason.startswith("ObservationUnknown: GPU memory: spark-2: nvidia-smi: CommandTimeout")
@@ -156,7 +157,7 @@ def test_gpu_memory_that_could_not_be_read_starts_nothing() -> None:
 
 def test_ray_unknown_before_the_serve_launch_launches_nothing() -> None:
     st = Status(images=images(C))
-    st.advance(Phase.STARTING_VLLM, "", 0, 0)
+    st.advance(Phase.STARTING_VLLM, Reason(), 0, 0)
     d = plan(obs(C, deployed=True, ray=RAY_TIMEOUT), st, C, 1)
     assert d.phase == Phase.STARTING_VLLM and not d.actions
     assert d.reason.startswith("ObservationUnknown: ray dashboard")
@@ -173,7 +174,7 @@ def test_the_patience_counts_an_unbroken_run_of_unknowns_whatever_part_was_unsee
 
 def test_a_dashboard_that_does_not_answer_yet_while_ray_starts_is_the_join_not_an_unknown() -> None:
     st = Status(images=images(C))
-    st.advance(Phase.STARTING_RAY, "", 0, 0)
+    st.advance(Phase.STARTING_RAY, Reason(), 0, 0)
     st.unknown_run_since = 0
     o = obs(C, deployed=True, ray=RayObservation(False, "RayDashboardUnreachable: ConnectError"))
     assert unknowns(o, C, Phase.STARTING_RAY) == {}
@@ -187,7 +188,7 @@ def test_a_stale_log_carried_over_a_failed_exec_is_never_judged_a_stalled_load()
     s = replace(serve_running(C, log="Loading safetensors checkpoint shards:  2% Completed | 1/39 [00:18<11:00]\r"),
                 error="DockerTimeout: exec")
     st = Status(load_progress_at=100, images=images(C))
-    st.advance(Phase.LOADING, "", 0, 0)
+    st.advance(Phase.LOADING, Reason(), 0, 0)
     d = plan(obs(C, deployed=True, serve=s, endpoint=EndpointObservation("refused")), st, C,
              200 + C.deployment.readiness.stall_timeout + C.deployment.readiness.deadline)
     assert d.phase == Phase.LOADING and not destructive(d)
@@ -197,7 +198,7 @@ def test_a_stale_log_carried_over_a_failed_exec_is_never_judged_a_stalled_load()
 def test_nvidia_smi_failing_alone_still_starts_nothing() -> None:
     blind = node_obs("spark-2", gpu=None, probe_errors=("nvidia-smi: CommandTimeout: nvidia-smi did not finish",))
     st = Status(images=images(C))
-    st.advance(Phase.CLEANING, "", 0, 0)
+    st.advance(Phase.CLEANING, Reason(), 0, 0)
     d = plan(obs(C, nodes={"spark-1": node_obs("spark-1"), "spark-2": blind}), st, C, 1)
     assert not d.actions and d.reason.startswith("ObservationUnknown: GPU memory: spark-2: nvidia-smi")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from spark_supervisor import plan as p
-from spark_supervisor.model import Container, Phase, RayNode, RayObservation, RemoveContainers, Status
+from spark_supervisor.model import Reason, Container, Phase, RayNode, RayObservation, RemoveContainers, Status
 from tests.helpers import cfg, data, images, node_obs, obs, ray_ok
 
 C = cfg()
@@ -28,7 +28,7 @@ def test_hygiene_alone_finds_the_stale_container_and_nothing_else_decides_for_it
 
 def test_the_ray_step_alone_holds_a_node_merely_not_listed_and_repairs_a_dead_one() -> None:
     serving = Status(images=images(C))
-    serving.advance(Phase.SERVING, "", 0, 0)
+    serving.advance(Phase.SERVING, Reason(), 0, 0)
     head_only = RayObservation(True, nodes=(ray_ok(C).nodes[0],))
     d = p.ray(facts(obs(C, deployed=True, ray=head_only), serving))
     assert d is not None and d.reason.startswith("RayNodeNotListed: spark-2") and not d.repair
