@@ -139,7 +139,7 @@ class Daemon:
                 failure, fatal = result.why, result.deterministic
                 break
             if isinstance(result, ImageReport):
-                st.images[result.node] = result
+                st.images[result.node] = dataclasses.replace(result, start=st.starts)
                 continue
             verdict = result
             if isinstance(action, DropPageCache):
@@ -147,6 +147,7 @@ class Daemon:
                 self.metrics.page_cache_dropped(action.node)
             if isinstance(action, StartContainer):  # a new stage of the start: it may drop once more
                 st.page_cache_dropped = frozenset()
+                st.starts += action.node == self.cfg.members(self.cfg.deployment)[0].name  # the next checks again
             if isinstance(action, Verify) and verdict is not None:
                 # Readiness and the periodic deep probe feed one tracker: a serve that never answers
                 # its first completion is as wedged as one that stops answering later.

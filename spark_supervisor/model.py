@@ -152,6 +152,7 @@ class ImageReport:
     node: str
     image: str
     key: str  # the ray_hash it was checked for: a new image, mounts or env means a new check
+    start: int = 0  # Status.starts when it was made: every start checks again (cheap: kept by image ID)
     ray_path: str = ""
     ray_version: str = ""
     ray_python: str = ""
@@ -343,6 +344,7 @@ class Status:
     page_cache_dropped: frozenset[str] = frozenset()  # nodes dropped since the bring-up began (reset at SERVING)
     kv_cache: dict[str, Any] = field(default_factory=dict)  # tokens, best for this spec, warning
     images: dict[str, ImageReport] = field(default_factory=dict)  # node -> its image check (this run)
+    starts: int = 0  # times the deployment's containers were started (each start checks its images first)
 
     @property
     def reason(self) -> str:

@@ -99,11 +99,13 @@ def unknowns(obs: Observation, cfg: Config, phase: Phase | None = None) -> dict[
 
 
 def _images(st: Status, cfg: Config, dep: Deployment) -> Decision | None:
-    """Before the deployment's first container starts on a node: its image checked there (what a start
-    would otherwise find out at STARTING_RAY, or 15 minutes into a load). None: checked and fit."""
+    """Before the deployment's containers start: its image checked on every node, for this start (an image
+    re-pulled under the same name is a new image; the check of one already seen, by its ID, is kept and
+    costs an inspect). What a start would otherwise find out at STARTING_RAY, or 15 minutes into a load.
+    None: checked and fit."""
     key = ray_hash(cfg, dep)
     members = cfg.members(dep)
-    todo = [n.name for n in members if (r := st.images.get(n.name)) is None or r.key != key]
+    todo = [n.name for n in members if (r := st.images.get(n.name)) is None or r.key != key or r.start != st.starts]
     if todo:  # part of getting ready to start: no phase of its own (CLEANING stays CLEANING)
         phase = st.phase if st.phase in (Phase.DETECTING, Phase.CLEANING) else Phase.DETECTING
         return Decision(phase, Reason("CheckingImage", f"{dep.ray.image} on {', '.join(todo)}"),

@@ -422,3 +422,14 @@ def test_a_load_that_moved_on_the_tick_it_would_have_stalled_is_not_stalled(tmp_
     clock.t += c.deployment.readiness.stall_timeout + 1
     daemon.tick()  # and now it has not moved for longer than the stall timeout
     assert daemon.status.reason.startswith("LoadStalled")
+
+
+def test_every_start_checks_the_images_again(tmp_path) -> None:
+    daemon, be, clock, notes, _ = make(tmp_path)
+    be.next = obs(daemon.cfg)
+    daemon.tick()
+    assert be.ran == [StartContainer("spark-1"), StartContainer("spark-2")] and daemon.status.starts == 1
+    be.ran.clear()
+    daemon.tick()  # nothing came up (or it was torn down): the next start checks first (kept by image ID)
+    assert be.ran == [CheckImage("spark-1"), CheckImage("spark-2"), StartContainer("spark-1"),
+                      StartContainer("spark-2")]
