@@ -182,16 +182,65 @@ def med(rows: list[dict[str, float]], key: str) -> str:
     return f"{statistics.median(vals):.2f} s (n={len(vals)}, worst {max(vals):.2f})" if vals else "-"
 
 
+def observe_scaling(workdir: Path, counts: tuple[int, ...] = (2, 3), n: int = 15) -> dict[int, dict[str, float]]:
+    """A tick's observation (the daemon's own Observer, in this process) with a deployment serving over
+    2 and 3 nodes: medians of `n` quick (containers, Ray, /health) and `n` full (plus units, nvidia-smi,
+    meminfo, interfaces over SSH) observations."""
+    from spark_supervisor import config as config_mod
+    from spark_supervisor.adapters.shell import control_dir
+    from spark_supervisor.observe import Observer, World
+    out: dict[int, dict[str, float]] = {}
+    for count in counts:
+        testbed.up(count)
+        testbed.clean_containers()
+        for node in testbed.nodes(count):
+            testbed.write_gpu(node)
+        wd = workdir / f"scaling-{count}"
+        wd.mkdir(parents=True, exist_ok=True)
+        path = write_config(wd, deployment={"serve": {"tensor_parallel_size": count}}, nodes=count)
+        d = Supervisor(path, wd, f"scaling-{count}")
+        try:
+            d.wait_phase("SERVING", 300)
+            cfg = config_mod.load(str(path))
+            world = World(cfg, control_dir=control_dir(cfg.supervisor.state_dir))
+            observer = Observer(world)
+            times: dict[str, list[float]] = {"full": [], "quick": []}
+            try:
+                for _ in range(n):
+                    for kind in ("full", "quick"):
+                        t = time.perf_counter()
+                        observer.observe(kind == "full")
+                        times[kind].append(time.perf_counter() - t)
+            finally:
+                world.close()
+            out[count] = {k: statistics.median(v) for k, v in times.items()}
+        finally:
+            d.stop(signal.SIGTERM)
+            subprocess.run([str(BIN / "spark-supervisor"), "teardown", "--config", str(path)], capture_output=True,
+                           check=False, timeout=120)
+    testbed.clean_containers()
+    return out
+
+
+def scaling_rows(sc: dict[int, dict[str, float]]) -> str:
+    return "\n".join(f"| a tick's observation, {c} nodes serving: quick / full | {v['quick'] * 1000:.0f} ms / "
+                     f"{v['full'] * 1000:.0f} ms | grows less than linearly |" for c, v in sorted(sc.items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="spark-testbed-bench")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--idle-seconds", type=float, default=60)
     ap.add_argument("--only-real", action="store_true", help="only the real-vLLM cold/warm measurement")
+    ap.add_argument("--only-scaling", action="store_true", help="only the observation time on 2 and 3 nodes")
     a = ap.parse_args(argv)
     testbed.up()
     os.environ.update(testbed.env())
     workdir = testbed.DIR / "bench" / time.strftime("%Y%m%dT%H%M%S")
     workdir.mkdir(parents=True)
+    if a.only_scaling:
+        print(scaling_rows(observe_scaling(workdir)))
+        return 0
     real = real_restarts(workdir)
     print("real vLLM:", real, flush=True)
     real_rows = "\n".join([
@@ -213,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     messy = [cold_start(workdir, stale=True) for _ in range(a.runs)]
     print("cold starts after a reboot's mess:", messy, flush=True)
 
+    scaling = observe_scaling(workdir)
+    print("observation time by node count:", scaling, flush=True)
+    testbed.up()
     testbed.clean_containers()
     # The watch at the production defaults (the testbed's own config ticks faster to keep tests short).
     watch = {"supervisor": {"interval": 5}, "healing": {"quick_check_interval": 1, "deep_probe_interval": 60,
@@ -254,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| idle daemon CPU over {a.idle_seconds:.0f} s of SERVING | {quiet['cpu_percent']:.2f} % of a core | < 0.5 % |",
         f"| idle daemon resident memory (max) | {quiet['rss_mib']:.1f} MiB | < 80 MB |",
         f"| `spark-supervisor status` | {st_time:.3f} s | < 0.5 s |",
+        scaling_rows(scaling),
         real_rows,
     ])
     out = testbed.SRC / "bench" / "results.md"

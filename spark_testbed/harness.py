@@ -39,9 +39,23 @@ def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def more_nodes(d: dict[str, Any], count: int) -> dict[str, Any]:
+    """etc/testbed.toml's cluster grown to `count` nodes: spark-3.. like spark-2, each on its own engine
+    reached over its own sshd (testbed.up(count) starts them)."""
+    worker = next(n for n in d["nodes"] if n["name"] == "spark-2")
+    for name, ip in list(testbed.nodes(count).items())[len(d["nodes"]):]:
+        text = json.dumps(worker).replace("spark-2", name).replace("127.0.0.3", ip)
+        d["nodes"].append(json.loads(text.replace(f":{testbed.SSH_PORT}", f":{testbed.ssh_port(name)}")))
+    env = d["deployments"][0]["serve"]["env"]
+    env["STANDIN_GPU_STATES"] = ",".join(f"{testbed.DIR}/{n}/gpu.json" for n in testbed.nodes(count))
+    return d
+
+
 def write_config(tmp_path: Path, patch: dict[str, Any] | None = None, *,
-                 deployment: dict[str, Any] | None = None) -> Path:
+                 deployment: dict[str, Any] | None = None, nodes: int = 2) -> Path:
     d = tomllib.loads((ROOT / "etc" / "testbed.toml").read_text())
+    if nodes > 2:
+        d = more_nodes(d, nodes)
     d = merge(d, {"supervisor": {"state_dir": str(tmp_path / "state")}})
     if BACKEND == "mp":
         d["deployments"][0]["serve"]["distributed_executor_backend"] = "mp"

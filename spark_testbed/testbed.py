@@ -1,6 +1,6 @@
 """The local two-node testbed: two Docker engines, SSH to the "worker", images, GPU state files.
 
-    spark-testbed up      start (idempotent): dockerd per node, sshd on 127.0.0.1:2222, images
+    spark-testbed up [N]  start (idempotent) N nodes (2): dockerd per node, an sshd per worker, images
     spark-testbed env     print the variables etc/testbed.toml needs (eval "$(spark-testbed env)")
     spark-testbed down    remove the testbed's containers and stop its daemons
 
@@ -26,8 +26,22 @@ from pathlib import Path
 DIR = Path(os.environ.get("SPARK_TESTBED_DIR", "/var/lib/spark-testbed"))  # not /var/tmp: the unit has PrivateTmp=yes
 SRC = Path(__file__).resolve().parent.parent
 PYTHON = Path(sys.base_prefix)
-NODES = {"spark-1": "127.0.0.2", "spark-2": "127.0.0.3"}
-SSH_PORT = 2222
+MAX_NODES = 8
+# spark-<i> at 127.0.0.<i+1>; every node but the head is reached only over SSH, spark-<i> on port 2220+i.
+ALL_NODES = {f"spark-{i}": f"127.0.0.{i + 1}" for i in range(1, MAX_NODES + 1)}
+NODES = {n: ip for n, ip in list(ALL_NODES.items())[:2]}  # the default two-node cluster
+SSH_PORT = 2222  # spark-2's
+
+
+def nodes(count: int = 2) -> dict[str, str]:
+    """The first `count` nodes: name -> fabric IP."""
+    if not 2 <= count <= MAX_NODES:
+        raise ValueError(f"a testbed has 2 to {MAX_NODES} nodes, not {count}")
+    return dict(list(ALL_NODES.items())[:count])
+
+
+def ssh_port(node: str) -> int:
+    return 2220 + int(node.rsplit("-", 1)[1])
 HOSTFS = "spark-testbed/hostfs:latest"
 BUSYBOX = "spark-testbed/busybox:latest"
 
@@ -192,38 +206,48 @@ def head_exec(*argv: str, check: bool = True, timeout: float = 120,
     return p
 
 
-def start_sshd() -> None:
-    d = DIR / "ssh"
+def _ssh_dir(node: str) -> Path:
+    return DIR / ("ssh" if node == "spark-2" else f"ssh-{node}")
+
+
+def start_sshd(node: str = "spark-2") -> None:
+    """An sshd for one worker node, on 127.0.0.1:<ssh_port(node)>, whose sessions see that node's engine
+    (DOCKER_HOST), so the node is reached only over real SSH. Keys are shared by every node's sshd."""
+    keys, d = DIR / "ssh", _ssh_dir(node)
     home = DIR / "home" / ".ssh"
-    d.mkdir(parents=True, exist_ok=True)
-    home.mkdir(parents=True, exist_ok=True)
+    for x in (keys, d, home):
+        x.mkdir(parents=True, exist_ok=True)
     Path("/run/sshd").mkdir(exist_ok=True)
     for key in ("host_ed25519", "client_key"):
-        if not (d / key).exists():
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
-    shutil.copy(d / "client_key.pub", d / "authorized_keys")
+        if not (keys / key).exists():
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / key)], check=True)
+    shutil.copy(keys / "client_key.pub", keys / "authorized_keys")
+    port = ssh_port(node)
     (d / "sshd_config").write_text("\n".join([
-        f"Port {SSH_PORT}", "ListenAddress 127.0.0.1", f"HostKey {d / 'host_ed25519'}",
+        f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {keys / 'host_ed25519'}",
         f"PidFile {d / 'sshd.pid'}", "PermitRootLogin prohibit-password", "PubkeyAuthentication yes",
         "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
-        f"AuthorizedKeysFile {d / 'authorized_keys'}", "LogLevel VERBOSE", "MaxStartups 50:30:100",
-        "MaxSessions 50", f"SetEnv DOCKER_HOST=unix://{sock('spark-2')}", ""]))
-    hostkey = (d / "host_ed25519.pub").read_text().split()
-    (home / "known_hosts").write_text(f"[127.0.0.1]:{SSH_PORT} {hostkey[0]} {hostkey[1]}\n")
-    (home / "config").write_text("\n".join([
-        "Host spark-2", "  HostName 127.0.0.1", f"  Port {SSH_PORT}", "  User root",
-        f"  IdentityFile {d / 'client_key'}", "  IdentitiesOnly yes", "  StrictHostKeyChecking yes",
-        f"  UserKnownHostsFile {home / 'known_hosts'}", ""]))
+        f"AuthorizedKeysFile {keys / 'authorized_keys'}", "LogLevel VERBOSE", "MaxStartups 50:30:100",
+        "MaxSessions 50", f"SetEnv DOCKER_HOST=unix://{sock(node)}", ""]))
+    hostkey = (keys / "host_ed25519.pub").read_text().split()
+    workers = list(ALL_NODES)[1:]
+    (home / "known_hosts").write_text("".join(f"[127.0.0.1]:{ssh_port(n)} {hostkey[0]} {hostkey[1]}\n"
+                                              for n in workers))
+    (home / "config").write_text("".join("\n".join([
+        f"Host {n}", "  HostName 127.0.0.1", f"  Port {ssh_port(n)}", "  User root",
+        f"  IdentityFile {keys / 'client_key'}", "  IdentitiesOnly yes", "  StrictHostKeyChecking yes",
+        f"  UserKnownHostsFile {home / 'known_hosts'}", ""]) for n in workers))
     if _alive(d / "sshd.pid"):
         return
     subprocess.run(["/usr/sbin/sshd", "-t", "-f", str(d / "sshd_config")], check=True)
     subprocess.run(["/usr/sbin/sshd", "-f", str(d / "sshd_config"), "-E", str(d / "sshd.log")], check=True)
-    until(lambda: _alive(d / "sshd.pid"), 10, "sshd")
+    until(lambda: _alive(d / "sshd.pid"), 10, f"sshd of {node}")
 
 
-def stop_sshd(sessions: bool = False) -> None:
-    """Stop the listener; with sessions=True also cut every open session (a host that went away)."""
-    pid = _alive(DIR / "ssh" / "sshd.pid")
+def stop_sshd(sessions: bool = False, node: str = "spark-2") -> None:
+    """Stop a node's listener; with sessions=True also cut every open session (a host that went away)."""
+    pidfile = _ssh_dir(node) / "sshd.pid"
+    pid = _alive(pidfile)
     if not pid:
         return
     children = []
@@ -238,7 +262,7 @@ def stop_sshd(sessions: bool = False) -> None:
             child.kill()
         except psutil.NoSuchProcess:
             pass
-    until(lambda: not _alive(DIR / "ssh" / "sshd.pid"), 10, "sshd to stop")
+    until(lambda: not _alive(pidfile), 10, f"sshd of {node} to stop")
 
 
 def write_gpu(node: str, processes: list[dict[str, object]] | None = None,
@@ -332,16 +356,23 @@ def demo() -> int:
     return 0
 
 
-def up() -> None:
+def up(count: int = 2) -> None:
+    """The first `count` nodes up (idempotent); nodes beyond them that are already up stay up."""
     DIR.mkdir(parents=True, exist_ok=True)
-    for node in NODES:
+    for node in nodes(count):
         start_dockerd(node)
         _import(node, HOSTFS, _hostfs)
         _import(node, BUSYBOX, _busybox)
         if not (DIR / node / "gpu.json").exists():
             write_gpu(node)
-    start_sshd()
+        if node != "spark-1":
+            start_sshd(node)
     (DIR / "supervisor").mkdir(exist_ok=True)
+
+
+def running_nodes() -> list[str]:
+    """The nodes whose engine is up now."""
+    return [n for n in ALL_NODES if _alive(DIR / n / "dockerd.pid")]
 
 
 RAY_NO_DASHBOARD = DIR / "ray-nodash"
@@ -369,7 +400,7 @@ def ray_without_dashboard() -> Path:
 
 def clean_containers(*, infra: bool = False) -> None:
     """Remove the nodes' containers (a power cycle); the systemd head container only with infra=True."""
-    for node in NODES:
+    for node in running_nodes():
         if docker(node, "version", check=False).returncode != 0:
             continue
         rows = docker(node, "ps", "-a", "--format", "{{.ID}} {{.Label \"spark-testbed.infra\"}}").stdout.decode()
@@ -380,8 +411,9 @@ def clean_containers(*, infra: bool = False) -> None:
 
 def down() -> None:
     clean_containers(infra=True)
-    stop_sshd()
-    for node in NODES:
+    for node in list(ALL_NODES)[1:]:
+        stop_sshd(node=node)
+    for node in running_nodes():
         pid = _alive(DIR / node / "dockerd.pid")
         if pid:
             os.kill(pid, signal.SIGTERM)
@@ -391,9 +423,10 @@ def down() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     cmd = (argv if argv is not None else sys.argv[1:]) or ["up"]
-    if cmd[0] == "up":
-        up()
-        print(f"testbed up in {DIR}: nodes {', '.join(f'{n}={ip}' for n, ip in NODES.items())}")
+    if cmd[0] == "up":  # spark-testbed up [NODES]
+        count = int(cmd[1]) if len(cmd) > 1 else int(os.environ.get("SPARK_TESTBED_NODES", "2"))
+        up(count)
+        print(f"testbed up in {DIR}: nodes {', '.join(f'{n}={ip}' for n, ip in nodes(count).items())}")
     elif cmd[0] == "env":
         for k, v in env().items():
             print(f"export {k}={v}")

@@ -61,7 +61,8 @@ def test_status_tells_the_whole_truth(serving: tuple[Supervisor, int]) -> None:
     assert text.startswith("SERVING for ")
     for expected in ("goal: Qwen3.5-122B-A10B-FP8 (TP 2) on spark-1, spark-2 at http://127.0.0.2:8000",
                      "node spark-1 [head] 127.0.0.2: docker 20.10", "NVIDIA GB10 driver 580.95.05",
-                     "owned: testbed-ray-spark-1 (running)", "ray: up, 2 nodes alive, 2.0 GPUs",
+                     "owned: testbed-ray-spark-1 (running)", "ray (dashboard): up, 2 nodes alive, 2.0 GPUs",
+                     "image spark-testbed/hostfs:latest: ray ", "(with dashboard, Python ", "vllm 0.33.0",
                      "sanity: passed: content is null but reasoning is filled and finish_reason=length",
                      "repairs: 0/3 in the last 6h", "history:", f"config: {d.config}"):
         assert expected in text, expected
