@@ -229,6 +229,41 @@ def serve_stop(dep: Deployment) -> list[str]:
     return ["sh", "-c", SERVE_STOP, "spark-serve", serve_dir(dep), str(int(dep.serve.stop_timeout))]
 
 
+PROBE_SEP = "::spark-probe::"
+# Several commands in one remote shell: a full observation of a worker costs one SSH session, not one per
+# probe. $1 is PROBE_SEP; then each command's argument list, each ended by PROBE_SEP. Each runs with its
+# own arguments as given (eval sees only "${N}" references, never a value) and is framed on stdout as
+# "<sep> begin I", its output, a newline, "<sep> end I <exit code>" (parse_probes).
+PROBES = (
+    'sep=$1; shift; i=0; while [ $# -gt 0 ]; do k=0; for x in "$@"; do [ "$x" = "$sep" ] && break; k=$((k+1)); '
+    'done; c=""; j=1; while [ $j -le $k ]; do c="$c \\"\\${$j}\\""; j=$((j+1)); done; echo "$sep begin $i"; '
+    'eval "$c" </dev/null; r=$?; echo; echo "$sep end $i $r"; shift $k; [ $# -gt 0 ] && shift; i=$((i+1)); done'
+)
+
+
+def probes_argv(argvs: list[list[str]]) -> list[str]:
+    if any(PROBE_SEP in argv for argv in argvs):
+        raise ValueError(f"an argument is {PROBE_SEP!r}")
+    return ["sh", "-c", PROBES, "spark-probes", PROBE_SEP, *[x for argv in argvs for x in (*argv, PROBE_SEP)]]
+
+
+def parse_probes(out: str, count: int) -> list[tuple[int, str] | None]:
+    """PROBES' stdout -> (exit code, output) per command; None for one that did not run to its end."""
+    got: list[tuple[int, str] | None] = [None] * count
+    cur, buf = -1, list[str]()
+    for line in out.split("\n"):
+        if line.startswith(f"{PROBE_SEP} begin "):
+            cur, buf = int(line.split()[2]), []
+        elif line.startswith(f"{PROBE_SEP} end ") and cur >= 0:
+            parts = line.split()
+            if 0 <= cur < count and len(parts) == 4 and parts[3].lstrip("-").isdigit():
+                got[cur] = (int(parts[3]), "\n".join(buf[:-1] if buf and not buf[-1] else buf))  # the framing's newline
+            cur = -1
+        elif cur >= 0:
+            buf.append(line)
+    return got
+
+
 def ssh_argv(target: str, argv: list[str], *, connect_timeout: float, control_dir: str = "",
              config_file: str = "") -> list[str]:
     """ssh runs the remote command through the remote shell, so quote each argument exactly once."""

@@ -16,7 +16,7 @@ from .adapters import AdapterError, Unreachable
 from .adapters.docker import DockerEngine
 from .adapters.nvidia import parse_meminfo, parse_smi_xml
 from .adapters.ray import RayDashboard, read_nodes
-from .adapters.shell import NodeShell
+from .adapters.shell import NodeShell, Result
 from .adapters.vllm import VllmApi
 from .config import RAY_STATE_LABEL, Config, Node
 from .preflight import parse_ip_addr
@@ -74,8 +74,7 @@ class World:
         return self.nodes[self.cfg.serve_node(self.cfg.deployment).name]
 
 
-def _units(a: NodeAdapters, names: list[str]) -> tuple[Unit, ...]:
-    r = a.shell.run(commands.systemctl_show(names))
+def _units(r: Result) -> tuple[Unit, ...]:
     if r.rc != 0 and not r.out.strip():
         raise AdapterError("SystemctlFailed", (r.err.strip() or f"exit {r.rc}")[-200:])
     units: list[Unit] = []
@@ -92,38 +91,54 @@ def _units(a: NodeAdapters, names: list[str]) -> tuple[Unit, ...]:
     return tuple(units)
 
 
-def _nvidia(a: NodeAdapters) -> Gpu:
-    r = a.shell.run([*a.node.nvidia_smi, "-q", "-x"])
+def _nvidia(r: Result) -> Gpu:
     if r.rc != 0:
         raise AdapterError("NvidiaSmiFailed", (r.err.strip() or r.out.strip() or f"exit {r.rc}")[-200:])
     return parse_smi_xml(r.out)
 
 
-def _meminfo(a: NodeAdapters) -> Memory:
-    r = a.shell.run(a.node.meminfo)
+def _meminfo(r: Result) -> Memory:
     if r.rc != 0:
         raise AdapterError("MeminfoFailed", f"exit {r.rc}")
     return parse_meminfo(r.out)
 
 
-def _interfaces(a: NodeAdapters) -> dict[str, tuple[str, ...]]:
-    r = a.shell.run(a.node.ip)
+def _interfaces(r: Result) -> dict[str, tuple[str, ...]]:
     if r.rc != 0:
         raise AdapterError("IpFailed", f"exit {r.rc}")
     return parse_ip_addr(r.out)
+
+
+def _probes(a: NodeAdapters, cfg: Config) -> dict[str, tuple[list[str], Callable[[Result], Any]]]:
+    """The slow facts of a full observation: name -> (argv on the node, reader of its result)."""
+    out: dict[str, tuple[list[str], Callable[[Result], Any]]] = {}
+    if cfg.stale.units:
+        out["units"] = (commands.systemctl_show(cfg.stale.units), _units)
+    out["nvidia-smi"] = ([*a.node.nvidia_smi, "-q", "-x"], _nvidia)
+    out["meminfo"] = (list(a.node.meminfo), _meminfo)
+    out["ip"] = (list(a.node.ip), _interfaces)
+    return out
+
+
+def _run_batch(a: NodeAdapters, argvs: list[list[str]]) -> list[Result | None]:
+    """A worker's probes in one SSH session (commands.PROBES); None for one that did not run to its end."""
+    r = a.shell.run(commands.probes_argv(argvs))
+    return [None if x is None else Result(x[0], x[1], r.err) for x in commands.parse_probes(r.out, len(argvs))]
 
 
 def observe_node(a: NodeAdapters, cfg: Config, full: bool, probes: cf.Executor | None = None) -> NodeObservation:
     """Containers every tick; on a full observation also units, GPU, memory and interfaces, read in
     parallel with the Docker calls (on a worker each is an SSH round trip)."""
     name = a.node.name
+    wanted = _probes(a, cfg) if full and probes is not None else {}
     pending: dict[str, cf.Future[Any]] = {}
-    if full and probes is not None:
-        if cfg.stale.units:
-            pending["units"] = probes.submit(_units, a, cfg.stale.units)
-        pending["nvidia-smi"] = probes.submit(_nvidia, a)
-        pending["meminfo"] = probes.submit(_meminfo, a)
-        pending["ip"] = probes.submit(_interfaces, a)
+    batch: cf.Future[list[Result | None]] | None = None
+    if wanted and probes is not None:
+        if a.node.remote:  # one SSH round trip for all of them
+            batch = probes.submit(_run_batch, a, [argv for argv, _ in wanted.values()])
+        else:
+            pending = {what: probes.submit(lambda argv, read: read(a.shell.run(argv)), argv, read)
+                       for what, (argv, read) in wanted.items()}
     try:
         if a.node.remote and not a.docker.connected:
             a.shell.reachable()  # fail fast on a dead host before docker-py's SSH transport hangs on it
@@ -139,9 +154,27 @@ def observe_node(a: NodeAdapters, cfg: Config, full: bool, probes: cf.Executor |
         version = ""
         errors.append(f"docker version: {e}")
     got: dict[str, Any] = {"units": None if cfg.stale.units else ()}
+    wait = cfg.supervisor.io_timeout + cfg.supervisor.ssh_connect_timeout
+    if batch is not None:
+        try:
+            results: list[Result | None] = batch.result(timeout=wait)
+        except Unreachable as e:
+            return NodeObservation(name, error=str(e))
+        except AdapterError as e:
+            results = [None] * len(wanted)
+            errors.append(f"probes: {e}")
+        except cf.TimeoutError:
+            results = [None] * len(wanted)
+        for (what, (_, read)), r in zip(wanted.items(), results, strict=True):
+            try:
+                if r is None:
+                    raise AdapterError("ProbeCutOff", "no answer")
+                got[what] = read(r)
+            except AdapterError as e:
+                errors.append(f"{what}: {e}")
     for what, fut in pending.items():
         try:
-            got[what] = fut.result(timeout=cfg.supervisor.io_timeout + cfg.supervisor.ssh_connect_timeout)
+            got[what] = fut.result(timeout=wait)
         except Unreachable as e:
             return NodeObservation(name, error=str(e))
         except AdapterError as e:

@@ -126,3 +126,12 @@ def test_a_single_node_mp_deployment_has_no_ray() -> None:
     assert "VLLM_DISTRIBUTED_EXECUTOR_CONFIG" not in commands.serve_env(c, dep, "h")
     assert commands.serve_env(c, dep, "h")["VLLM_CACHE_ROOT"] == "/var/lib/spark-supervisor/vllm-cache/qwen/h"
     assert spec.options["volumes"]["/var/lib/spark-supervisor/vllm-cache/qwen"]["mode"] == "rw"
+
+
+def test_several_probes_run_in_one_shell_each_with_its_own_arguments_and_exit_code() -> None:
+    argvs = [["printf", "a b\n"], ["sh", "-c", "echo err >&2; exit 3"], ["echo", "it's \"q\" $HOME `x` ;|&"],
+             ["cat", "/nonexistent"], ["printf", "no newline"]]
+    r = _sh(commands.probes_argv(argvs))
+    assert commands.parse_probes(r.stdout, 5) == [(0, "a b"), (3, ""), (0, "it's \"q\" $HOME `x` ;|&"), (1, ""),
+                                                  (0, "no newline")]
+    assert commands.parse_probes("::spark-probe:: begin 0\npartial\n", 1) == [None]  # cut off: did not end
