@@ -29,13 +29,24 @@ def _load(path: str, code: int = EXIT_CONFIG) -> Any:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    cfg = _load(args.config)
-    dep = cfg.deployment
+    whole = _load(args.config)
     from .config import ray_hash, serve_hash
-    print(f"{args.config}: OK: deployment {dep.name!r} ({dep.serve.name}, TP {dep.serve.tensor_parallel_size}) "
-          f"on {', '.join(n.name for n in cfg.members(dep))}; ray {ray_hash(cfg, dep)} serve {serve_hash(cfg, dep)}")
+    for dep in whole.deployments:
+        print(f"{args.config}: OK: deployment {dep.name!r} ({dep.serve.name}, TP {dep.serve.tensor_parallel_size}) "
+              f"on {', '.join(n.name for n in whole.members(dep))}; ray {ray_hash(whole, dep)} "
+              f"serve {serve_hash(whole, dep)}" + ("" if dep.required else " (not required)")
+              + (f", after {', '.join(dep.after)}" if dep.after else ""))
     if not args.preflight:
         return 0
+    several = len(whole.deployments) > 1
+    found = sum(_preflight(whole.view(dep), f"{dep.name}: " if several else "") for dep in whole.deployments)
+    print("preflight: OK" if not found else f"preflight: {found} problem(s)")
+    return 1 if found else 0
+
+
+def _preflight(cfg: Any, prefix: str) -> int:
+    """One deployment's preflight, printed; returns the number of problems."""
+    dep = cfg.deployment
     from .observe import Observer, World
     from .preflight import preflight
     world = World(cfg)
@@ -51,9 +62,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         problems += [f"Ray node {n.node_id[:12]} registered with {n.ip}, not a fabric IP"
                      for n in obs.ray.alive if n.ip not in fabric]
     for p in problems:
-        print(f"preflight: {p}")
-    print("preflight: OK" if not problems else f"preflight: {len(problems)} problem(s)")
-    return 1 if problems else 0
+        print(f"preflight: {prefix}{p}")
+    return len(problems)
 
 
 def _check_images(cfg: Any, nodes: list[Any]) -> list[str]:
@@ -88,14 +98,19 @@ def _check_images(cfg: Any, nodes: list[Any]) -> list[str]:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from .diagnose import diagnose, render
     from .observe import World
-    cfg = _load(args.config)
-    world = World(cfg)
-    try:
-        diags = diagnose(world)
-        print(render(diags, world))
-    finally:
-        world.close()
-    return 0 if all(d.first_failing is None for d in diags) else 1
+    whole = _load(args.config)
+    ok = True
+    for dep in whole.deployments:
+        world = World(whole.view(dep))
+        try:
+            diags = diagnose(world)
+            if len(whole.deployments) > 1:
+                print(f"== {dep.name}")
+            print(render(diags, world))
+        finally:
+            world.close()
+        ok = ok and all(d.first_failing is None for d in diags)
+    return 0 if ok else 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -118,25 +133,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .model import Phase, Status, describe
     from .observe import Observer, World
     from .plan import plan
-    cfg = _load(args.config)
-    world = World(cfg)
-    try:
-        obs = Observer(world).observe(full=True)
-    finally:
-        world.close()
-    decision = plan(obs, Status(phase=Phase.DETECTING), cfg, obs.at)
-    actions = [describe(a) for a in decision.actions]
-    out = {"phase": decision.phase.value, "reason": decision.reason, "failure": decision.failure,
-           "actions": actions}
+    whole = _load(args.config)
+    outs = []
+    for dep in whole.deployments:
+        cfg = whole.view(dep)
+        world = World(cfg)
+        try:
+            obs = Observer(world).observe(full=True)
+        finally:
+            world.close()
+        decision = plan(obs, Status(phase=Phase.DETECTING), cfg, obs.at)
+        actions = [describe(a) for a in decision.actions]
+        outs.append({"deployment": dep.name, "phase": decision.phase.value, "reason": decision.reason,
+                     "failure": decision.failure, "actions": actions})
+        if not args.json:
+            print(f"{dep.name}: {decision.phase.value}: {decision.reason or '-'}")
+            for a in actions:
+                rest = ", ".join(f"{k}={v}" for k, v in a.items() if k != "action")
+                print(f"  would {a['action']}({rest})")
+            if not decision.actions:
+                print("  no action")
     if args.json:
-        print(json.dumps(out, indent=1))
-    else:
-        print(f"{decision.phase.value}: {decision.reason or '-'}")
-        for a in actions:
-            rest = ", ".join(f"{k}={v}" for k, v in a.items() if k != "action")
-            print(f"  would {a['action']}({rest})")
-        if not decision.actions:
-            print("  no action")
+        print(json.dumps(outs[0] if len(outs) == 1 else outs, indent=1))
     return 0
 
 
@@ -145,18 +163,20 @@ def cmd_teardown(args: argparse.Namespace) -> int:
     from .act import ActionFailed
     from .backend import teardown
     from .observe import World
-    cfg = _load(args.config)
+    whole = _load(args.config)
     logs.setup()
-    world = World(cfg)
-    try:
-        removed = teardown(world, logs.get())
-    except ActionFailed as e:
-        print(e.reason, file=sys.stderr)
-        return 1
-    finally:
-        world.close()
+    removed, failed = [], False
+    for dep in whole.deployments:  # each on its own: one that cannot be reached does not stop the others
+        world = World(whole.view(dep))
+        try:
+            removed += teardown(world, logs.get())
+        except ActionFailed as e:
+            print(f"{dep.name}: {e.reason}", file=sys.stderr)
+            failed = True
+        finally:
+            world.close()
     print(f"removed {len(removed)} containers: {', '.join(removed) or '-'}")
-    return 0
+    return 1 if failed else 0
 
 
 def _ago(iso: str) -> str:
@@ -186,6 +206,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
+    docs = doc.get("deployments") or [doc]
+    if len(docs) > 1:  # a line for the whole stack, then a block per deployment
+        print(f"{doc.get('summary', '')}")
+    for one in docs:
+        if len(docs) > 1:
+            print(f"\n== {one['deployment']['name']}" + ("" if one["deployment"].get("required", True)
+                                                          else " (not required)"))
+        _print_deployment(one)
+    print(f"config: {doc['config']['path']} ({doc['config']['hash']}); updated {doc['daemon']['updated']}")
+    return 0
+
+
+def _print_deployment(doc: dict[str, Any]) -> None:
     dep = doc["deployment"]
     print(f"{doc['phase']} for {_ago(doc['since'])}" + (f": {doc['reason']}" if doc["reason"] else ""))
     if doc.get("progress"):
@@ -241,8 +274,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     print("history:")
     for h in doc["history"][-8:]:
         print(f"  {h['at']} {h['phase']}" + (f": {h['reason']}" if h["reason"] else ""))
-    print(f"config: {doc['config']['path']} ({doc['config']['hash']}); updated {doc['daemon']['updated']}")
-    return 0
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
@@ -259,12 +290,14 @@ def cmd_reset(args: argparse.Namespace) -> int:
             print(f"a spark-supervisor holds {state_dir}/lock but its control socket does not answer ({e}); "
                   "nothing was changed", file=sys.stderr)
             return 1
-    log = statefile.RepairLog(state_dir)
-    log.clear()
-    if log.problem:
-        print(log.problem, file=sys.stderr)
-        return 1
-    print(f"no daemon running; cleared the repair budget in {state_dir}")
+    from .config import deployment_dir
+    for dep in cfg.deployments:
+        log = statefile.RepairLog(deployment_dir(state_dir, dep.name))
+        log.clear()
+        if log.problem:
+            print(log.problem, file=sys.stderr)
+            return 1
+    print(f"no daemon running; cleared the repair budgets in {state_dir}")
     return 0
 
 

@@ -624,6 +624,11 @@ class Deployment(_Strict):
     ray: Ray = Field(default_factory=Ray)
     serve: Serve
     readiness: Readiness = Field(default_factory=Readiness)  # a fresh one each: it holds the resolved key
+    # Start only once these deployments answer (their memory profiling is over: vLLM sizes its share
+    # against the memory free at that moment, so servers sharing a GPU must start one after the other).
+    after: list[str] = []
+    # READY=1 and "SERVING" wait for every required deployment; the others are reported, not waited for.
+    required: bool = True
 
     @property
     def api_key(self) -> str:
@@ -719,6 +724,38 @@ class Memory(_Strict):
 
     page_cache: Literal["drop", "never"] = "drop"  # drop it when it is what stands between MemFree and the need
     kv_cache_regression: Annotated[float, Field(gt=0, lt=1)] = 0.2  # a start this far below the best: a warning
+    # Deployments sharing a node: their gpu_memory_utilization add up to at most 1 minus this (the
+    # allowed GPU processes, Xorg and gnome-shell, and the CUDA contexts live in it).
+    share_margin: Annotated[float, Field(ge=0, lt=1)] = 0.05
+
+
+def deployment_dir(state_dir: str, name: str) -> str:
+    return os.path.join(state_dir, "deployments", name)
+
+
+def _after_cycle(deps: list[Deployment]) -> list[str]:
+    """A circle in the deployments' ``after`` order, as names (empty: none)."""
+    after = {d.name: d.after for d in deps}
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(name: str, path: list[str]) -> list[str]:
+        if state.get(name) == 1:
+            return [*path[path.index(name):], name]
+        if state.get(name) == 2 or name not in after:
+            return []
+        state[name] = 1
+        for a in after[name]:
+            found = visit(a, [*path, name])
+            if found:
+                return found
+        state[name] = 2
+        return []
+
+    for d in deps:
+        found = visit(d.name, [])
+        if found:
+            return found
+    return []
 
 
 class Config(_Strict):
@@ -730,6 +767,7 @@ class Config(_Strict):
     nodes: list[Node]
     stale: Stale = Stale()
     deployments: list[Deployment]
+    _owners: frozenset[str] = PrivateAttr(default=frozenset())
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:
@@ -752,18 +790,32 @@ class Config(_Strict):
                 problems.append((f"nodes[{i}].ssh", "a worker needs an SSH target, e.g. \"root@spark-2\""))
             if n.role == "worker" and n.docker == "local":
                 problems.append((f"nodes[{i}].docker", "a worker's engine is remote, e.g. \"ssh://root@spark-2\""))
-        if len(self.deployments) != 1:
-            problems.append(("deployments", f"exactly one deployment is supported, got {len(self.deployments)}"))
+        deps = [dep.name for dep in self.deployments]
+        if not self.deployments:
+            problems.append(("deployments", "no deployment: add a [[deployments]] table"))
+        for d, dep in enumerate(self.deployments):
+            if dep.name in deps[:d]:
+                problems.append((f"deployments[{d}].name", f"duplicate deployment {dep.name!r}: each needs its own name "
+                                 "(it names its containers and owns them)"))
+            for j, a in enumerate(dep.after):
+                if a not in deps or a == dep.name:
+                    problems.append((f"deployments[{d}].after[{j}]", f"{a!r} is not another deployment "
+                                     f"(deployments: {', '.join(deps)})"))
+        cycle = _after_cycle(self.deployments)
+        if cycle:
+            problems.append(("deployments", f"the start order goes round in a circle: {' -> '.join(cycle)}"))
         own_containers: dict[str, str] = {}
+        listening: dict[tuple[str, int], str] = {}  # (host node, port) -> the key that takes it
+        shares: dict[str, list[tuple[str, float]]] = {}
         for d, dep in enumerate(self.deployments):
             for j, nn in enumerate(dep.nodes):
                 if nn not in names:
                     problems.append((f"deployments[{d}].nodes[{j}]", f"unknown node {nn!r}"))
-            members = [n for n in self.nodes if not dep.nodes or n.name in dep.nodes]
+            members = self.members(dep)
             gpus = sum(n.gpus for n in members)
             want = dep.serve.tensor_parallel_size * dep.serve.pipeline_parallel_size
             if not members:
-                pass  # no head, unknown nodes: said above
+                pass  # unknown nodes: said above
             elif gpus == 0:
                 problems.append((f"deployments[{d}].serve.tensor_parallel_size",
                                  "its nodes have no GPUs: set nodes[].gpus"))
@@ -778,24 +830,38 @@ class Config(_Strict):
                                  f"({gpus - want} would sit idle or fail placement): make "
                                  f"tensor_parallel_size x pipeline_parallel_size equal {gpus}, or list fewer "
                                  "GPUs (nodes[].gpus, deployments.nodes)"))
-            if dep.nodes and not any(n.role == "head" for n in members):
-                problems.append((f"deployments[{d}].nodes", "must include the head node"))
-            # Everything below listens on the head's host network: one port each.
+            if not members:
+                continue
+            # Everything below listens on its node's host network: one port each, across deployments too.
+            host = members[0].name
             ports = ([(f"deployments[{d}].ray.port", dep.ray.port),
                       (f"deployments[{d}].ray.dashboard_port", dep.ray.dashboard_port)] if dep.uses_ray else [])
             ports.append((f"deployments[{d}].serve.port", dep.serve.port))
             if not dep.uses_ray and len(members) > 1:
                 ports.append((f"deployments[{d}].serve.master_port", dep.serve.master_port))
-            if self.metrics.listen:
-                ports.append(("metrics.listen", self.metrics.port))
-            for i, (key, port) in enumerate(ports):
-                other = next((k for k, p in ports[:i] if p == port), None)
-                if other:
-                    problems.append((key, f"port {port} is also {other}: they share the head's host network; "
-                                          "give each its own port"))
+            for key, port in ports:
+                other = listening.setdefault((host, port), key)
+                if other != key:
+                    problems.append((key, f"port {port} is also {other} on {host}: they share the node's host "
+                                          "network; give each its own port"))
             for n in members:
                 own_containers[f"{dep.name}-ray-{n.name}"] = n.name
                 own_containers[f"{dep.name}-vllm-{n.name}"] = n.name
+                shares.setdefault(n.name, []).append((dep.name, dep.serve.gpu_memory_utilization))
+        if self.metrics.listen and heads:  # the daemon's own, on the head
+            clash = listening.get((self.nodes[heads[0]].name, self.metrics.port))
+            if clash:
+                problems.append(("metrics.listen", f"port {self.metrics.port} is also {clash} on "
+                                 f"{self.nodes[heads[0]].name}: give the metrics their own port"))
+        limit = 1 - self.memory.share_margin
+        for node, taken in shares.items():
+            total = sum(u for _, u in taken)
+            if len(taken) > 1 and total > limit + 1e-9:
+                d = next(i for i, dep in enumerate(self.deployments) if dep.name == taken[-1][0])
+                problems.append((f"deployments[{d}].serve.gpu_memory_utilization",
+                                 f"the deployments on {node} ask for {total:.2f} of its GPU memory "
+                                 f"({', '.join(f'{n} {u:g}' for n, u in taken)}), more than {limit:.2f} "
+                                 f"(1 - memory.share_margin): vLLM would refuse the last to start; lower them"))
         for i, c in enumerate(self.stale.containers):
             if c in own_containers:
                 problems.append((f"stale.containers[{i}]", f"{c!r} is the supervisor's own Ray container on "
@@ -806,6 +872,20 @@ class Config(_Strict):
     @property
     def head(self) -> Node:
         return next(n for n in self.nodes if n.role == "head")
+
+    def view(self, dep: Deployment) -> Config:
+        """One deployment's own config: its nodes only, its own state directory under ours (repair log, bests,
+        status), and the names of every configured deployment (``owners``: their containers are nobody's
+        orphans). The reconcile machinery runs on a view, one per deployment."""
+        sup = self.supervisor.model_copy(update={"state_dir": deployment_dir(self.supervisor.state_dir, dep.name)})
+        v = self.model_copy(update={"deployments": [dep], "nodes": self.members(dep), "supervisor": sup})
+        v._owners = frozenset(d.name for d in self.deployments)
+        return v
+
+    @property
+    def owners(self) -> frozenset[str]:
+        """Every configured deployment's name: a container labelled with one of them is owned."""
+        return self._owners or frozenset(d.name for d in self.deployments)
 
     @property
     def deployment(self) -> Deployment:

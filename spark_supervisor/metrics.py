@@ -17,77 +17,95 @@ class Metrics:
         host, _, port = listen.rpartition(":")
         self.registry = reg = pc.CollectorRegistry()
         p = "spark_supervisor_"
-        self.phase = pc.Gauge(f"{p}phase", "1 for the current phase", ["phase"], registry=reg)
-        self.in_phase = pc.Gauge(f"{p}phase_seconds", "seconds in the current phase", registry=reg)
-        self.ttr = pc.Gauge(f"{p}time_to_ready_seconds", "last start (or repair) to SERVING", registry=reg)
-        self.repairs = pc.Counter(f"{p}repairs", "repairs started", ["kind", "reason"], registry=reg)
-        self.failures = pc.Gauge(f"{p}consecutive_failures", "failed attempts in a row", registry=reg)
-        self.probe_latency = pc.Gauge(f"{p}probe_latency_seconds", "last completion probe latency", ["probe"],
+        d = ["deployment"]  # every metric of a deployment is labelled with it
+        self.phase = pc.Gauge(f"{p}phase", "1 for the current phase", [*d, "phase"], registry=reg)
+        self.in_phase = pc.Gauge(f"{p}phase_seconds", "seconds in the current phase", d, registry=reg)
+        self.ttr = pc.Gauge(f"{p}time_to_ready_seconds", "last start (or repair) to SERVING", d, registry=reg)
+        self.repairs = pc.Counter(f"{p}repairs", "repairs started", [*d, "kind", "reason"], registry=reg)
+        self.failures = pc.Gauge(f"{p}consecutive_failures", "failed attempts in a row", d, registry=reg)
+        self.probe_latency = pc.Gauge(f"{p}probe_latency_seconds", "last completion probe latency", [*d, "probe"],
                                       registry=reg)
-        self.probes = pc.Counter(f"{p}probe_results", "completion and /health probe results", ["probe", "result"],
+        self.probes = pc.Counter(f"{p}probe_results", "completion and /health probe results", [*d, "probe", "result"],
                                  registry=reg)
-        self.load = pc.Gauge(f"{p}load_progress_ratio", "model load progress, 0..1", registry=reg)
-        self.eta = pc.Gauge(f"{p}load_eta_seconds", "estimated seconds until the model serves", registry=reg)
-        self.ray_nodes = pc.Gauge(f"{p}ray_nodes_alive", "Ray nodes ALIVE", registry=reg)
-        self.gpus = pc.Gauge(f"{p}ray_gpus", "GPUs registered by the alive Ray nodes", registry=reg)
-        self.budget = pc.Gauge(f"{p}repair_budget_used", "repairs in the current window", registry=reg)
+        self.load = pc.Gauge(f"{p}load_progress_ratio", "model load progress, 0..1", d, registry=reg)
+        self.eta = pc.Gauge(f"{p}load_eta_seconds", "estimated seconds until the model serves", d, registry=reg)
+        self.ray_nodes = pc.Gauge(f"{p}ray_nodes_alive", "Ray nodes ALIVE", d, registry=reg)
+        self.gpus = pc.Gauge(f"{p}ray_gpus", "GPUs registered by the alive Ray nodes", d, registry=reg)
+        self.budget = pc.Gauge(f"{p}repair_budget_used", "repairs in the current window", d, registry=reg)
         self.unknowns = pc.Counter(f"{p}observations_unknown", "ticks in which something could not be seen",
-                                   ["what"], registry=reg)
-        self.page_cache_drops = pc.Counter(f"{p}page_cache_drops", "page cache dropped before a launch", ["node"],
+                                   [*d, "what"], registry=reg)
+        self.page_cache_drops = pc.Counter(f"{p}page_cache_drops", "page cache dropped before a launch", [*d, "node"],
                                            registry=reg)
-        self.kv_tokens = pc.Gauge(f"{p}kv_cache_tokens", "KV-cache tokens the serve reported at start", registry=reg)
-        self.kv_best = pc.Gauge(f"{p}kv_cache_best_tokens", "best KV-cache tokens seen for this spec", registry=reg)
+        self.kv_tokens = pc.Gauge(f"{p}kv_cache_tokens", "KV-cache tokens the serve reported at start", d, registry=reg)
+        self.kv_best = pc.Gauge(f"{p}kv_cache_best_tokens", "best KV-cache tokens seen for this spec", d, registry=reg)
         self.kv_regressed = pc.Gauge(f"{p}kv_cache_regression", "1 when the serve came up with far less KV cache "
-                                     "than the best for its spec", registry=reg)
+                                     "than the best for its spec", d, registry=reg)
         self.state_write_errors = pc.Counter(f"{p}state_write_errors", "failed writes of a state file",
                                              ["file"], registry=reg)
         self.server, self.thread = pc.start_http_server(int(port), addr=host or "127.0.0.1", registry=reg)
 
-    def update(self, st: Status, obs: Observation | None, now: float) -> None:
+    def bound(self, deployment: str) -> DeploymentMetrics:
+        return DeploymentMetrics(self, deployment)
+
+    def update(self, dep: str, st: Status, obs: Observation | None, now: float) -> None:
         for phase in Phase:
-            self.phase.labels(phase.value).set(1 if phase == st.phase else 0)
-        self.in_phase.set(round(now - st.since, 3))
-        self.failures.set(st.failures)
-        self.load.set(st.load_fraction)
+            self.phase.labels(dep, phase.value).set(1 if phase == st.phase else 0)
+        self.in_phase.labels(dep).set(round(now - st.since, 3))
+        self.failures.labels(dep).set(st.failures)
+        self.load.labels(dep).set(st.load_fraction)
         if st.eta_s is not None:
-            self.eta.set(st.eta_s)
-        self.budget.set(st.repairs_in_window)
+            self.eta.labels(dep).set(st.eta_s)
+        self.budget.labels(dep).set(st.repairs_in_window)
         if obs is not None and obs.ray is not None:
-            self.ray_nodes.set(len(obs.ray.alive))
-            self.gpus.set(obs.ray.gpus)
+            self.ray_nodes.labels(dep).set(len(obs.ray.alive))
+            self.gpus.labels(dep).set(obs.ray.gpus)
 
-    def repaired(self, kind: str, reason_kind: str) -> None:
-        self.repairs.labels(kind, reason_kind).inc()
+    def repaired(self, dep: str, kind: str, reason_kind: str) -> None:
+        self.repairs.labels(dep, kind, reason_kind).inc()
 
-    def unknown(self, what: str) -> None:
-        self.unknowns.labels(what).inc()
+    def unknown(self, dep: str, what: str) -> None:
+        self.unknowns.labels(dep, what).inc()
 
-    def page_cache_dropped(self, node: str) -> None:
-        self.page_cache_drops.labels(node).inc()
+    def page_cache_dropped(self, dep: str, node: str) -> None:
+        self.page_cache_drops.labels(dep, node).inc()
 
-    def kv_cache(self, tokens: int, best: int, regressed: bool) -> None:
-        self.kv_tokens.set(tokens)
-        self.kv_best.set(best)
-        self.kv_regressed.set(1 if regressed else 0)
+    def kv_cache(self, dep: str, tokens: int, best: int, regressed: bool) -> None:
+        self.kv_tokens.labels(dep).set(tokens)
+        self.kv_best.labels(dep).set(best)
+        self.kv_regressed.labels(dep).set(1 if regressed else 0)
 
     def state_write_failed(self, file: str) -> None:
         self.state_write_errors.labels(file).inc()
 
-    def probed(self, probe: str, result: str, verdict: Verdict | None = None) -> None:
-        self.probes.labels(probe, result).inc()
+    def probed(self, dep: str, probe: str, result: str, verdict: Verdict | None = None) -> None:
+        self.probes.labels(dep, probe, result).inc()
         if verdict is not None and verdict.ran:
-            self.probe_latency.labels(probe).set(verdict.latency_s)
+            self.probe_latency.labels(dep, probe).set(verdict.latency_s)
 
-    def ready_after(self, seconds: float) -> None:
-        self.ttr.set(round(seconds, 3))
+    def ready_after(self, dep: str, seconds: float) -> None:
+        self.ttr.labels(dep).set(round(seconds, 3))
 
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
 
 
+class DeploymentMetrics:
+    """One deployment's handle on the shared metrics: the same calls, its name as the first label."""
+
+    def __init__(self, metrics: Metrics, deployment: str):
+        self.metrics, self.deployment = metrics, deployment
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self.metrics, name)
+        return lambda *a, **k: fn(self.deployment, *a, **k)
+
+
 class NoMetrics:
     """Metrics off: the same calls, nothing done."""
+
+    def bound(self, _deployment: str) -> NoMetrics:
+        return self
 
     def __getattr__(self, _name: str) -> Any:
         return lambda *a, **k: None

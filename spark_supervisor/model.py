@@ -10,6 +10,7 @@ from typing import Any
 
 class Phase(StrEnum):
     DETECTING = "DETECTING"
+    WAITING = "WAITING"  # for the deployments it starts after (deployments.after)
     CLEANING = "CLEANING"
     STARTING_RAY = "STARTING_RAY"
     STARTING_VLLM = "STARTING_VLLM"
@@ -333,7 +334,6 @@ class Status:
     eta_s: float | None = None
     load_progress_at: float = 0.0  # when the load last moved (a shard, a milestone): stalls count from here
     preflight: tuple[str, ...] = ()  # problems found at the last full observation
-    ready_sent: bool = False
     health: Tracker = field(default_factory=Tracker)
     deep: Tracker = field(default_factory=Tracker)
     repairs_in_window: int = 0  # from the persisted repair log
@@ -345,6 +345,7 @@ class Status:
     kv_cache: dict[str, Any] = field(default_factory=dict)  # tokens, best for this spec, warning
     images: dict[str, ImageReport] = field(default_factory=dict)  # node -> its image check (this run)
     starts: int = 0  # times the deployment's containers were started (each start checks its images first)
+    waiting_for: str = ""  # the deployments it starts after that do not answer yet (set by the daemon)
 
     @property
     def reason(self) -> str:

@@ -65,6 +65,16 @@ def is_stale(c: Container, cfg: Config) -> bool:
     return False
 
 
+def is_orphan(c: Container, cfg: Config, dep: Deployment, member: bool) -> bool:
+    """The one owner rule: a container labelled as ours belongs to the deployment its label names. It is an
+    orphan only when that deployment is not configured, or is this one on a node it no longer uses; another
+    configured deployment's container is never ours to remove, whatever its state."""
+    owner = c.labels.get(OWNER_LABEL)
+    if owner is None:
+        return False
+    return owner not in cfg.owners or (owner == dep.name and not member)
+
+
 def stale_units(o: NodeObservation, cfg: Config) -> tuple[str, ...]:
     """Configured stale units that run, or would come back at boot when disabling is asked for."""
     st, found = cfg.stale, {u.name.removesuffix(".service"): u for u in o.units or ()}
@@ -229,8 +239,8 @@ def nodes_seen(f: Facts) -> Decision | None:
 
 
 def hygiene(f: Facts) -> Decision | None:
-    """2. Stale units and containers on any node that answered, and containers we own under another
-    deployment name (or on a node the deployment no longer has)."""
+    """2. Stale units and containers on any node that answered, and orphans: containers labelled for a
+    deployment no longer configured, or for this one on a node it no longer has (``is_orphan``)."""
     cfg, dep = f.cfg, f.dep
     actions: list[Action] = []
     found: list[str] = []
@@ -246,8 +256,7 @@ def hygiene(f: Facts) -> Decision | None:
         if names:
             actions.append(RemoveContainers(node.name, names, "stale"))
             found.append(f"{node.name}: containers {', '.join(names)}")
-        orphans = tuple(c.name for c in o.containers
-                        if OWNER_LABEL in c.labels and (c.labels[OWNER_LABEL] != dep.name or node not in f.members))
+        orphans = tuple(c.name for c in o.containers if is_orphan(c, cfg, dep, node in f.members))
         if orphans:
             actions.append(RemoveContainers(node.name, orphans, "orphan"))
             found.append(f"{node.name}: orphans {', '.join(orphans)}")
@@ -294,6 +303,8 @@ def placement(f: Facts) -> Decision | None:
     obs, st, cfg, dep = f.obs, f.st, f.cfg, f.dep
     if not obs.full:
         return Decision(Phase.DETECTING, Reason())
+    if st.waiting_for:  # deployments.after: theirs first (the daemon says which do not answer yet)
+        return Decision(Phase.WAITING, Reason("WaitingFor", st.waiting_for))
     checked = _images(st, cfg, dep)
     if checked is not None:
         return checked
@@ -502,7 +513,8 @@ def _serving(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
     if st.deep.failures >= h.deep_failure_threshold:
         return _repair("serve", Reason("ServeWedged", f"{st.deep.failures} deep probes failed ({st.deep.detail})"),
                        (StopServe("wedged"),), st, cfg, now)
-    serving = f"{dep.serve.name} on {len(cfg.members(dep))} nodes"
+    n = len(cfg.members(dep))
+    serving = f"{dep.serve.name} on {n} node{'' if n == 1 else 's'}"
     if now - max(st.deep.last_at, st.since) >= h.deep_probe_interval:
         return Decision(Phase.SERVING, Reason(detail=serving), (Verify(s.identity, deep=True),))
     return Decision(Phase.SERVING, Reason(detail=serving))

@@ -51,8 +51,28 @@ def more_nodes(d: dict[str, Any], count: int) -> dict[str, Any]:
     return d
 
 
+def single_node(d: dict[str, Any], name: str, node: str, port: int, **deployment: Any) -> dict[str, Any]:
+    """A single-node deployment beside the testbed's (an embeddings model or a reranker in the runbook's
+    stack): the same stand-in, vLLM's mp backend with TP 1 on `node`, its own port, fault switch and GPU."""
+    dep = copy.deepcopy(d["deployments"][0])
+    ip = testbed.ALL_NODES[node]
+    dep.update(name=name, nodes=[node])
+    dep["serve"].update(distributed_executor_backend="mp", tensor_parallel_size=1, port=port, served_model_name=name,
+                        gpu_memory_utilization=0.2)
+    dep["serve"]["env"] = {**dep["serve"]["env"], "STANDIN_FAULT_FILE": str(fault_file(name)),
+                           "STANDIN_GPU_STATES": f"{testbed.DIR}/{node}/gpu.json"}
+    dep["readiness"]["endpoint"] = f"http://{ip}:{port}"
+    return merge(dep, deployment)
+
+
+def fault_file(deployment: str = "") -> Path:
+    """The switch that makes a deployment's stand-in serve hang or fail (STANDIN_FAULT_FILE)."""
+    return testbed.DIR / (f"serve-fault-{deployment}" if deployment else "serve-fault")
+
+
 def write_config(tmp_path: Path, patch: dict[str, Any] | None = None, *,
-                 deployment: dict[str, Any] | None = None, nodes: int = 2) -> Path:
+                 deployment: dict[str, Any] | None = None, nodes: int = 2,
+                 more: list[tuple[Any, ...]] | None = None) -> Path:
     d = tomllib.loads((ROOT / "etc" / "testbed.toml").read_text())
     if nodes > 2:
         d = more_nodes(d, nodes)
@@ -62,6 +82,8 @@ def write_config(tmp_path: Path, patch: dict[str, Any] | None = None, *,
     d = merge(d, patch or {})
     if deployment:
         d["deployments"][0] = merge(d["deployments"][0], deployment)
+    for extra in more or ():  # further deployments: (name, node, port, patch) made by single_node
+        d["deployments"].append(single_node(d, *extra[:3], **(extra[3] if len(extra) > 3 else {})))
     path = tmp_path / "config.toml"
     path.write_text(tomli_w.dumps(d))
     return path

@@ -53,7 +53,7 @@ def test_dollar_dollar_is_a_literal_dollar() -> None:
     (lambda d: d["deployments"][0]["serve"].update(extra_args="--x 'unclosed"),
      "deployments[0].serve.extra_args: cannot split into arguments"),
     (lambda d: d["deployments"][0]["serve"].pop("model"), "deployments[0].serve.model: required key is missing"),
-    (lambda d: d["deployments"].append(d["deployments"][0]), "deployments: exactly one deployment is supported"),
+    (lambda d: d["deployments"].append(d["deployments"][0]), "deployments[1].name: duplicate deployment 'qwen'"),
 ])
 def test_each_problem_names_file_and_key(mutate, expected) -> None:
     d = data()

@@ -152,7 +152,7 @@ def test_reload_with_a_broken_file_keeps_the_old_config(tmp_path) -> None:
     assert daemon.cfg is old and not be.closed
     assert notes.sent[0].startswith("RELOADING=1\nMONOTONIC_USEC=")
     assert notes.sent[-1].startswith("STATUS=") and "reload failed" in notes.sent[-1]
-    daemon.status.ready_sent = True
+    daemon.ready_sent = True
     daemon.reload()
     assert notes.sent[-1].startswith("READY=1\nSTATUS=") and "not valid TOML" in notes.sent[-1]
     assert "reload failed" in daemon.status_line()  # and it stays there until a reload succeeds
@@ -194,7 +194,7 @@ def test_start_timeout_is_extended_only_while_the_start_progresses(tmp_path) -> 
         clock.t = daemon.status.backoff_until
         notes.sent.clear()
         daemon.tick()
-        if clock.t - daemon._last_progress > c.supervisor.start_stall_timeout:
+        if clock.t - daemon.first.last_progress > c.supervisor.start_stall_timeout:
             break
     assert not any(n.startswith("EXTEND_TIMEOUT_USEC") for n in notes.sent)
 
@@ -333,11 +333,12 @@ def test_the_start_timeout_is_extended_only_while_the_start_progresses(tmp_path)
 
 def test_repairs_json_of_the_wrong_shape_is_moved_aside_and_the_daemon_goes_on(tmp_path) -> None:
     state = tmp_path / "state"
-    state.mkdir()
-    (state / "repairs.json").write_text('{"not": "a list"}')
+    own = state / "deployments" / "qwen"  # each deployment keeps its repair log in its own directory
+    own.mkdir(parents=True)
+    (own / "repairs.json").write_text('{"not": "a list"}')
     daemon, be, clock, notes, _ = make(tmp_path)
-    assert daemon.repairs.entries == [] and "moved aside" in daemon.repairs.problem
-    assert [p.name for p in state.iterdir() if p.name.startswith("repairs.json.bad-")]
+    assert daemon.first.repairs.entries == [] and "moved aside" in daemon.first.repairs.problem
+    assert [p.name for p in own.iterdir() if p.name.startswith("repairs.json.bad-")]
     be.next = obs(daemon.cfg)
     daemon.tick()
     doc = json.loads((state / "status.json").read_text())
@@ -365,7 +366,7 @@ def test_a_failed_repairs_write_is_shown_not_swallowed(tmp_path) -> None:
 def test_reset_reaches_the_daemon_through_its_control_socket(tmp_path) -> None:
     from spark_supervisor import control
     daemon, be, clock, notes, _ = make(tmp_path)
-    daemon.repairs.add(1.7e9 + clock.t, "gang", "x")
+    daemon.first.repairs.add(1.7e9 + clock.t, "gang", "x")
     server = control.ControlServer(str(tmp_path / "state"), daemon._on_request)
     try:
         assert "re-arm" in control.request(str(tmp_path / "state"), "reset")
@@ -384,8 +385,9 @@ def test_a_start_with_far_less_kv_cache_than_the_best_for_its_spec_is_a_warning(
     daemon, be, clock, notes, _ = make(tmp_path)
     c = daemon.cfg
     state = tmp_path / "state"
-    state.mkdir(exist_ok=True)
-    (state / "kv.json").write_text(json.dumps({serve_hash(c, c.deployment): 409856}))
+    own = state / "deployments" / "qwen"
+    own.mkdir(parents=True, exist_ok=True)
+    (own / "kv.json").write_text(json.dumps({serve_hash(c, c.deployment): 409856}))
     log = ("(EngineCore pid=1) INFO 12-02 10:00:00 [kv_cache_utils.py:1] GPU KV cache size: 200,000 tokens\n"
            "INFO:     Application startup complete.\n")
     be.next = obs(c, deployed=True, serve=serve_running(c, log=log),
@@ -402,7 +404,7 @@ def test_a_start_with_far_less_kv_cache_than_the_best_for_its_spec_is_a_warning(
                    endpoint=EndpointObservation("up", health=200, models=("Qwen3.5",)))
     daemon2.tick()
     assert not daemon2.status.kv_cache["warning"]
-    assert json.loads((state / "kv.json").read_text())[serve_hash(c, c.deployment)] == 500000
+    assert json.loads((own / "kv.json").read_text())[serve_hash(c, c.deployment)] == 500000
 
 
 def test_a_load_that_moved_on_the_tick_it_would_have_stalled_is_not_stalled(tmp_path) -> None:
@@ -418,7 +420,7 @@ def test_a_load_that_moved_on_the_tick_it_would_have_stalled_is_not_stalled(tmp_
     clock.t += c.deployment.readiness.stall_timeout + 1
     be.next = loading(2)  # it moved just now: judged on this tick's progress, not the last one's
     daemon.tick()
-    assert daemon.status.phase == Phase.LOADING and not daemon.repairs.recent(daemon.wall(), 3600)
+    assert daemon.status.phase == Phase.LOADING and not daemon.first.repairs.recent(daemon.wall(), 3600)
     clock.t += c.deployment.readiness.stall_timeout + 1
     daemon.tick()  # and now it has not moved for longer than the stall timeout
     assert daemon.status.reason.startswith("LoadStalled")

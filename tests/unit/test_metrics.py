@@ -12,24 +12,28 @@ def test_prometheus_endpoint_reports_phase_progress_ray_and_repairs() -> None:
         st.advance(Phase.LOADING, Reason(), 10.0, 1.0)
         st.load_fraction, st.eta_s = 0.25, 480.0
         c = cfg()
-        m.update(st, obs(c, deployed=True), 70.0)
-        m.repaired("gang", "RayNodeLost")
-        m.probed("deep", "success", Verdict(True, "ok", latency_s=0.8))
-        m.ready_after(912.5)
+        q = m.bound("qwen")
+        q.update(st, obs(c, deployed=True), 70.0)
+        q.repaired("gang", "RayNodeLost")
+        q.probed("deep", "success", Verdict(True, "ok", latency_s=0.8))
+        q.ready_after(912.5)
+        m.bound("embed").update(Status(), None, 70.0)  # another deployment: its own series
         port = m.server.server_address[1]
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     finally:
         m.close()
-    for line in ('spark_supervisor_phase{phase="LOADING"} 1.0', 'spark_supervisor_phase{phase="SERVING"} 0.0',
-                 "spark_supervisor_phase_seconds 60.0", "spark_supervisor_load_progress_ratio 0.25",
-                 "spark_supervisor_load_eta_seconds 480.0", "spark_supervisor_ray_nodes_alive 2.0",
-                 "spark_supervisor_ray_gpus 2.0", "spark_supervisor_time_to_ready_seconds 912.5",
-                 'spark_supervisor_repairs_total{kind="gang",reason="RayNodeLost"} 1.0',
-                 'spark_supervisor_probe_results_total{probe="deep",result="success"} 1.0',
-                 'spark_supervisor_probe_latency_seconds{probe="deep"} 0.8'):
+    q = 'deployment="qwen"'
+    for line in (f'spark_supervisor_phase{{{q},phase="LOADING"}} 1.0', f'spark_supervisor_phase{{{q},phase="SERVING"}} 0.0',
+                 f"spark_supervisor_phase_seconds{{{q}}} 60.0", f"spark_supervisor_load_progress_ratio{{{q}}} 0.25",
+                 f"spark_supervisor_load_eta_seconds{{{q}}} 480.0", f"spark_supervisor_ray_nodes_alive{{{q}}} 2.0",
+                 f"spark_supervisor_ray_gpus{{{q}}} 2.0", f"spark_supervisor_time_to_ready_seconds{{{q}}} 912.5",
+                 f'spark_supervisor_repairs_total{{{q},kind="gang",reason="RayNodeLost"}} 1.0',
+                 f'spark_supervisor_probe_results_total{{{q},probe="deep",result="success"}} 1.0',
+                 f'spark_supervisor_probe_latency_seconds{{{q},probe="deep"}} 0.8',
+                 'spark_supervisor_phase{deployment="embed",phase="DETECTING"} 1.0'):
         assert line in text, line
 
 
 def test_metrics_off_costs_nothing() -> None:
-    NoMetrics().update(Status(), None, 0.0)
+    NoMetrics().bound("x").update(Status(), None, 0.0)
     NoMetrics().close()
