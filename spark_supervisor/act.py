@@ -104,7 +104,7 @@ class Actor:
             case Verify(serve=serve, deep=deep):
                 r = dep.readiness
                 timeout = cfg.healing.deep_probe_timeout if deep else r.request_timeout
-                v = w.api.sanity(dep.serve.name, r.sanity_prompt, r.sanity_max_tokens, timeout, serve)
+                v = w.api.sanity(dep.serve.name, r.sanity_prompt, r.sanity_max_tokens, timeout, serve, r.probe)
                 event = f"probe.{'deep' if deep else 'sanity'}_{'passed' if v.passed else 'failed'}"
                 (self.log.info if v.passed else self.log.warning)(
                     event, why=v.why, finish_reason=v.finish_reason, field=v.field, latency_s=v.latency_s, ran=v.ran)

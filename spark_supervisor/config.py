@@ -603,6 +603,9 @@ class Readiness(_Strict):
     deadline: SecWeek = 1200
     stall_timeout: SecWeek = 900  # no load progress (shard, milestone) this long: a stall, repaired
     request_timeout: Sec3600 = 60
+    # What a real request is: a chat completion (an LLM), one embedding (an embeddings model: it cannot
+    # chat) or a rerank of two documents (a reranker). Readiness and the periodic deep probe both send it.
+    probe: Literal["chat", "embeddings", "rerank"] = "chat"
     sanity_prompt: str = "Reply with the single word: ready"
     sanity_max_tokens: Annotated[int, Field(ge=1, le=4096)] = 32
     api_key_file: OptionalAbsPath = ""  # a file holding the serve's API key, read at load

@@ -1,13 +1,20 @@
-"""Reading a sanity completion the way a reasoning model means it. Pure.
+"""Reading a sanity request the way the model means it. Pure.
 
 A reasoning model that runs out of ``max_tokens`` while thinking answers ``content: null`` with its
 text in ``reasoning`` (vLLM >= 0.11.1) or ``reasoning_content`` (<= 0.15) and ``finish_reason:
 "length"``: that is healthy. HTTP errors, zero completion tokens and empty answers are not.
+
+An embeddings model (``readiness.probe = "embeddings"``) cannot chat: it is asked for one embedding
+(POST /v1/embeddings) and must return a non-empty vector of finite numbers. A reranker (``"rerank"``) is
+asked to score two documents against the prompt (POST /v1/rerank) and must return a finite score for
+each (vLLM's pooling API: RerankResponse.results[].relevance_score).
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from typing import Any
 
 from .model import EndpointObservation, Verdict
@@ -15,6 +22,63 @@ from .model import EndpointObservation, Verdict
 def chat_request(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens, "temperature": 0, "stream": False}
+
+
+RERANK_DOCUMENTS = ("ready", "not ready")
+
+
+def sanity_request(kind: str, model: str, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """The path and body of a sanity request of this kind (readiness.probe)."""
+    if kind == "embeddings":
+        return "/v1/embeddings", {"model": model, "input": prompt}
+    if kind == "rerank":
+        return "/v1/rerank", {"model": model, "query": prompt, "documents": list(RERANK_DOCUMENTS)}
+    return "/v1/chat/completions", chat_request(model, prompt, max_tokens)
+
+
+def judge(kind: str, status_code: int, body: bytes | str, *, serve: str = "", latency_s: float = 0.0) -> Verdict:
+    if kind == "embeddings":
+        return _judge_pooling(status_code, body, serve, latency_s, _embedding, "an embeddings")
+    if kind == "rerank":
+        return _judge_pooling(status_code, body, serve, latency_s, _rerank, "a rerank")
+    return judge_completion(status_code, body, serve=serve, latency_s=latency_s)
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _embedding(doc: Any) -> tuple[bool, str]:
+    vec = doc["data"][0]["embedding"]
+    if isinstance(vec, str):  # encoding_format=base64: not asked for, but an answer all the same
+        return bool(vec), "a base64 embedding" if vec else "an empty embedding"
+    if not isinstance(vec, list) or not vec:
+        return False, "an empty embedding"
+    if not all(_finite(x) for x in vec):
+        return False, f"an embedding of {len(vec)} with a value that is not a finite number (NaN or inf)"
+    return True, f"an embedding of {len(vec)} dimensions"
+
+
+def _rerank(doc: Any) -> tuple[bool, str]:
+    results = doc["results"]
+    scores = [r["relevance_score"] for r in results]
+    if len(scores) != len(RERANK_DOCUMENTS):
+        return False, f"{len(scores)} scores for {len(RERANK_DOCUMENTS)} documents"
+    if not all(_finite(x) for x in scores):
+        return False, "a relevance score that is not a finite number (NaN or inf)"
+    return True, f"{len(scores)} documents scored ({', '.join(f'{x:.3g}' for x in scores)})"
+
+
+def _judge_pooling(status_code: int, body: bytes | str, serve: str, latency_s: float,
+                   read: Callable[[Any], tuple[bool, str]], what: str) -> Verdict:
+    if status_code != 200:
+        text = body.decode(errors="replace") if isinstance(body, bytes) else body
+        return Verdict(False, f"HTTP {status_code}: {text.strip()[:200]}", serve, round(latency_s, 3))
+    try:
+        passed, why = read(json.loads(body))
+    except (ValueError, KeyError, IndexError, TypeError):
+        return Verdict(False, f"the response is not {what} response", serve, round(latency_s, 3))
+    return Verdict(passed, why, serve, round(latency_s, 3))
 
 
 def judge_completion(status_code: int, body: bytes | str, *, serve: str = "",

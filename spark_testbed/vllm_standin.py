@@ -498,9 +498,28 @@ class Api(BaseHTTPRequestHandler):
             return False
         return True
 
+    def _pool(self, req: dict[str, Any]) -> None:
+        """An embeddings or rerank answer in the real server's shape (tests/fixtures/real_vllm/embeddings.json,
+        rerank.json): a deterministic vector of the tiny model's 128 dimensions; cosine-like scores."""
+        if self.path == "/v1/embeddings":
+            text = str(req.get("input", ""))
+            vec = [((i * 37 + len(text)) % 200 - 100) / 1000 for i in range(128)]
+            self._json(200, {"id": f"embd-{uuid.uuid4().hex[:16]}", "object": "list", "created": int(time.time()),
+                             "model": self.served, "data": [{"index": 0, "object": "embedding", "embedding": vec}],
+                             "usage": {"prompt_tokens": 24, "total_tokens": 24, "completion_tokens": 0,
+                                       "prompt_tokens_details": None, "completion_tokens_details": None}})
+            return
+        docs = [str(d) for d in req.get("documents") or []]
+        results = [{"index": i, "document": {"text": d, "multi_modal": None},
+                    "relevance_score": round(0.1 - 0.05 * i, 6)} for i, d in enumerate(docs)]
+        self._json(200, {"id": f"score-{uuid.uuid4().hex[:16]}", "model": self.served,
+                         "usage": {"prompt_tokens": 38, "total_tokens": 38},
+                         "results": sorted(results, key=lambda r: -float(r["relevance_score"]))})
+
     def do_POST(self) -> None:
-        if self.path != "/v1/chat/completions":
-            self._empty(404)
+        routes = ("/v1/embeddings", "/v1/rerank") if POOLING else ("/v1/chat/completions",)
+        if self.path not in routes:  # as the real server: a pooling model has no chat route, and the reverse
+            self._json(404, {"detail": "Not Found"})
             return
         if not self._authorized():
             return
@@ -511,6 +530,9 @@ class Api(BaseHTTPRequestHandler):
             return
         if FAIL == "hang-completions" or fault() == "hang-completions":
             _stop.wait()
+            return
+        if POOLING:
+            self._pool(req)
             return
         if FAIL == "unsupported":  # the real 0.32 CPU build with head_dim=16, seen: the first request kills it
             log("RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0",
@@ -550,10 +572,11 @@ class Api(BaseHTTPRequestHandler):
 
 
 API_KEY = ""
+POOLING = False  # --runner pooling: an embeddings or rerank model (no chat route)
 
 
 def main(argv: list[str] | None = None) -> int:
-    global API_KEY
+    global API_KEY, POOLING
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--version"]:  # `vllm --version` prints the bare version
         print(VERSION)
@@ -579,10 +602,13 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("--reasoning-parser", "--tool-call-parser", "--max-model-len", "--max-num-seqs", "--dtype"):
         p.add_argument(flag)
     p.add_argument("--enable-auto-tool-choice", action="store_true")
+    p.add_argument("--runner", choices=["auto", "generate", "pooling", "draft"], default="auto")
+    p.add_argument("--convert", choices=["auto", "none", "embed", "classify", "reward"], default="auto")
     p.add_argument("--enforce-eager", action="store_true")
     a = p.parse_args(argv)
     a.model = a.model or a.model_flag
     API_KEY = a.api_key
+    POOLING = a.runner == "pooling"
     signal.signal(signal.SIGTERM, _on_term)
     served = a.served_model_name or a.model
     world = a.tensor_parallel_size * a.pipeline_parallel_size

@@ -1,4 +1,4 @@
-"""vLLM's OpenAI-compatible API: reachability, served models, and one real completion."""
+"""vLLM's OpenAI-compatible API: reachability, served models, and one real request (readiness.probe)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 import httpx
 
 from ..model import EndpointObservation, Verdict
-from ..probes import chat_request, judge_completion
+from ..probes import judge, sanity_request
 
 
 class VllmApi:
@@ -39,15 +39,17 @@ class VllmApi:
             return EndpointObservation("error", f"/v1/models: {type(e).__name__}", ep.health)
         return EndpointObservation("up", "", ep.health, models)
 
-    def sanity(self, model: str, prompt: str, max_tokens: int, timeout: float, serve: str) -> Verdict:
+    def sanity(self, model: str, prompt: str, max_tokens: int, timeout: float, serve: str,
+               kind: str = "chat") -> Verdict:
+        """One real request of the readiness probe's kind: a chat completion, an embedding or a rerank."""
         t0 = time.monotonic()
+        path, body = sanity_request(kind, model, prompt, max_tokens)
         try:
-            r = self.http.post(f"{self.url}/v1/chat/completions", headers=self.headers, timeout=timeout,
-                               json=chat_request(model, prompt, max_tokens))
+            r = self.http.post(f"{self.url}{path}", headers=self.headers, timeout=timeout, json=body)
         except httpx.ConnectTimeout:
             return Verdict(False, "could not connect", serve, ran=False)
         except httpx.TimeoutException:
             return Verdict(False, f"no answer within {timeout:.0f}s", serve, round(time.monotonic() - t0, 3))
         except httpx.HTTPError as e:
             return Verdict(False, f"{type(e).__name__}: {e}"[:200], serve, ran=False)
-        return judge_completion(r.status_code, r.content, serve=serve, latency_s=time.monotonic() - t0)
+        return judge(kind, r.status_code, r.content, serve=serve, latency_s=time.monotonic() - t0)

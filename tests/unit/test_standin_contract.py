@@ -97,3 +97,22 @@ def test_a_killed_engine_core_is_an_engine_death_with_its_generic_line() -> None
     f = logscan.classify(REAL["kill_engine_core"])
     assert f is not None and (f.reason, f.deterministic) == ("EngineDied", False)
     assert "EngineDeadError" in f.line
+
+
+@pytest.mark.parametrize("kind", ["embeddings", "rerank"])
+def test_a_pooling_model_answers_its_probe_the_same_and_has_no_chat(standin, kind) -> None:
+    """An embeddings or rerank deployment (--runner pooling): the real server's answers (captured from
+    tiny-qwen3 --convert embed) and the stand-in's pass the same probe; chat is 404 on both."""
+    s = standin("--runner", "pooling", "--convert", "embed")
+    s.started()
+    real = probes.judge(kind, 200, (FIXTURES / f"{kind}.json").read_bytes())
+    path, body = probes.sanity_request(kind, "tiny-qwen3", "Reply with the single word: ready", 32)
+    code, answer = s.request("POST", path, body)
+    fake = probes.judge(kind, code, answer)
+    assert real.passed and fake.passed, (real, fake)
+    assert real.why.split(" (")[0].split(" of ")[0] == fake.why.split(" (")[0].split(" of ")[0]
+    real_chat = json.loads((FIXTURES / "pooling_chat.json").read_text())
+    path, body = probes.sanity_request("chat", "tiny-qwen3", "hi", 4)
+    code, answer = s.request("POST", path, body)
+    assert (code, json.loads(answer)) == (404, real_chat)
+    assert not probes.judge("chat", code, answer).passed
