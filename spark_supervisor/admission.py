@@ -25,8 +25,8 @@ def _mem(o: NodeObservation) -> str:
 
 
 def gpu_blockers(obs: Observation, cfg: Config, dep: Deployment) -> list[str]:
-    """What still holds GPU memory on the deployment's nodes: processes we do not own, and memory that even
-    dropping the page cache would not give back (MemAvailable below what vLLM will ask for)."""
+    """What still holds GPU memory on the deployment's nodes: processes no configured deployment owns, and
+    memory that even dropping the page cache would not give back (MemAvailable below what vLLM will ask for)."""
     held: list[str] = []
     st = cfg.stale
     for node in cfg.members(dep):
@@ -37,6 +37,8 @@ def gpu_blockers(obs: Observation, cfg: Config, dep: Deployment) -> list[str]:
                 base = os.path.basename(p.name)
                 if any(base == a or base.startswith(a) for a in st.allowed_gpu_processes):
                     residual += p.used_mib
+                elif o.owned_pids is not None and p.pid in o.owned_pids:
+                    continue  # another deployment's serve on a shared node: its share is in the config's sum
                 else:
                     held.append(f"{node.name}: pid {p.pid} ({p.name or '?'}) {p.used_mib} MiB")
             if residual > st.residual_mib:

@@ -86,6 +86,9 @@ class NodeObservation:
     memory: Memory | None = None
     interfaces: dict[str, tuple[str, ...]] | None = None  # name -> addresses with prefix (ip -o addr)
     probe_errors: tuple[str, ...] = ()  # non-fatal: a probe (units, nvidia-smi) could not run
+    # Host PIDs in the running containers of the configured deployments (any of them): GPU processes that are
+    # ours, not foreign. Read only when the GPU lists a process that is not allowed; None: not read.
+    owned_pids: frozenset[int] | None = None
 
 
 @dataclass(frozen=True)

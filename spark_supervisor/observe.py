@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,7 @@ from .adapters.nvidia import parse_meminfo, parse_smi_xml
 from .adapters.ray import RayDashboard, read_nodes
 from .adapters.shell import NodeShell, Result
 from .adapters.vllm import VllmApi
-from .config import RAY_STATE_LABEL, Config, Node
+from .config import OWNER_LABEL, RAY_STATE_LABEL, Config, Node
 from .preflight import parse_ip_addr
 from .model import (
     Container,
@@ -181,9 +182,29 @@ def observe_node(a: NodeAdapters, cfg: Config, full: bool, probes: cf.Executor |
             errors.append(f"{what}: {e}")
         except cf.TimeoutError:
             errors.append(f"{what}: no answer")
+    gpu = got.get("nvidia-smi")
+    owned = _owned_pids(a, cfg, containers, gpu, errors) if gpu is not None else None
     return NodeObservation(name, containers=containers, docker_version=version, units=got.get("units"),
-                           gpu=got.get("nvidia-smi"), memory=got.get("meminfo"), interfaces=got.get("ip"),
-                           probe_errors=tuple(errors))
+                           gpu=gpu, memory=got.get("meminfo"), interfaces=got.get("ip"),
+                           probe_errors=tuple(errors), owned_pids=owned)
+
+
+def _owned_pids(a: NodeAdapters, cfg: Config, containers: tuple[Container, ...], gpu: Gpu,
+                errors: list[str]) -> frozenset[int] | None:
+    """Which of the GPU's processes run in a configured deployment's container (another deployment's serve
+    on a shared node is not a foreign process). Asked of the engine only when some process is not allowed."""
+    allowed = cfg.stale.allowed_gpu_processes
+    if all(any(os.path.basename(p.name).startswith(x) for x in allowed) for p in gpu.processes):
+        return None
+    pids: set[int] = set()
+    for c in containers:
+        if c.running and c.labels.get(OWNER_LABEL) in cfg.owners:
+            try:
+                pids.update(a.docker.pids(c.name))
+            except AdapterError as e:
+                errors.append(f"container processes: {c.name}: {e}")
+                return None  # not read: every process stays a stranger (nothing starts on a guess)
+    return frozenset(pids)
 
 
 def parse_serve_state(out: str, container_id: str = "") -> ServeObservation:

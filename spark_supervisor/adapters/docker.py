@@ -87,6 +87,15 @@ class DockerEngine:
                           image=c.get("Image", ""), state=c.get("State", ""), labels=c.get("Labels") or {})
                 for c in raw]
 
+    def pids(self, name: str) -> list[int]:
+        """The host PIDs of a running container's processes (the engine's top): what nvidia-smi lists."""
+        raw = self._call(lambda: self.client().api.top(name))
+        titles = raw.get("Titles") or []
+        if "PID" not in titles:
+            raise AdapterError("DockerError", f"top of {name}: no PID column in {titles}")
+        i = titles.index("PID")
+        return [int(row[i]) for row in raw.get("Processes") or [] if str(row[i]).isdigit()]
+
     def remove(self, name: str) -> bool:
         """Force-remove; True if it existed."""
         try:

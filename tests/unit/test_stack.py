@@ -197,3 +197,17 @@ def test_a_reload_tears_down_only_the_deployment_removed_and_starts_the_one_adde
     daemon.tick()
     assert be["rerank"].ran == [CheckImage("spark-2"), StartContainer("spark-2")]  # a new deployment checks its image
     assert not any(isinstance(a, StopServe | StartServe | RemoveContainers) for a in qwen_backend.ran[-3:])
+
+
+# -------------------------------------------------------------------------------------- shared GPUs
+@pytest.mark.parametrize("owned, blocked", [(frozenset({4242}), False), (frozenset({1}), True), (None, True)])
+def test_another_deployments_serve_on_the_gpu_is_not_a_foreign_process(owned, blocked) -> None:
+    from spark_supervisor.admission import gpu_blockers
+    from spark_supervisor.model import Gpu, GpuProcess
+    c = cfg(stack(EMBED))
+    v = c.view(c.deployments[1])
+    gpu = Gpu("NVIDIA GB10", "580", None, None, (GpuProcess(2001, "/usr/lib/xorg/Xorg", 40),
+                                                   GpuProcess(4242, "/usr/bin/python3", 90000)))
+    o = obs(v, nodes={"spark-2": node_obs("spark-2", gpu=gpu, owned_pids=owned)})
+    held = gpu_blockers(o, v, v.deployment)
+    assert bool(held) == blocked and (not blocked or held == ["spark-2: pid 4242 (/usr/bin/python3) 90000 MiB"])
