@@ -66,7 +66,7 @@ demo: testbed  ## plant a post-reboot mess, run the daemon until it serves
 demo-down:
 	$(TESTBED_ENV) && $(BIN)/spark-supervisor teardown -c etc/testbed.toml && $(BIN)/spark-testbed down
 
-chaos: testbed  ## random faults for CHAOS_SECONDS (default 600) against a serving deployment, then a table
+chaos: testbed  ## random faults for CHAOS_SECONDS (default 600) against the stack (3 deployments, 3 nodes), then a table
 	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.chaos --seconds $${CHAOS_SECONDS:-600}
 
 bench: testbed  ## the supervisor's overhead, detection times, idle CPU and memory; writes bench/results.md

@@ -30,7 +30,7 @@ import httpx
 import psutil
 
 from . import testbed
-from .harness import BIN, OWNED, Supervisor, write_config
+from .harness import BIN, OWNED, Supervisor, stack_config, write_config
 from .testbed import until
 
 DASHBOARD = "http://127.0.0.2:8265/api/v0/nodes"
@@ -223,6 +223,36 @@ def observe_scaling(workdir: Path, counts: tuple[int, ...] = (2, 3), n: int = 15
     return out
 
 
+def stack_idle(workdir: Path, watch: dict[str, Any], seconds: float) -> dict[str, float]:
+    """The idle daemon with the runbook's stack serving (three deployments on three nodes), at the production
+    watch settings; and `status` over it."""
+    testbed.up(3)
+    testbed.clean_containers()
+    for node in testbed.nodes(3):
+        testbed.write_gpu(node)
+    wd = workdir / "stack"
+    wd.mkdir(parents=True, exist_ok=True)
+    d = Supervisor(stack_config(wd, watch), wd, "stack")
+    try:
+        d.wait(lambda s: s.get("summary") == "SERVING 3/3 deployments", 300, "the stack SERVING")
+        out = idle(d, seconds)
+        out["status_s"] = status_time(d.config)
+        return out
+    finally:
+        d.stop(signal.SIGTERM)
+        subprocess.run([str(BIN / "spark-supervisor"), "teardown", "--config", str(d.config)], capture_output=True,
+                       check=False, timeout=120)
+        testbed.clean_containers()
+
+
+def stack_rows(q: dict[str, float], seconds: float) -> str:
+    return "\n".join([
+        f"| idle daemon CPU over {seconds:.0f} s, the stack serving (3 deployments, 3 nodes) | "
+        f"{q['cpu_percent']:.2f} % of a core | < 0.5 % |",
+        f"| idle daemon resident memory (max), the stack | {q['rss_mib']:.1f} MiB | < 80 MB |",
+        f"| `spark-supervisor status`, the stack | {q['status_s']:.3f} s | < 0.5 s |"])
+
+
 def scaling_rows(sc: dict[int, dict[str, float]]) -> str:
     return "\n".join(f"| a tick's observation, {c} nodes serving: quick / full (wall; the daemon's CPU) | "
                      f"{v['quick'] * 1000:.0f} ms / {v['full'] * 1000:.0f} ms; CPU {v['cpu_quick'] * 1000:.0f} ms / "
@@ -235,13 +265,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle-seconds", type=float, default=60)
     ap.add_argument("--only-real", action="store_true", help="only the real-vLLM cold/warm measurement")
     ap.add_argument("--only-scaling", action="store_true", help="only the observation time on 2 and 3 nodes")
+    ap.add_argument("--only-stack", action="store_true", help="only the idle daemon with three deployments")
     a = ap.parse_args(argv)
     testbed.up()
     os.environ.update(testbed.env())
     workdir = testbed.DIR / "bench" / time.strftime("%Y%m%dT%H%M%S")
     workdir.mkdir(parents=True)
+    # The watch at the production defaults (the testbed's own config ticks faster to keep tests short).
+    watch = {"supervisor": {"interval": 5}, "healing": {"quick_check_interval": 1, "deep_probe_interval": 60,
+                                                        "repair_budget": 100}}
     if a.only_scaling:
         print(scaling_rows(observe_scaling(workdir)))
+        return 0
+    if a.only_stack:
+        print(stack_rows(stack_idle(workdir, watch, a.idle_seconds), a.idle_seconds))
         return 0
     real = real_restarts(workdir)
     print("real vLLM:", real, flush=True)
@@ -266,11 +303,10 @@ def main(argv: list[str] | None = None) -> int:
 
     scaling = observe_scaling(workdir)
     print("observation time by node count:", scaling, flush=True)
+    stack = stack_idle(workdir, watch, a.idle_seconds)
+    print("idle, the stack:", stack, flush=True)
     testbed.up()
     testbed.clean_containers()
-    # The watch at the production defaults (the testbed's own config ticks faster to keep tests short).
-    watch = {"supervisor": {"interval": 5}, "healing": {"quick_check_interval": 1, "deep_probe_interval": 60,
-                                                        "repair_budget": 100}}
     d = Supervisor(write_config(workdir, watch), workdir, "faults")
     try:
         d.wait_phase("SERVING", 300)
@@ -308,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| idle daemon CPU over {a.idle_seconds:.0f} s of SERVING | {quiet['cpu_percent']:.2f} % of a core | < 0.5 % |",
         f"| idle daemon resident memory (max) | {quiet['rss_mib']:.1f} MiB | < 80 MB |",
         f"| `spark-supervisor status` | {st_time:.3f} s | < 0.5 s |",
+        stack_rows(stack, a.idle_seconds),
         scaling_rows(scaling),
         real_rows,
     ])

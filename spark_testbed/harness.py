@@ -53,7 +53,8 @@ def more_nodes(d: dict[str, Any], count: int) -> dict[str, Any]:
 
 def single_node(d: dict[str, Any], name: str, node: str, port: int, **deployment: Any) -> dict[str, Any]:
     """A single-node deployment beside the testbed's (an embeddings model or a reranker in the runbook's
-    stack): the same stand-in, vLLM's mp backend with TP 1 on `node`, its own port, fault switch and GPU."""
+    stack): the same stand-in, vLLM's mp backend with TP 1 on `node`, its own port, fault switch and GPU.
+    A name starting with "embed" or "rerank" is a pooling model probed as one (readiness.probe)."""
     dep = copy.deepcopy(d["deployments"][0])
     ip = testbed.ALL_NODES[node]
     dep.update(name=name, nodes=[node])
@@ -62,6 +63,11 @@ def single_node(d: dict[str, Any], name: str, node: str, port: int, **deployment
     dep["serve"]["env"] = {**dep["serve"]["env"], "STANDIN_FAULT_FILE": str(fault_file(name)),
                            "STANDIN_GPU_STATES": f"{testbed.DIR}/{node}/gpu.json"}
     dep["readiness"]["endpoint"] = f"http://{ip}:{port}"
+    for kind in ("embeddings", "rerank"):
+        if name.startswith(kind[:5]):
+            dep["serve"]["extra_args"] = "--runner pooling --convert embed"
+            dep["serve"].pop("reasoning_parser", None)
+            dep["readiness"]["probe"] = kind
     return merge(dep, deployment)
 
 
@@ -200,16 +206,36 @@ def serve_processes(node: str = "spark-1", container: str = "") -> int:
     return n
 
 
-def invariant_violations() -> list[str]:
-    """What must never be true after a repair: foreign or duplicate containers, two serves or none."""
+def invariant_violations(owned: dict[str, dict[str, str]] | None = None) -> list[str]:
+    """What must never be true after a repair: foreign or duplicate containers, two serves or none.
+    owned: node -> {container: deployment} (default: the testbed's one deployment; STACK_OWNED)."""
+    owned = owned or {n: {c: "testbed"} for n, c in OWNED.items()}
     out = []
-    for node, name in OWNED.items():
+    for node, mine in owned.items():
         now = containers(node)
-        if set(now) != {name}:
+        if set(now) != set(mine):
             out.append(f"{node}: containers {sorted(now)}")
-        elif (n := serve_processes(node)) != RANKS[node]:
-            out.append(f"{node}: {n} serve processes")
+            continue
+        for container, dep in mine.items():
+            want = RANKS[node] if dep == "testbed" else 1
+            if (n := serve_processes(node, container)) != want:
+                out.append(f"{node}: {n} serve processes in {container}")
     return out
+
+
+# The runbook's stack on three nodes (tests/integration/test_stack.py, `make chaos`): the LLM (the testbed's
+# deployment) on spark-1 and spark-2, an embeddings model on spark-3 that starts once the LLM answers, and a
+# reranker beside the LLM's worker on spark-2 that READY does not wait for.
+STACK_MORE: list[tuple[Any, ...]] = [("embed", "spark-3", 8001, {"after": ["testbed"]}),
+                                     ("rerank", "spark-2", 8002, {"required": False})]
+STACK_OWNED = {"spark-1": {OWNED["spark-1"]: "testbed"},
+               "spark-2": {OWNED["spark-2"]: "testbed", "rerank-vllm-spark-2": "rerank"},
+               "spark-3": {"embed-vllm-spark-3": "embed"}}
+
+
+def stack_config(tmp_path: Path, patch: dict[str, Any] | None = None) -> Path:
+    """The stack's config (the testbed must be up on three nodes: testbed.up(3))."""
+    return write_config(tmp_path, patch, deployment={"nodes": ["spark-1", "spark-2"]}, nodes=3, more=STACK_MORE)
 
 
 def owned_ids() -> dict[str, str]:

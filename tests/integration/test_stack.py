@@ -1,0 +1,140 @@
+"""A whole stack on three nodes, as in the runbook: the LLM tensor-parallel over Ray on spark-1 and spark-2,
+an embeddings model on spark-3 (started after the LLM answers) and a reranker on spark-2 beside the LLM's
+Ray worker (not required for READY), each probed with a real request of its kind (a chat completion, an
+embedding, a rerank). Each is healed on its own: a fault in one never touches another."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from spark_testbed import testbed
+from spark_testbed.harness import (
+    STACK_MORE,
+    STACK_OWNED,
+    Supervisor,
+    containers,
+    event_time,
+    fault_file,
+    invariant_violations,
+    stack_config,
+    write_config,
+)
+
+PATCH: dict[str, Any] = {"healing": {"repair_budget": 50}, "supervisor": {"backoff_base": 0.5, "backoff_max": 2}}
+RERANK = "http://127.0.0.3:8002"
+
+
+@pytest.fixture
+def stack(clean: None, supervisor: Callable[..., Supervisor], tmp_path: Path) -> Iterator[Supervisor]:
+    testbed.up(3)
+    testbed.write_gpu("spark-3")
+    d = supervisor(stack_config(tmp_path, PATCH))
+    verify(d)
+    yield d
+    for name in ("embed", "rerank"):
+        fault_file(name).unlink(missing_ok=True)
+
+
+def by_name(st: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {x["deployment"]["name"]: x for x in st["deployments"]}
+
+
+def ids() -> dict[str, str]:
+    """container -> id, for every container on the three nodes."""
+    return {name: c["id"] for node in STACK_OWNED for name, c in containers(node).items()}
+
+
+def verify(d: Supervisor) -> dict[str, Any]:
+    """3/3 serving with nothing unseen, exactly the stack's containers running, one serve process for each
+    deployment."""
+    def ok(s: dict[str, Any]) -> bool:
+        return s.get("summary") == "SERVING 3/3 deployments" and all(
+            x["phase"] == "SERVING" and not x["reason"].startswith("ObservationUnknown") for x in s["deployments"])
+    st = d.wait(ok, 240, "the whole stack SERVING")
+    assert not invariant_violations(STACK_OWNED)
+    for node in STACK_OWNED:
+        assert all(c["state"] == "running" for c in containers(node).values()), containers(node)
+    return st
+
+
+def _ts(iso: str) -> float:
+    from datetime import datetime
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def repairs_of(d: Supervisor, since: float) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for e in d.repairs(since):
+        out.setdefault(e["deployment"], []).append(e)
+    return out
+
+
+def test_the_stack_serves_and_each_fault_is_healed_in_its_own_deployment_only(stack: Supervisor) -> None:
+    d = stack
+    st = by_name(d.status() or {})
+    assert any(h["phase"] == "WAITING" and h["kind"] == "WaitingFor" for h in st["embed"]["history"])
+    llm_answered = min(_ts(h["at"]) for h in st["testbed"]["history"] if h["phase"] in ("VERIFYING", "SERVING"))
+    embed_launched = [event_time(e) for e in d.events("serve.launched") if e["deployment"] == "embed"]
+    assert embed_launched and min(embed_launched) >= llm_answered, "embed started before the LLM answered"
+    assert not st["rerank"]["deployment"]["required"] and (d.status() or {})["phase"] == "SERVING"
+
+    # 1. The embeddings serve killed: only it is repaired, nothing else is touched.
+    before, t = ids(), time.time()
+    testbed.docker("spark-3", "exec", "embed-vllm-spark-3", "sh", "-c", "kill -9 $(cat /tmp/spark-supervisor/embed/pid)")
+    d.wait(lambda s: repairs_of(d, t).get("embed"), 60, "embed's repair")
+    verify(d)
+    repairs = repairs_of(d, t)
+    assert set(repairs) == {"embed"} and repairs["embed"][0]["kind"] == "serve", repairs
+    assert ids() == before, "a serve repair keeps every container"
+
+    # 2. The LLM's Ray worker lost: a gang repair of the LLM only; the reranker beside it keeps answering.
+    before, t = ids(), time.time()
+    testbed.docker("spark-2", "rm", "-f", "testbed-ray-spark-2")
+    answered_during = 0
+    with httpx.Client(timeout=10) as http:
+        def llm_back(s: dict[str, Any]) -> bool:
+            nonlocal answered_during
+            try:
+                r = http.post(f"{RERANK}/v1/rerank", json={"model": "rerank", "query": "q", "documents": ["a", "b"]})
+                answered = r.status_code == 200
+            except httpx.HTTPError:
+                answered = False
+            answered_during += answered and by_name(s)["testbed"]["phase"] != "SERVING"
+            return bool(repairs_of(d, t).get("testbed")) and by_name(s)["testbed"]["phase"] == "SERVING"
+        d.wait(llm_back, 120, "the LLM's gang repair")
+    verify(d)
+    repairs = repairs_of(d, t)
+    assert set(repairs) == {"testbed"} and repairs["testbed"][0]["kind"] == "gang", repairs
+    after = ids()
+    for untouched in ("rerank-vllm-spark-2", "embed-vllm-spark-3"):
+        assert after[untouched] == before[untouched], f"{untouched} was touched by the LLM's repair"
+    assert answered_during, "the reranker did not answer while the LLM was being repaired"
+    assert all(e["deployment"] == "testbed" for e in d.events("clean.container_removed") if event_time(e) >= t)
+
+
+def test_a_deployment_removed_by_reload_is_torn_down_and_one_added_starts(stack: Supervisor, tmp_path: Path) -> None:
+    import signal
+    d = stack
+    before = ids()
+    write_config(tmp_path, PATCH, deployment={"nodes": ["spark-1", "spark-2"]}, nodes=3, more=STACK_MORE[:1])
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait(lambda s: [x["deployment"]["name"] for x in s["deployments"]] == ["testbed", "embed"]
+           and "rerank-vllm-spark-2" not in containers("spark-2"), 60, "rerank torn down")
+    assert ids() == {k: v for k, v in before.items() if k != "rerank-vllm-spark-2"}, "only rerank was removed"
+    # The LLM's Ray worker on the GPU of spark-2, as nvidia-smi lists a neighbour's serve: rerank starts anyway
+    # (its PID is in a configured deployment's container), where a stranger's would hold it back.
+    llm = testbed.container_pid("spark-2", "testbed-ray-spark-2")
+    testbed.write_gpu("spark-2", [{"pid": llm, "name": "/usr/bin/python3", "used_mib": 60000, "type": "C"}])
+    stack_config(tmp_path, PATCH)
+    d.proc.send_signal(signal.SIGHUP)
+    verify(d)
+    after = ids()
+    assert all(after[k] == v for k, v in before.items() if k != "rerank-vllm-spark-2"), "the others were touched"
+    assert not d.repairs(), "nothing was repaired"
+    assert not [e for e in d.events("phase.changed") if e.get("reason_kind") == "WaitingForGpuMemory"]
