@@ -117,6 +117,20 @@ def test_the_stack_serves_and_each_fault_is_healed_in_its_own_deployment_only(st
     assert answered_during, "the reranker did not answer while the LLM was being repaired"
     assert all(e["deployment"] == "testbed" for e in d.events("clean.container_removed") if event_time(e) >= t)
 
+    # 3. The third node lost (its sshd gone with every session): only embed, placed there, cannot be seen. It is
+    # held as unknown, never repaired; the LLM and the reranker serve on; all is clear once the node is back.
+    before, t = ids(), time.time()
+    testbed.stop_sshd(sessions=True, node="spark-3")
+    try:
+        st = d.wait(lambda s: by_name(s)["embed"]["reason"].startswith("ObservationUnknown")
+                    and "spark-3" in by_name(s)["embed"]["reason"], 60, "embed unseen")
+        assert by_name(st)["testbed"]["phase"] == by_name(st)["rerank"]["phase"] == "SERVING", st["summary"]
+        assert not by_name(st)["testbed"]["unknown"] and not by_name(st)["rerank"]["unknown"]
+    finally:
+        testbed.start_sshd("spark-3")
+    verify(d)
+    assert not d.repairs(t) and ids() == before, "a node that could not be seen is not a node lost"
+
 
 def test_a_deployment_removed_by_reload_is_torn_down_and_one_added_starts(stack: Supervisor, tmp_path: Path) -> None:
     import signal
