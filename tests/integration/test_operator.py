@@ -77,11 +77,12 @@ def test_status_tells_the_whole_truth(serving: tuple[Supervisor, int]) -> None:
 def test_metrics(serving: tuple[Supervisor, int]) -> None:
     _, port = serving
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    for line in ('spark_supervisor_phase{phase="SERVING"} 1.0', "spark_supervisor_ray_nodes_alive 2.0",
-                 "spark_supervisor_ray_gpus 2.0", "spark_supervisor_load_progress_ratio 1.0",
-                 'spark_supervisor_probe_results_total{probe="sanity",result="success"} 1.0'):
+    d = 'deployment="testbed"'  # every metric of a deployment carries its name
+    for line in (f'spark_supervisor_phase{{{d},phase="SERVING"}} 1.0', f"spark_supervisor_ray_nodes_alive{{{d}}} 2.0",
+                 f"spark_supervisor_ray_gpus{{{d}}} 2.0", f"spark_supervisor_load_progress_ratio{{{d}}} 1.0",
+                 f'spark_supervisor_probe_results_total{{{d},probe="sanity",result="success"}} 1.0'):
         assert line in text, line
-    assert "spark_supervisor_time_to_ready_seconds " in text
+    assert f"spark_supervisor_time_to_ready_seconds{{{d}}} " in text
 
 
 def test_logscan_reads_the_real_serve_log(serving: tuple[Supervisor, int]) -> None:
