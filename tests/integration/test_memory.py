@@ -59,7 +59,7 @@ def test_a_start_with_far_less_kv_cache_than_before_is_a_warning(clean, supervis
     config = write_config(tmp_path, PATCH)
     from spark_supervisor import config as config_mod
     c = config_mod.load(config)
-    state = Path(c.supervisor.state_dir)
+    state = Path(config_mod.deployment_dir(c.supervisor.state_dir, c.deployment.name))  # the deployment's own
     state.mkdir(parents=True, exist_ok=True)
     # The best start of this spec had twice the KV cache the stand-in reports now.
     (state / "kv.json").write_text(json.dumps({config_mod.serve_hash(c, c.deployment): 2 * 409856}))
