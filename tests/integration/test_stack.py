@@ -50,12 +50,13 @@ def ids() -> dict[str, str]:
     return {name: c["id"] for node in STACK_OWNED for name, c in containers(node).items()}
 
 
-def verify(d: Supervisor) -> dict[str, Any]:
-    """3/3 serving with nothing unseen, exactly the stack's containers running, one serve process for each
-    deployment."""
+def verify(d: Supervisor, since: float = 0.0, repaired: tuple[str, ...] = ()) -> dict[str, Any]:
+    """3/3 serving with nothing unseen (the `repaired` deployments SERVING anew since `since`), exactly the
+    stack's containers running, one serve process for each deployment."""
     def ok(s: dict[str, Any]) -> bool:
         return s.get("summary") == "SERVING 3/3 deployments" and all(
-            x["phase"] == "SERVING" and not x["reason"].startswith("ObservationUnknown") for x in s["deployments"])
+            x["phase"] == "SERVING" and not x["reason"].startswith("ObservationUnknown")
+            and (x["deployment"]["name"] not in repaired or _ts(x["since"]) > since) for x in s["deployments"])
     st = d.wait(ok, 240, "the whole stack SERVING")
     assert not invariant_violations(STACK_OWNED)
     for node in STACK_OWNED:
@@ -88,7 +89,7 @@ def test_the_stack_serves_and_each_fault_is_healed_in_its_own_deployment_only(st
     before, t = ids(), time.time()
     testbed.docker("spark-3", "exec", "embed-vllm-spark-3", "sh", "-c", "kill -9 $(cat /tmp/spark-supervisor/embed/pid)")
     d.wait(lambda s: repairs_of(d, t).get("embed"), 60, "embed's repair")
-    verify(d)
+    verify(d, t, ("embed",))
     repairs = repairs_of(d, t)
     assert set(repairs) == {"embed"} and repairs["embed"][0]["kind"] == "serve", repairs
     assert ids() == before, "a serve repair keeps every container"
@@ -106,9 +107,10 @@ def test_the_stack_serves_and_each_fault_is_healed_in_its_own_deployment_only(st
             except httpx.HTTPError:
                 answered = False
             answered_during += answered and by_name(s)["testbed"]["phase"] != "SERVING"
-            return bool(repairs_of(d, t).get("testbed")) and by_name(s)["testbed"]["phase"] == "SERVING"
+            llm = by_name(s)["testbed"]
+            return bool(repairs_of(d, t).get("testbed")) and llm["phase"] == "SERVING" and _ts(llm["since"]) > t
         d.wait(llm_back, 120, "the LLM's gang repair")
-    verify(d)
+    verify(d, t, ("testbed",))
     repairs = repairs_of(d, t)
     assert set(repairs) == {"testbed"} and repairs["testbed"][0]["kind"] == "gang", repairs
     after = ids()
