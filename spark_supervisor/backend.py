@@ -3,6 +3,7 @@ teardown), with RealBackend over the adapters in production and a fake in unit t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -38,8 +39,11 @@ class Backend(Protocol):
 class RealBackend:
     def __init__(self, cfg: Config, log: Any, heartbeat: Callable[[], None] | None = None):
         self.world = World(cfg, control_dir=control_dir(cfg.supervisor.state_dir))
-        self.observer, self.actor, self.log = Observer(self.world), Actor(self.world, log, heartbeat), log
+        self.observer = Observer(self.world, recent=self._recent)
+        self.actor, self.log = Actor(self.world, log, heartbeat), log
         self.quick_probe = QuickProbe(self.world.ray.url if cfg.deployment.uses_ray else "", self.world.api.url)
+        self._seen: tuple[float, RayObservation | None, EndpointObservation | None] = (0.0, None, None)
+        self._fresh_s = cfg.healing.quick_check_interval + 0.25
 
     def observe(self, full: bool) -> Observation:
         return self.observer.observe(full)
@@ -50,7 +54,14 @@ class RealBackend:
     def quick(self) -> Fingerprint:
         # Without a dashboard Ray is read at ticks only (observe.Observer._ray_gcs): its last reading stands.
         ray = self.quick_probe.ray_nodes() if self.observer.ray_via == "dashboard" else self.observer.last_ray
-        return fingerprint(ray, self.quick_probe.health())
+        health = self.quick_probe.health()
+        self._seen = (time.monotonic(), ray if self.observer.ray_via == "dashboard" else None, health)
+        return fingerprint(ray, health)
+
+    def _recent(self) -> tuple[RayObservation | None, EndpointObservation | None]:
+        """The last quick check's Ray nodes and /health while they are fresh: a tick need not ask again."""
+        at, ray, health = self._seen
+        return (ray, health) if time.monotonic() - at <= self._fresh_s else (None, None)
 
     def teardown(self) -> list[str]:
         return teardown(self.world, self.log)

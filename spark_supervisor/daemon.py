@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import fcntl
-import json
+import math
 import os
 import random
 import signal
@@ -52,7 +52,8 @@ class Daemon:
         self.reconcilers: dict[str, Reconciler] = {}
         for dep in cfg.deployments:
             self.reconcilers[dep.name] = self._reconciler(cfg.view(dep))
-        self._last_doc = ""
+        self._last_doc: dict[str, Any] | None = None  # the change key of the last status written
+        self._written_at = 0.0
         self._signals: collections.deque[int | str] = collections.deque()  # signals and control requests
         self.control: ControlServer | None = None
         self._wake = threading.Event()
@@ -110,9 +111,10 @@ class Daemon:
             except Exception as e:  # a bug must not kill the supervisor, nor stop the other deployments
                 r.log.exception("reconcile.crashed", error=f"{type(e).__name__}: {e}")
                 r.status.failures += 1
+                r.changed()
                 wait = backoff_delay(r.status.failures, self.cfg.supervisor.backoff_base,
                                      self.cfg.supervisor.backoff_max, self.rng())
-            r.due_at = self.clock() + wait
+            r.due_at = self._due(wait)
             if r.status.phase in _ANSWERS and before not in _ANSWERS:
                 for other in self.reconcilers.values():  # those waiting for it look again at once
                     if name in other.cfg.deployment.after and other.status.phase == Phase.WAITING:
@@ -121,6 +123,15 @@ class Daemon:
         self._extend_start(now)
         self._write_status(now)
         return max(0.0, min(r.due_at for r in self.reconcilers.values()) - self.clock())
+
+    def _due(self, wait: float) -> float:
+        """When a tick `wait` seconds away falls. With several deployments a steady tick (serving, failed,
+        waiting: the interval) is put on a grid of its length, so that their sweeps fall in one pass: one
+        status write and one listing of each shared node's containers instead of one per deployment."""
+        now = self.clock()
+        if len(self.reconcilers) > 1 and wait >= self.cfg.supervisor.interval > 0:
+            return math.ceil((now + wait / 2) / wait) * wait
+        return now + wait
 
     def _waiting_for(self, r: Reconciler) -> str:
         """The deployments it starts after that do not answer yet, with their phases."""
@@ -148,6 +159,9 @@ class Daemon:
             self.ready_sent = True
             self.notifier.ready(line)
             self.log.info("daemon.ready", phase=self.status.phase.value)
+
+    # While nothing but the probes' counts changes, the status file is rewritten this often (seconds).
+    STATUS_REFRESH_S = 30.0
 
     # How long each EXTEND_TIMEOUT_USEC buys: more than the longest tick, so the next one arrives in time.
     EXTEND_S = 180.0
@@ -183,9 +197,9 @@ class Daemon:
         docs = [r.document(self.config_path, self.config_hash, problems, now) for r in self.reconcilers.values()]
         # The first deployment's document at the top, as with one deployment; every one under "deployments".
         doc = {**docs[0], "summary": self._phase_line(), "deployments": docs}
-        key = json.dumps(_without_daemon(doc), sort_keys=True)
-        if key != self._last_doc:
-            self._last_doc = key
+        key = _change_key(doc)  # compared as dicts: the documents of deployments that did not tick are the same objects
+        if key != self._last_doc or now - self._written_at >= self.STATUS_REFRESH_S:
+            self._last_doc, self._written_at = key, now
             try:
                 statefile.write(self.cfg.supervisor.state_dir, doc)
                 self._state_write_error = ""
@@ -193,7 +207,7 @@ class Daemon:
                 if not self._state_write_error:
                     self.log.error("status.write_failed", error=str(e), state_dir=self.cfg.supervisor.state_dir)
                 self._state_write_error = f"cannot write the status file: {e.strerror or e}"
-                self._last_doc = ""  # try again next tick
+                self._last_doc = None  # try again next tick
                 self.metrics.state_write_failed("status")
 
     # --------------------------------------------------------------------------- signals and loop
@@ -246,7 +260,7 @@ class Daemon:
                 self.reload_error = f"{self.config_path}: cannot set up: {type(e).__name__}: {e}"[:300]
                 self._reload_done()
                 return
-            self._last_doc = ""
+            self._last_doc = None
         self._reload_done()
 
     def _apply(self, new: Config) -> None:
@@ -288,6 +302,7 @@ class Daemon:
                     r.reconfigure(view, backends[name], "config change")
                 else:
                     r.cfg = view  # the same deployment; only who else is configured may differ
+                    r.changed()
             rebuilt[name] = r
         self.reconcilers = rebuilt
         self.cfg, self.config_hash = new, config_mod.file_hash(self.config_path)
@@ -311,7 +326,8 @@ class Daemon:
                 except ActionFailed as e:
                     r.log.error("teardown.incomplete", reason=e.reason)
             r.status.advance(Phase.STOPPING, Reason(detail=f"on_stop={on_stop}"), self.clock(), self.wall())
-        self._last_doc = ""
+            r.changed()
+        self._last_doc = None
         self._write_status(self.clock())
         for r in self.reconcilers.values():
             r.backend.close()
@@ -392,11 +408,14 @@ def _view_key(view: Config) -> tuple[dict[str, Any], str]:
     return view.model_dump(), view.deployment.api_key
 
 
-def _without_daemon(doc: dict[str, Any]) -> dict[str, Any]:
-    """The document without what changes on every write (the daemon's clock)."""
-    out = {k: v for k, v in doc.items() if k != "daemon"}
-    out["deployments"] = [{k: v for k, v in d.items() if k != "daemon"} for d in doc["deployments"]]
-    return out
+def _change_key(doc: dict[str, Any]) -> dict[str, Any]:
+    """What makes a new status file worth writing at once: all but the daemon's clock and the probes'
+    running counts and times (their last result stays in; the counts are refreshed every STATUS_REFRESH_S)."""
+    def one(d: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in d.items() if k not in ("daemon", "liveness", "deployments")}
+        out["liveness"] = {k: v.get("last") for k, v in (d.get("liveness") or {}).items()}
+        return out
+    return {**one(doc), "deployments": [one(d) for d in doc["deployments"]]}
 
 
 class AlreadyRunning(Exception):

@@ -193,7 +193,7 @@ def classify(text: str) -> Failure | None:
     return None
 
 
-@functools.lru_cache(maxsize=4)  # the planner and the daemon read the same tail, often unchanged between ticks
+@functools.lru_cache(maxsize=16)  # the planner and the daemon read the same tail (per deployment), often unchanged
 def scan(text: str) -> LoadProgress:
     milestone, done, total, graphs, version, pg, rate, kv = "", 0, 0, 0, "", 0, 0.0, 0
     for line in lines(text):
@@ -226,7 +226,7 @@ class Step:
     seconds: float | None  # until the next milestone
 
 
-@functools.lru_cache(maxsize=2)  # the status document reads the same tail every tick
+@functools.lru_cache(maxsize=16)  # the status document reads the same tail (per deployment) every tick
 def timeline(text: str) -> list[Step]:
     """When each milestone was first reached, from the log's timestamps (no year in vLLM's format)."""
     from datetime import datetime

@@ -238,8 +238,12 @@ def observe_serve(world: World, container: Container | None, node: str = "") -> 
 
 
 class Observer:
-    def __init__(self, world: World, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, world: World, clock: Callable[[], float] = time.monotonic,
+                 recent: Callable[[], tuple[RayObservation | None, EndpointObservation | None]] | None = None):
         self.world, self.clock = world, clock
+        # The quick check's Ray nodes and /health when they are fresh and good (None: look). A sweep while
+        # serving reuses them instead of asking again a moment after the quick check did.
+        self.recent = recent or (lambda: (None, None))
         self._serve: ServeObservation | None = None
         self._endpoint: EndpointObservation | None = None
         self._followers: dict[str, ServeObservation | None] = {}
@@ -259,7 +263,8 @@ class Observer:
                 and head_c.id == last.container_id and ep_last is not None and ep_last.state == "up"):
             # Watching a healthy serve: /health 200 proves the same process still listens, so skip the
             # exec into the container and the model list until the next full observation.
-            health = w.api.observe_health()
+            recent = self.recent()[1]
+            health = recent if recent is not None and recent.health == 200 else w.api.observe_health()
             if health.state == "up" and health.health == 200:
                 self._watched = True
                 return last, EndpointObservation("up", "", 200, ep_last.models)
@@ -333,7 +338,9 @@ class Observer:
         dep = cfg.deployment
         timeout = cfg.supervisor.io_timeout + cfg.supervisor.ssh_connect_timeout + 5
         futures = {name: w.pool.submit(observe_node, a, cfg, full, w.probes) for name, a in w.nodes.items()}
-        ray_f = w.pool.submit(w.ray.observe) if dep.uses_ray and self.ray_via == "dashboard" else None
+        ray_recent = self.recent()[0] if not full else None
+        ray_f = (w.pool.submit(w.ray.observe) if dep.uses_ray and self.ray_via == "dashboard"
+                 and (ray_recent is None or not ray_recent.reachable) else None)
         nodes: dict[str, NodeObservation] = {}
         for name, f in futures.items():
             try:
@@ -345,7 +352,7 @@ class Observer:
         head_c = next((c for c in nodes[home.name].containers if c.name == head_name), None)
         if head_c is not None and not nodes[home.name].error:
             self.ray_via = "gcs" if head_c.labels.get(RAY_STATE_LABEL) == "gcs" else "dashboard"
-        ray: RayObservation | None = None
+        ray: RayObservation | None = ray_recent if dep.uses_ray and self.ray_via == "dashboard" else None
         if ray_f is not None:
             try:
                 ray = ray_f.result(timeout=timeout)

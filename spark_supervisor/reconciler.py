@@ -61,6 +61,8 @@ class Reconciler:
         self.fingerprint: Fingerprint = (None, "unknown")
         self.repairs = self._repair_log(cfg)
         self.bringup_at = clock()  # the start of the current bring-up (daemon start, a repair): time to ready
+        self._doc: dict[str, Any] | None = None  # its part of the status file, kept until something changes
+        self._doc_key: tuple[object, ...] = ()
 
     def _repair_log(self, cfg: Config) -> statefile.RepairLog:
         log = statefile.RepairLog(cfg.supervisor.state_dir, self.wall())
@@ -126,6 +128,7 @@ class Reconciler:
             self.last_progress = now
         self.fingerprint = fingerprint(obs.ray, obs.endpoint)
         self.metrics.update(st, obs, self.clock())
+        self.changed()
         if (again and decision.actions and not failure and st.phase != Phase.FAILED
                 and all(isinstance(a, CheckImage) for a in decision.actions)):
             # Only looked at the images: decide on at once with the same (fresh) observation.
@@ -353,8 +356,16 @@ class Reconciler:
             return min(self._BRINGUP_QUICK_S, self.cfg.healing.quick_check_interval)
         return 0.0
 
+    def changed(self) -> None:
+        """Its status or observation changed outside a tick: build its document again."""
+        self._doc = None
+
     def document(self, config_path: str, config_hash: str, problems: tuple[str, ...], now: float) -> dict[str, Any]:
-        """Its part of the status file."""
+        """Its part of the status file; built again only after a change (the daemon asks after every
+        deployment's tick: the log scan and the history in it are not free)."""
+        key = (config_path, config_hash, problems, self.repairs.problem)
+        if self._doc is not None and key == self._doc_key:
+            return self._doc
         obs = self.last_obs
         if obs is not None and self.last_full is not None and not obs.full:
             # Keep the slow facts (GPU, memory, units) from the last full observation.
@@ -362,9 +373,10 @@ class Reconciler:
             nodes = {k: dataclasses.replace(full[k], containers=v.containers, error=v.error) if k in full else v
                      for k, v in obs.nodes.items()}
             obs = dataclasses.replace(obs, nodes=nodes)
-        problems = tuple(p for p in (self.repairs.problem, *problems) if p)
-        return statefile.document(self.status, obs, self.cfg, config_path, config_hash, self.wall(),
-                                  self.wall() - now, problems)
+        self._doc_key = key
+        self._doc = statefile.document(self.status, obs, self.cfg, config_path, config_hash, self.wall(),
+                                       self.wall() - now, tuple(p for p in (self.repairs.problem, *problems) if p))
+        return self._doc
 
     def reconfigure(self, cfg: Config, backend: Backend, why: str) -> None:
         """A reload changed what it runs: the new view and backend, then re-armed (a changed spec replaces
@@ -383,6 +395,7 @@ class Reconciler:
             self.repairs.clear()
             self.log.info("reconcile.reset", budget_cleared=True, phase=st.phase.value)
         st.failures, st.backoff_until, st.next_repair_at = 0, 0.0, 0.0
+        self.changed()
         if st.phase in (Phase.FAILED, Phase.BACKOFF, Phase.WAITING):
             st.advance(Phase.DETECTING, Reason(detail=f"re-armed by {why}"), self.clock(), self.wall())
             self.log.info("reconcile.rearmed", by=why)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import docker
@@ -24,6 +25,34 @@ def _reason(e: BaseException) -> AdapterError:
     if isinstance(e, docker.errors.APIError):
         return AdapterError("DockerError", str(getattr(e, "explanation", "") or e))
     return Unreachable("DockerUnreachable", f"{type(e).__name__}: {e}"[:300])
+
+
+class _Listings:
+    """Each engine's container list, shared for a moment by everything in this process that asks it: the
+    deployments placed on one node sweep it in the same pass, and one listing serves them all. Dropped at
+    once when this process changes that engine's containers (so a plan never reads its own past)."""
+
+    TTL_S = 0.5
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seen: dict[str, tuple[float, list[Container]]] = {}
+
+    def get(self, url: str) -> list[Container] | None:
+        with self.lock:
+            at, found = self.seen.get(url, (0.0, []))
+        return found if time.monotonic() - at < self.TTL_S else None
+
+    def put(self, url: str, found: list[Container], at: float) -> None:
+        with self.lock:
+            self.seen[url] = (at, found)
+
+    def drop(self, url: str) -> None:
+        with self.lock:
+            self.seen.pop(url, None)
+
+
+LISTINGS = _Listings()
 
 
 class DockerEngine:
@@ -82,10 +111,16 @@ class DockerEngine:
         return str(self._call(lambda: self.client().version().get("Version", "")))
 
     def containers(self) -> list[Container]:
+        kept = LISTINGS.get(self.url)
+        if kept is not None:
+            return kept
+        at = time.monotonic()  # taken before asking: a change made while the answer travels is not hidden
         raw = self._call(lambda: self.client().api.containers(all=True))
-        return [Container(id=c["Id"][:12], name=(c.get("Names") or ["/?"])[0].lstrip("/"),
-                          image=c.get("Image", ""), state=c.get("State", ""), labels=c.get("Labels") or {})
-                for c in raw]
+        found = [Container(id=c["Id"][:12], name=(c.get("Names") or ["/?"])[0].lstrip("/"),
+                           image=c.get("Image", ""), state=c.get("State", ""), labels=c.get("Labels") or {})
+                 for c in raw]
+        LISTINGS.put(self.url, found, at)
+        return found
 
     def pids(self, name: str) -> list[int]:
         """The host PIDs of a running container's processes (the engine's top): what nvidia-smi lists."""
@@ -103,6 +138,8 @@ class DockerEngine:
             return True
         except NotFoundError:
             return False
+        finally:
+            LISTINGS.drop(self.url)
 
     def has_image(self, image: str) -> bool:
         return bool(self.image_id(image))
@@ -146,13 +183,16 @@ class DockerEngine:
             return self.client().containers.create(spec.image, spec.command[1:], entrypoint=spec.command[:1],
                                                    name=spec.name,
                                                    environment=spec.environment, labels=spec.labels, **opts)
-        container = self._call(create)
         try:
-            self._call(container.start, what="start")
-        except AdapterError:
-            self.remove(spec.name)
-            raise
-        return str(container.id)[:12]
+            container = self._call(create)
+            try:
+                self._call(container.start, what="start")
+            except AdapterError:
+                self.remove(spec.name)
+                raise
+            return str(container.id)[:12]
+        finally:
+            LISTINGS.drop(self.url)
 
     def run_once(self, spec: ContainerSpec) -> tuple[int, str]:
         """Run a short-lived container to its end and remove it: (exit code, output)."""
@@ -165,7 +205,10 @@ class DockerEngine:
                 return int(code), c.logs().decode(errors="replace")
             finally:
                 c.remove(force=True)
-        return self._call(go, what="helper container")  # type: ignore[no-any-return]
+        try:
+            return self._call(go, what="helper container")  # type: ignore[no-any-return]
+        finally:
+            LISTINGS.drop(self.url)
 
     def exec(self, container: str, argv: list[str], *, env: dict[str, str] | None = None,
              detach: bool = False, what: str = "exec") -> tuple[int, str]:
