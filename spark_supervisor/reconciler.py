@@ -70,7 +70,6 @@ class Reconciler:
             self.log.warning("state.repairs_unusable", problem=log.problem)
         return log
 
-
     # ------------------------------------------------------------------------------------ one tick
     def _want_full(self, now: float) -> bool:
         return (self.last_full is None or self.status.phase in _FULL_PHASES or self._look_closer
