@@ -4,7 +4,6 @@ the way), and what to do about it."""
 
 from __future__ import annotations
 
-import os
 
 from .config import Config, Deployment
 from .model import Decision, Reason, DropPageCache, NodeObservation, Observation, Phase, Status, StopServe
@@ -34,8 +33,7 @@ def gpu_blockers(obs: Observation, cfg: Config, dep: Deployment) -> list[str]:
         if o.gpu is not None:
             residual = 0
             for p in o.gpu.processes:
-                base = os.path.basename(p.name)
-                if any(base == a or base.startswith(a) for a in st.allowed_gpu_processes):
+                if st.allows(p.name):
                     residual += p.used_mib
                 elif o.owned_pids is not None and p.pid in o.owned_pids:
                     continue  # another deployment's serve on a shared node: its share is in the config's sum

@@ -485,6 +485,11 @@ class Stale(_Strict):
     residual_mib: Annotated[int, Field(ge=0)] = 512
     memory_free_timeout: Sec3600 = 120
 
+    def allows(self, process: str) -> bool:
+        """A GPU process that may stay (its program's name starts with one in allowed_gpu_processes)."""
+        base = os.path.basename(process)
+        return any(base.startswith(a) for a in self.allowed_gpu_processes)
+
 
 class Ray(_Strict):
     image: Annotated[str, AfterValidator(_image)] = "vllm/vllm-openai:latest"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -193,8 +192,7 @@ def _owned_pids(a: NodeAdapters, cfg: Config, containers: tuple[Container, ...],
                 errors: list[str]) -> frozenset[int] | None:
     """Which of the GPU's processes run in a configured deployment's container (another deployment's serve
     on a shared node is not a foreign process). Asked of the engine only when some process is not allowed."""
-    allowed = cfg.stale.allowed_gpu_processes
-    if all(any(os.path.basename(p.name).startswith(x) for x in allowed) for p in gpu.processes):
+    if all(cfg.stale.allows(p.name) for p in gpu.processes):
         return None
     pids: set[int] = set()
     for c in containers:

@@ -43,10 +43,11 @@ from pathlib import Path
 from typing import Any
 
 from . import faults, testbed
-from .harness import BACKEND, OWNED, STACK_OWNED, Supervisor, containers, invariant_violations, stack_config, write_config
+from .harness import (BACKEND, OWNED, STACK_OWNED, Supervisor, containers, fault_file, invariant_violations,
+                      stack_config, write_config)
 from .testbed import until
 
-FAULT_FILE = testbed.DIR / "serve-fault"
+FAULT_FILE = fault_file()  # the LLM's (testbed's) stand-in switch
 # The serve-state exec runs at every full observation only while /health is 200: make those frequent so
 # that a hung containerd is met while it lasts; a short unknown_patience so that DEGRADED is met too.
 PATCH: dict[str, Any] = {"healing": {"repair_budget": 1000, "unknown_patience": 10},
