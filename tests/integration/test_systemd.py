@@ -34,9 +34,11 @@ def expanded_config(**supervisor: Any) -> dict[str, Any]:
         text = text.replace("${" + k + "}", v)
     d = tomllib.loads(text)
     d["supervisor"].update({"state_dir": "/var/lib/spark-supervisor", **supervisor})
-    smi = "/opt/spark-supervisor/venv/bin/spark-testbed-nvidia-smi"
+    # The stand-in (stdlib only) from the mounted source: the installed venv holds the daemon and nothing else.
+    smi = ["/usr/bin/python3", str(ROOT / "spark_testbed" / "nvidia_smi.py")]
     gpu = f"{testbed.DIR}/spark-1/gpu.json"
-    d["nodes"][0].update(nvidia_smi=[smi, "--state", gpu], meminfo=[smi, "--state", gpu, "--meminfo"])
+    d["nodes"][0].update(nvidia_smi=[*smi, "--state", gpu], meminfo=[*smi, "--state", gpu, "--meminfo"],
+                         drop_caches=[*smi, "--state", gpu, "--drop-caches"])
     d["stale"].update(units=["vllm-proxy", "vllm-embeddings", "vllm-reranker", "vllm-cluster"], disable=True)
     return d
 
@@ -83,14 +85,15 @@ def journal() -> str:
     return head_exec("journalctl", "-u", UNIT, "-o", "cat", "--no-pager").stdout
 
 
+def entries(*query: str) -> list[dict[str, Any]]:
+    """The daemon's own journal entries (native protocol) that match the journalctl arguments."""
+    out = head_exec("journalctl", "-u", UNIT, "-o", "json", "--no-pager", *query, "SYSLOG_IDENTIFIER=" + UNIT).stdout
+    return [e for e in map(json.loads, out.splitlines()) if "JSON" in e]
+
+
 def events(name: str) -> list[dict[str, Any]]:
-    out = []
-    for line in journal().splitlines():
-        if line.startswith("{"):
-            e = json.loads(line)
-            if e.get("event") == name:
-                out.append(e)
-    return out
+    """The events of that name, each the whole event as the daemon logged it (the entry's JSON= field)."""
+    return [json.loads(e["JSON"]) for e in entries("EVENT=" + name)]
 
 
 def owned_ids() -> dict[str, str]:
@@ -202,6 +205,46 @@ def test_a_hung_main_loop_is_killed_by_the_watchdog_and_restarted(head: str) -> 
     wait_unit(serving, 120, "serving after the watchdog restart")
 
 
+def test_the_journal_has_a_priority_per_level_and_the_events_fields(head: str) -> None:
+    """By now the journal holds info events (the starts), a warning (test.hanging, just before the watchdog
+    kill) and an error (config.invalid, the broken reload)."""
+    def by_priority(p: str) -> set[str]:
+        return {e["EVENT"] for e in entries("-p", p)}
+    until(lambda: by_priority("warning") >= {"test.hanging", "config.invalid"}, 30,
+          "test.hanging and config.invalid under -p warning")
+    warnings = by_priority("warning")
+    assert not warnings & {"daemon.started", "daemon.ready", "clean.unit_stopped"}, warnings
+    assert all(int(e["PRIORITY"]) <= 4 for e in entries("-p", "warning"))
+    errors = by_priority("err")
+    assert "config.invalid" in errors and "test.hanging" not in errors, errors
+    # Fields are queryable: by event, by deployment, by phase; MESSAGE reads as a line of text.
+    started = entries("EVENT=daemon.started")
+    assert started and all(e["EVENT"] == "daemon.started" and e["PRIORITY"] == "6" for e in started)
+    assert started[-1]["MESSAGE"].startswith("daemon.started config=" + CONFIG)
+    name = expanded_config()["deployments"][0]["name"]
+    mine = entries("DEPLOYMENT=" + name)
+    assert "phase.changed" in {e["EVENT"] for e in mine} and all(e["DEPLOYMENT"] == name for e in mine)
+    serving_ = entries("EVENT=phase.changed", "PHASE=SERVING")
+    assert serving_ and all(json.loads(e["JSON"])["to"] == "SERVING" for e in serving_)
+    assert serving_[-1]["MESSAGE"].startswith(f"phase.changed deployment={name} from=")
+    invalid = entries("EVENT=config.invalid")[-1]
+    assert "not valid TOML" in invalid["MESSAGE"] and "\n" not in invalid["MESSAGE"]
+    print("\n" + head_exec("journalctl", "-u", UNIT, "-p", "warning", "-o", "short-iso", "--no-pager", "-n", "4",
+                           "SYSLOG_IDENTIFIER=" + UNIT).stdout.strip())
+    # Without the journal socket the same events go to stderr with the "<N>" prefix, and journald still files
+    # them at their priority (a transient unit, so the daemon's own stream is left alone).
+    code = ("from spark_supervisor import logs; logs.SOCKET = '/run/no-such-socket'; logs.setup(); "
+            "log = logs.get(deployment='x'); log.info('fallback.info'); log.warning('fallback.warning')")
+    head_exec("systemd-run", "--wait", "--quiet", "--unit=spark-log-fallback", "/opt/spark-supervisor/venv/bin/python3",
+              "-c", code)
+
+    def fallback() -> list[dict[str, Any]]:
+        out = head_exec("journalctl", "-u", "spark-log-fallback", "-p", "warning", "-o", "json", "--no-pager").stdout
+        return [e for e in map(json.loads, out.splitlines()) if "fallback" in str(e.get("MESSAGE"))]
+    until(fallback, 30, "the <N>-prefixed warning in the journal")
+    assert [(json.loads(e["MESSAGE"])["event"], e["PRIORITY"]) for e in fallback()] == [("fallback.warning", "4")]
+
+
 def test_restart_with_on_stop_leave_adopts_the_serving_containers(head: str) -> None:
     before = owned_ids()
     pid = props()["MainPID"]
@@ -239,6 +282,8 @@ def test_reset_goes_through_the_control_socket_and_a_config_broken_at_start_is_n
     p = wait_unit(lambda p: p["ActiveState"] == "failed", 60, "failed at start")
     assert (p["SubState"], p["ExecMainStatus"], p["Result"]) == ("failed", "78", "exit-code"), p
     assert "not valid TOML" in head_exec("journalctl", "-u", UNIT, "--no-pager", "-n", "30").stdout
+    # Said on stderr before the logger exists: the unit's SyslogLevel=err puts it under -p err.
+    assert "not valid TOML" in head_exec("journalctl", "-u", UNIT, "--no-pager", "-p", "err", "-n", "30").stdout
     put(CONFIG, good)
     head_exec("systemctl", "reset-failed", UNIT)
     head_exec("systemctl", "start", "--no-block", UNIT)
