@@ -1,13 +1,19 @@
 """Prometheus metrics (prometheus_client), served on [metrics] listen; off by default.
 
-prometheus_client is imported only when metrics are on, to keep the idle daemon small.
+prometheus_client is imported only when metrics are on, to keep the idle daemon small. The alert rules and
+the dashboard in monitoring/ read these names (tests/unit/test_monitoring.py holds them to it).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import math
+from typing import TYPE_CHECKING, Any
 
 from .model import Observation, Phase, Status, Verdict
+
+if TYPE_CHECKING:
+    from .config import Config
 
 
 class Metrics:
@@ -42,23 +48,78 @@ class Metrics:
                                      "than the best for its spec", d, registry=reg)
         self.state_write_errors = pc.Counter(f"{p}state_write_errors", "failed writes of a state file",
                                              ["file"], registry=reg)
+        # For the alert rules: what each threshold is measured against, and what no counter tells.
+        self.reason = pc.Info(f"{p}phase_reason", "the current phase and the kind of its reason", d, registry=reg)
+        self.budget_max = pc.Gauge(f"{p}repair_budget", "repairs allowed in the window (healing.repair_budget)", d,
+                                   registry=reg)
+        self.window = pc.Gauge(f"{p}repair_window_seconds", "the repair budget's window (healing.repair_window)", d,
+                               registry=reg)
+        self.stalled = pc.Gauge(f"{p}load_stalled_seconds", "seconds since the load last progressed, while LOADING; "
+                                "else 0", d, registry=reg)
+        self.stall_timeout = pc.Gauge(f"{p}load_stall_timeout_seconds", "no load progress this long is repaired "
+                                      "(readiness.stall_timeout)", d, registry=reg)
+        self.node_up = pc.Gauge(f"{p}node_up", "1 when the node (SSH, Docker engine) was observed in the last tick, "
+                                "0 when it could not be", [*d, "node"], registry=reg)
+        self.ray_expected = pc.Gauge(f"{p}ray_nodes_expected", "Ray nodes the deployment needs (its nodes)", d,
+                                     registry=reg)
+        self.unknown_for = pc.Gauge(f"{p}observation_unknown_seconds", "seconds something has not been seen in a "
+                                    "row (0: seen)", [*d, "what"], registry=reg)
+        self.alerts = pc.Counter(f"{p}alerts", "alerts sent ([alerts]), by event, channel and result",
+                                 [*d, "event", "via", "result"], registry=reg)
+        self._unknown_seen: dict[str, set[str]] = {}  # deployment -> every `what` given a series
+        self._nodes_seen: dict[str, set[str]] = {}  # deployment -> its nodes given a series
         self.server, self.thread = pc.start_http_server(int(port), addr=host or "127.0.0.1", registry=reg)
 
     def bound(self, deployment: str) -> DeploymentMetrics:
         return DeploymentMetrics(self, deployment)
 
-    def update(self, dep: str, st: Status, obs: Observation | None, now: float) -> None:
+    def update(self, dep: str, st: Status, obs: Observation | None, now: float, cfg: Config | None = None) -> None:
+        """After each tick. ``now`` is the clock of ``st``; ``cfg`` (the deployment's view) adds the limits."""
         for phase in Phase:
             self.phase.labels(dep, phase.value).set(1 if phase == st.phase else 0)
+        self.reason.labels(dep).info({"phase": st.phase.value, "reason": st.why.kind})
         self.in_phase.labels(dep).set(round(now - st.since, 3))
         self.failures.labels(dep).set(st.failures)
         self.load.labels(dep).set(st.load_fraction)
         if st.eta_s is not None:
             self.eta.labels(dep).set(st.eta_s)
         self.budget.labels(dep).set(st.repairs_in_window)
-        if obs is not None and obs.ray is not None:
-            self.ray_nodes.labels(dep).set(len(obs.ray.alive))
-            self.gpus.labels(dep).set(obs.ray.gpus)
+        # As the planner counts a stall (plan.py: LoadStalled).
+        loading = st.phase == Phase.LOADING and st.load_progress_at
+        self.stalled.labels(dep).set(round(max(0.0, now - st.load_progress_at), 3) if loading else 0)
+        seen = self._unknown_seen.setdefault(dep, set())
+        for what in seen | st.unknown_since.keys():  # seen again: 0, so the series and any alert end
+            since = st.unknown_since.get(what)
+            self.unknown_for.labels(dep, what).set(round(now - since, 3) if since is not None else 0)
+        seen.update(st.unknown_since)
+        members = None
+        if cfg is not None:
+            dep_cfg = cfg.deployment
+            members = {n.name for n in cfg.members(dep_cfg)}
+            self.budget_max.labels(dep).set(cfg.healing.repair_budget)
+            self.window.labels(dep).set(cfg.healing.repair_window)
+            self.stall_timeout.labels(dep).set(dep_cfg.readiness.stall_timeout)
+            if dep_cfg.uses_ray:
+                self.ray_expected.labels(dep).set(len(members))
+            else:  # mp (or reloaded onto it): no Ray to expect
+                with contextlib.suppress(KeyError):
+                    self.ray_expected.remove(dep)
+        nodes = self._nodes_seen.setdefault(dep, set())
+        for gone in nodes - members if members is not None else ():  # reloaded without it: no stale alert
+            self.node_up.remove(dep, gone)
+            nodes.discard(gone)
+        if obs is None:
+            return
+        for name, node in obs.nodes.items():
+            if members is None or name in members:
+                self.node_up.labels(dep, name).set(0 if node.error else 1)
+                nodes.add(name)
+        if obs.ray is not None:
+            # Unknown is not absent: Ray that did not answer is NaN (no comparison holds), not 0 nodes alive.
+            # No head container is a real 0.
+            known = obs.ray.reachable or obs.ray.error.startswith("RayHeadNotRunning")
+            self.ray_nodes.labels(dep).set(len(obs.ray.alive) if known else math.nan)
+            self.gpus.labels(dep).set(obs.ray.gpus if known else math.nan)
 
     def repaired(self, dep: str, kind: str, reason_kind: str) -> None:
         self.repairs.labels(dep, kind, reason_kind).inc()
@@ -84,6 +145,10 @@ class Metrics:
 
     def ready_after(self, dep: str, seconds: float) -> None:
         self.ttr.labels(dep).set(round(seconds, 3))
+
+    def alerted(self, dep: str, event: str, via: str, ok: bool) -> None:
+        """One alert sent (or given up on) through one channel ("webhook", "command")."""
+        self.alerts.labels(dep, event, via, "ok" if ok else "failed").inc()
 
     def close(self) -> None:
         self.server.shutdown()
