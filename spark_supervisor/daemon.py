@@ -22,11 +22,12 @@ from typing import Any
 from . import config as config_mod
 from . import statefile
 from .act import ActionFailed
+from .alerts import Alerter
 from .backend import Backend, RealBackend
 from .config import Config
 from .control import ControlServer
 from .metrics import Metrics, NoMetrics
-from .model import Phase, Reason, Status
+from .model import Pause, Phase, Reason, Status
 from .notify import Notifier
 from .reconciler import Reconciler
 from .retry import backoff_delay
@@ -49,12 +50,15 @@ class Daemon:
                                   heartbeat=lambda: self.notifier.watchdog(self.clock())))
         self.clock, self.wall, self.rng = clock, wall, rng
         self.metrics = self._metrics(cfg)
+        self.alerter = self._alerter(cfg)
+        self.pause = self._load_pause(cfg)
         self.reconcilers: dict[str, Reconciler] = {}
         for dep in cfg.deployments:
             self.reconcilers[dep.name] = self._reconciler(cfg.view(dep))
         self._last_doc: dict[str, Any] | None = None  # the change key of the last status written
         self._written_at = 0.0
-        self._signals: collections.deque[int | str] = collections.deque()  # signals and control requests
+        # Signals and control requests: (command, arguments, set when the loop has carried it out).
+        self._signals: collections.deque[int | str | tuple[str, dict[str, Any], threading.Event]] = collections.deque()
         self.control: ControlServer | None = None
         self._wake = threading.Event()
         self._stall_logged = False
@@ -66,9 +70,50 @@ class Daemon:
 
     def _reconciler(self, view: Config, backend: Backend | None = None) -> Reconciler:
         name = view.deployment.name
-        return Reconciler(view, backend or self._backend_factory(view), log=self.log.bind(deployment=name),
-                          metrics=self.metrics.bound(name), watchdog=lambda: self.notifier.watchdog(self.clock()),
-                          clock=self.clock, wall=self.wall, rng=self.rng)
+        r = Reconciler(view, backend or self._backend_factory(view), log=self.log.bind(deployment=name),
+                       metrics=self.metrics.bound(name), watchdog=lambda: self.notifier.watchdog(self.clock()),
+                       clock=self.clock, wall=self.wall, rng=self.rng,
+                       alert=lambda *a, **k: self.alerter.emit(*a, **k))
+        r.paused = self.pause
+        return r
+
+    def _alerter(self, cfg: Config) -> Alerter:
+        return Alerter(cfg.alerts, log=self.log, clock=self.clock, wall=self.wall,
+                       on_sent=lambda dep, event, via, ok: self.metrics.bound(dep).alerted(event, via, ok))
+
+    # ------------------------------------------------------------------------------ maintenance mode
+    def _load_pause(self, cfg: Config) -> Pause | None:
+        """A pause outlives a restart of the daemon (maintenance often includes one); an expired one does not."""
+        p = statefile.read_pause(cfg.supervisor.state_dir)
+        if p is not None and p.expired(self.wall()):
+            return None
+        if p is not None:
+            self.log.warning("daemon.paused", pause=p.text(), since="before this start")
+        return p
+
+    def set_pause(self, pause: Pause | None, why: str = "") -> None:
+        """Pause (or resume with None) every deployment; kept in the state directory."""
+        was, self.pause = self.pause, pause
+        try:
+            statefile.write_pause(self.cfg.supervisor.state_dir, pause)
+        except OSError as e:  # still paused (or resumed) in memory; a restart would not know
+            self.log.error("state.write_failed", file=statefile.PAUSE, error=str(e))
+        if pause is not None:
+            self.log.warning("daemon.paused", pause=pause.text())
+            for r in self.reconcilers.values():
+                r.paused = pause
+                r.due_at = 0.0  # show PAUSED at once
+            event, reason = "paused", pause.text()
+        else:
+            self.log.warning("daemon.resumed", why=why, was=was.text() if was else "")
+            for r in self.reconcilers.values():
+                r.resume(why)
+            event, reason = "resumed", why
+        if (was is None) != (pause is None):
+            for name in self.reconcilers:
+                self.alerter.emit(name, event, phase=Phase.PAUSED.value if pause else Phase.DETECTING.value,
+                                  reason=reason)
+        self._last_doc = None
 
     # The first deployment: what a one-deployment config (and its tests) calls "the" status and backend.
     @property
@@ -101,6 +146,8 @@ class Daemon:
 
     def _tick(self, *, due_only: bool) -> float:
         now = self.clock()
+        if self.pause is not None and self.pause.expired(self.wall()):
+            self.set_pause(None, "the pause's deadline passed")
         for name, r in list(self.reconcilers.items()):
             if due_only and r.due_at > now:
                 continue
@@ -154,7 +201,7 @@ class Daemon:
         if line != self._last_status:
             self._last_status = line
             self.notifier.status(line)
-        if not self.ready_sent and (self.cfg.supervisor.ready_when == "started"
+        if not self.ready_sent and (self.cfg.supervisor.ready_when == "started" or self.pause is not None
                                     or all(r.status.phase == Phase.SERVING for r in self._required())):
             self.ready_sent = True
             self.notifier.ready(line)
@@ -184,6 +231,8 @@ class Daemon:
 
     def _phase_line(self) -> str:
         rs = list(self.reconcilers.values())
+        if self.pause is not None:
+            return f"PAUSED {self.pause.text()}"
         if len(rs) == 1:
             return rs[0].phase_line()
         serving = sum(r.status.phase == Phase.SERVING for r in rs)
@@ -196,7 +245,8 @@ class Daemon:
         problems = (self._state_write_error,) if self._state_write_error else ()
         docs = [r.document(self.config_path, self.config_hash, problems, now) for r in self.reconcilers.values()]
         # The first deployment's document at the top, as with one deployment; every one under "deployments".
-        doc = {**docs[0], "summary": self._phase_line(), "deployments": docs}
+        doc = {**docs[0], "summary": self._phase_line(), "deployments": docs,
+               "pause": self.pause.to_json() if self.pause else None}
         key = _change_key(doc)  # compared as dicts: the documents of deployments that did not tick are the same objects
         if key != self._last_doc or now - self._written_at >= self.STATUS_REFRESH_S:
             self._last_doc, self._written_at = key, now
@@ -217,13 +267,35 @@ class Daemon:
         self._signals.append(signum)
         self._wake.set()
 
-    def _on_request(self, command: str) -> str:
-        """From the control socket's thread: record and wake, like a signal; the loop acts on it."""
+    # How long a control request waits for the loop to carry it out (a tick may be in the middle of an action).
+    REQUEST_WAIT_S = 120.0
+
+    def _on_request(self, command: str, args: dict[str, Any] | None = None) -> str:
+        """From the control socket's thread: record and wake, like a signal; the loop acts on it between
+        ticks. pause and resume answer once done, so that what the caller does next runs under them."""
         if command == "ping":
             return f"spark-supervisor {os.getpid()}: {self.status.phase.value}"
-        self._signals.append(command)
+        if command == "reset":
+            self._signals.append(command)
+            self._wake.set()
+            return f"spark-supervisor (pid {os.getpid()}) will re-arm and forget its repair budget"
+        done = threading.Event()
+        self._signals.append((command, dict(args or {}), done))
         self._wake.set()
-        return f"spark-supervisor (pid {os.getpid()}) will re-arm and forget its repair budget"
+        if not done.wait(self.REQUEST_WAIT_S):
+            raise TimeoutError(f"the daemon's loop did not take the {command} within {self.REQUEST_WAIT_S:.0f}s")
+        if command == "pause" and self.pause is not None:
+            return f"spark-supervisor (pid {os.getpid()}) paused {self.pause.text()}"
+        return f"spark-supervisor (pid {os.getpid()}) resumed"
+
+    def _request(self, command: str, args: dict[str, Any]) -> None:
+        """A control request, in the loop."""
+        if command == "pause":
+            until = args.get("until")
+            self.set_pause(Pause(by=str(args.get("by") or "?"), reason=str(args.get("reason") or ""),
+                                 at=self.wall(), until=float(until) if until else None))
+        elif command == "resume" and self.pause is not None:
+            self.set_pause(None, f"by {args.get('by') or '?'}")
 
     def reload(self) -> None:
         self.notifier.reloading()
@@ -290,6 +362,9 @@ class Daemon:
         if new.metrics != old_metrics:
             self.metrics.close()
             self.metrics = self._metrics(new)
+        if new.alerts != self.cfg.alerts:
+            self.alerter.close()
+            self.alerter = self._alerter(new)
         rebuilt: dict[str, Reconciler] = {}
         for name, view in views.items():
             r = self.reconcilers.get(name)
@@ -332,6 +407,7 @@ class Daemon:
         for r in self.reconcilers.values():
             r.backend.close()
         self.metrics.close()
+        self.alerter.close()  # what is queued (a FAILED just before the stop) still goes out, within its timeout
         if self.control is not None:
             self.control.close()
         self.stopped = True
@@ -347,15 +423,8 @@ class Daemon:
                       deployments=list(self.reconcilers), nodes=[n.name for n in self.cfg.nodes],
                       state_dir=self.cfg.supervisor.state_dir)
         while True:
-            while self._signals:
-                sig = self._signals.popleft()
-                if sig == signal.SIGHUP:
-                    self.reload()
-                elif sig in (signal.SIGUSR1, "reset"):
-                    self.rearm("reset")
-                else:
-                    self.shutdown()
-                    return 0
+            if self.dispatch():
+                return 0
             hang = os.environ.get("SPARK_SUPERVISOR_TEST_HANG_FILE")
             if hang and os.path.exists(hang):  # test-only fault switch: a hung main loop
                 self.log.warning("test.hanging", file=hang)
@@ -366,6 +435,24 @@ class Daemon:
                 self.log.exception("reconcile.crashed", error=f"{type(e).__name__}: {e}")
                 wait = backoff_delay(2, self.cfg.supervisor.backoff_base, self.cfg.supervisor.backoff_max, self.rng())
             self._wait(wait)
+
+    def dispatch(self) -> bool:
+        """Carry out the signals and control requests received, in order; True once it has shut down."""
+        while self._signals:
+            sig = self._signals.popleft()
+            if isinstance(sig, tuple):
+                try:
+                    self._request(sig[0], sig[1])
+                finally:
+                    sig[2].set()
+            elif sig == signal.SIGHUP:
+                self.reload()
+            elif sig in (signal.SIGUSR1, "reset"):
+                self.rearm("reset")
+            else:
+                self.shutdown()
+                return True
+        return False
 
     def _wait(self, seconds: float) -> None:
         """Sleep until the next tick is due, a signal, or a change seen by a deployment's quick check."""
@@ -398,7 +485,7 @@ class Daemon:
 
 
 def _severity(r: Reconciler) -> int:
-    order = [Phase.FAILED, Phase.DEGRADED, Phase.BACKOFF, Phase.STOPPING, Phase.DETECTING, Phase.CLEANING,
+    order = [Phase.FAILED, Phase.DEGRADED, Phase.BACKOFF, Phase.PAUSED, Phase.STOPPING, Phase.DETECTING, Phase.CLEANING,
              Phase.WAITING, Phase.STARTING_RAY, Phase.STARTING_VLLM, Phase.LOADING, Phase.VERIFYING, Phase.SERVING]
     return order.index(r.status.phase)
 

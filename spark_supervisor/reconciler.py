@@ -22,6 +22,7 @@ from .model import (
     DropPageCache,
     ImageReport,
     Observation,
+    Pause,
     Phase,
     Reason,
     RemoveContainers,
@@ -43,8 +44,12 @@ _FULL_PHASES = {Phase.DETECTING, Phase.CLEANING, Phase.BACKOFF, Phase.FAILED, Ph
 class Reconciler:
     def __init__(self, cfg: Config, backend: Backend, *, log: Any, metrics: DeploymentMetrics | NoMetrics,
                  watchdog: Callable[[], None], clock: Callable[[], float], wall: Callable[[], float],
-                 rng: Callable[[], float]):
+                 rng: Callable[[], float], alert: Callable[..., object] | None = None):
         self.cfg, self.backend, self.log, self.metrics = cfg, backend, log, metrics
+        self.alert = alert or (lambda deployment, event, **fields: None)
+        self.paused: Pause | None = None  # set by the daemon: observe and report, act on nothing
+        self._paused_from = Phase.DETECTING  # the phase it was in when paused: what the plan is judged from
+        self._trouble = False  # an alert about it went out (failed, degraded, repair): recovery is news
         self.watchdog, self.clock, self.wall, self.rng = watchdog, clock, wall, rng
         self.name = cfg.deployment.name
         self.status = Status()
@@ -55,6 +60,7 @@ class Reconciler:
         self._milestone = ""
         self._load_key: tuple[object, ...] | None = None
         self._best_rank = -1
+        self._fetched = 0  # model bytes prefetched so far (progress of the start)
         self._look_closer = False
         self._tracked_serve = ""
         self._eager = 0  # consecutive ticks run at once after acting
@@ -84,7 +90,41 @@ class Reconciler:
             self.last_full = obs
             st.preflight = tuple(preflight(cfg, obs))
         self._track(obs, now)
+        if self.paused is not None:
+            return self._paused_tick(obs, now)
         return self._reconcile(obs, now)
+
+    def _paused_tick(self, obs: Observation, now: float) -> float:
+        """Paused: plan as usual, to report what would be done, but do none of it and count no repair."""
+        st = self.status
+        assert self.paused is not None
+        if st.phase != Phase.PAUSED:
+            self._paused_from = st.phase
+        self._progress(obs, now)
+        decision = plan(obs, dataclasses.replace(st, phase=self._paused_from), self.cfg, now)
+        would = ", ".join(type(a).__name__ for a in decision.actions)
+        sees = (f"would {would}" if would else f"would go {decision.phase.value}"
+                if decision.phase != self._paused_from else f"sees {decision.phase.value}") + (
+            f" ({decision.reason})" if decision.reason else "")
+        if st.advance(Phase.PAUSED, Reason("Paused", f"{self.paused.text()}; {sees}"), now, self.wall()):
+            self.log.info("phase.paused", phase=Phase.PAUSED.value, sees=sees, by=self.paused.by,
+                          reason=self.paused.reason)
+        self.fingerprint = fingerprint(obs.ray, obs.endpoint)
+        self.metrics.update(st, obs, self.clock(), self.cfg)
+        self.changed()
+        return self.cfg.supervisor.interval
+
+    def resume(self, why: str) -> None:
+        """Leave PAUSED: detect afresh (a serve left running is adopted, not restarted)."""
+        self.paused = None
+        st = self.status
+        if st.phase == Phase.PAUSED:
+            self._best_rank = 0
+            st.failures, st.backoff_until, st.next_repair_at = 0, 0.0, 0.0
+            st.advance(Phase.DETECTING, Reason(detail=f"resumed: {why}"), self.clock(), self.wall())
+            self.log.info("reconcile.resumed", by=why)
+        self.changed()
+        self.due_at = 0.0
 
     def _reconcile(self, obs: Observation, now: float, *, again: bool = True) -> float:
         """Plan and act on one observation; returns the seconds until the next tick."""
@@ -126,7 +166,7 @@ class Reconciler:
         if self._progressed(before):
             self.last_progress = now
         self.fingerprint = fingerprint(obs.ray, obs.endpoint)
-        self.metrics.update(st, obs, self.clock())
+        self.metrics.update(st, obs, self.clock(), self.cfg)
         self.changed()
         if (again and decision.actions and not failure and st.phase != Phase.FAILED
                 and all(isinstance(a, CheckImage) for a in decision.actions)):
@@ -230,6 +270,11 @@ class Reconciler:
         if rank > self._best_rank:
             self._best_rank = rank
             return True
+        # A model prefetch filling a node (modelcheck) moves too: a first download may take an hour.
+        fetched = sum(r.model.bytes_done for r in st.images.values() if r.model is not None and r.model.prefetch)
+        moved, self._fetched = fetched > 0 and fetched != self._fetched, fetched
+        if moved:
+            return True
         return bool(st.progress) and st.progress != before[2]
 
     def _start_repair(self, decision: Decision, now: float) -> None:
@@ -245,6 +290,9 @@ class Reconciler:
         st.next_repair_at = now + delay
         self.log.warning("repair.started", kind=decision.repair, reason=decision.reason, reason_kind=decision.why.kind,
                          budget_used=n, budget=h.repair_budget, next_repair_not_before_s=round(delay, 1))
+        self._trouble = True
+        self.alert(self.name, "repair", phase=st.phase.value, reason=decision.reason, reason_kind=decision.why.kind,
+                   repair=decision.repair, budget_used=n, budget=h.repair_budget)
 
     def _kv_cache(self, obs: Observation, tokens: int) -> None:
         """The KV cache a serve came up with, against the best seen for its spec (persisted): page cache
@@ -313,8 +361,19 @@ class Reconciler:
                 log("phase.changed", **{"from": before.value}, to=phase.value, reason=str(why), reason_kind=why.kind)
                 if phase == Phase.SERVING:
                     self.metrics.ready_after(now - self.bringup_at)
+                self._alert_phase(before, phase, why)
             else:
                 self.log.info("phase.progress", phase=phase.value, reason=str(why), reason_kind=why.kind)
+
+    def _alert_phase(self, before: Phase, phase: Phase, why: Reason) -> None:
+        event = {Phase.FAILED: "failed", Phase.DEGRADED: "degraded"}.get(phase)
+        if event is None and phase == Phase.SERVING and self._trouble:
+            event = "recovered"
+        if event is None:
+            return
+        self._trouble = event != "recovered"
+        self.alert(self.name, event, phase=phase.value, reason=str(why), reason_kind=why.kind,
+                   previous_phase=before.value)
 
     def phase_line(self) -> str:
         st, dep = self.status, self.cfg.deployment
