@@ -10,7 +10,7 @@ from typing import Any
 
 from collections.abc import Callable
 
-from . import commands, statefile
+from . import commands, modelcheck, statefile
 from . import retry as retry_mod
 from .adapters import AdapterError, NotFoundError
 from .config import Node, ray_hash, serve_hash
@@ -18,6 +18,8 @@ from .model import (
     Action,
     Reason,
     CheckImage,
+    ModelReport,
+    PrefetchModel,
     ImageReport,
     DropPageCache,
     RemoveContainers,
@@ -76,7 +78,10 @@ class Actor:
                     if existed:
                         self.log.info("clean.container_removed", node=node, container=name, why=why)
             case CheckImage(node=node):
-                return self._check_image(w.nodes[node])
+                report = self._check_image(w.nodes[node])
+                return dataclasses.replace(report, model=self._check_model(w.nodes[node])) if dep.model.check else report
+            case PrefetchModel(node=node):
+                return self._prefetch_model(w.nodes[node])
             case StartContainer(node=node, dashboard=dashboard):
                 a = w.nodes[node]
                 spec = commands.node_container(cfg, dep, a.node, dashboard=dashboard)
@@ -92,7 +97,8 @@ class Actor:
                                                    env=commands.serve_env(cfg, dep, sh, rank), detach=True)
                     self.log.info("serve.launched", node=rank.name, container=container,
                                   argv=commands.serve_argv(dep, commands.rank_args(cfg, dep, rank)),
-                                  log=f"{commands.serve_dir(dep)}/log")
+                                  log=f"{commands.serve_log_dir(dep, rank) or commands.serve_dir(dep)}/"
+                                      + ("current" if dep.serve.log_host_dir else "log"))
             case DropPageCache(node=node, why=why):
                 self._drop_page_cache(w.nodes[node], dep.ray.image)
                 self.log.info("memory.page_cache_dropped", node=node, why=why)
@@ -147,6 +153,60 @@ class Actor:
         except OSError as e:  # only a saving lost: the next start checks again
             self.log.warning("state.write_failed", file=self.IMAGES, error=str(e))
         return report
+
+    def _check_model(self, a: Any) -> ModelReport:
+        """modelcheck.PROBE_PY in a short-lived container of the image on the node, every time (files come
+        and go). While a prefetch runs there, its progress instead; once it has ended, its container goes and
+        the node is checked again."""
+        cfg = self.world.cfg
+        dep, node = cfg.deployment, a.node
+        key = modelcheck.key(cfg, dep)
+        name = commands.prefetch_name(dep, node)
+        found = next((c for c in a.docker.containers() if c.name == name), None)
+        detail = ""
+        if found is not None:
+            p: dict[str, Any] = {}
+            if found.running:
+                code, out = a.docker.exec(name, ["cat", modelcheck.PROGRESS], what="prefetch progress")
+                p = modelcheck.parse_progress(out) if code == 0 else {}
+                if p.get("state", "running") == "running":
+                    n = {k: int(p.get(k) or 0) for k in ("files_done", "files_total", "bytes_done", "bytes_total")}
+                    return ModelReport(node.name, dep.serve.model, key, path=str(p.get("target", "")),
+                                       prefetch="running", prefetched=True, files_done=n["files_done"],
+                                       files_total=n["files_total"], bytes_done=n["bytes_done"],
+                                       bytes_total=n["bytes_total"])
+            detail = (p.get("error") or f"{p.get('files_done', 0)} files, {int(p.get('bytes_done') or 0):,} bytes "
+                      f"from {p.get('source')}" if p else f"its container {found.state} without a result")
+            (self.log.warning if p.get("error") or not p else self.log.info)(
+                "model.prefetch_ended", node=node.name, state=p.get("state"), detail=detail)
+            a.docker.remove(name)
+        spec = commands.model_probe(cfg, dep, node)
+        code, out = a.docker.run_once(spec)
+        if code != 0:  # the probe exits 0 whatever it finds: the image could not run it (unknown, not missing)
+            raise ActionFailed("ModelCheckFailed", f"{node.name}: {spec.image} exited {code}: {out.strip()[-200:]}")
+        try:
+            report = modelcheck.judge(node.name, dep.serve.model, key, modelcheck.parse(out))
+        except modelcheck.ProbeError as e:
+            raise ActionFailed("ModelCheckFailed", f"{node.name}: {e}") from None
+        report = dataclasses.replace(report, prefetched=found is not None, detail=detail)
+        (self.log.warning if report.missing or report.unchecked else self.log.info)(
+            "model.checked", node=node.name, model=dep.serve.model, path=report.path, complete=not report.missing,
+            missing=list(report.missing[:10]), missing_count=len(report.missing), files=report.files,
+            bytes=report.bytes, unchecked=report.unchecked or None, summary=report.summary())
+        return report
+
+    def _prefetch_model(self, a: Any) -> ImageReport:
+        """Start the prefetch on a node (a detached container: its progress is read at each tick)."""
+        cfg = self.world.cfg
+        dep = cfg.deployment
+        spec = commands.model_prefetch(cfg, dep, a.node)
+        a.docker.remove(spec.name)  # one left from an earlier run
+        self._ensure_image(a, spec.image)
+        cid = a.docker.run(spec)
+        self.log.warning("model.prefetch_started", node=a.node.name, model=dep.serve.model, container=spec.name, id=cid,
+                         source=dep.model.prefetch_from or "hub", timeout_s=dep.model.prefetch_timeout)
+        return dataclasses.replace(self._check_image(a), model=ModelReport(
+            a.node.name, dep.serve.model, modelcheck.key(cfg, dep), prefetch="running", prefetched=True))
 
     def _stop_serve(self, node: Node) -> None:
         dep = self.world.cfg.deployment

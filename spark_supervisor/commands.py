@@ -91,6 +91,8 @@ def node_container(cfg: Config, dep: Deployment, node: Node, *, dashboard: bool 
         volumes[src] = {"bind": dst, "mode": mode[0] if mode else "rw"}
     if cache_parent(dep):
         volumes[cache_parent(dep)] = {"bind": cache_parent(dep), "mode": "rw"}
+    if serve_log_parent(dep) and node.name in {n.name for n in serve_nodes(cfg, dep)}:
+        volumes[serve_log_parent(dep)] = {"bind": serve_log_parent(dep), "mode": "rw"}
     options: dict[str, Any] = {
         "network_mode": "host", "shm_size": ray.shm_size, "init": ray.init, "privileged": ray.privileged,
         "volumes": volumes,
@@ -172,28 +174,61 @@ def serve_env(cfg: Config, dep: Deployment, spec_hash: str = "", node: Node | No
 
 
 def serve_dir(dep: Deployment) -> str:
+    """The wrapper's state (pid, spec, started, exit) inside the container: a pid file must not outlive
+    its container (its PID namespace), so this stays in the container even when the log does not."""
     return f"{dep.serve.log_dir}/{dep.name}"
+
+
+def serve_log_parent(dep: Deployment) -> str:
+    """This deployment's serve logs on the host, bind-mounted at the same path ("" = in the container)."""
+    return f"{dep.serve.log_host_dir}/{dep.name}" if dep.serve.log_host_dir else ""
+
+
+def serve_log_dir(dep: Deployment, node: Node) -> str:
+    """One node's launches of the serve: a directory per node, so nodes sharing a file system never collide."""
+    return f"{serve_log_parent(dep)}/{node.name}" if dep.serve.log_host_dir else ""
+
+
+LOG_CHECK_S = 10  # how often the wrapper looks at the log's size (log_max_mib)
 
 
 # Runs the serve in the background inside the node's container and records, in directory $1:
 # pid, spec (hash), started (UTC), log (stdout+stderr) and, once it ends, exit (its exit code).
 # $2 is the spec hash; $3 the deployment's compile-cache parent ("" for none), $4 how many spec caches to
-# keep and $5 their size cap in MiB (the oldest go first); the rest is the serve's argv. Nothing from
-# config is interpolated into it. It refuses to start while the serve it recorded still runs: two serves
-# on one GPU wedge both, and the supervisor may have launched on a stale view (defence in depth behind the
-# planner's own rule). The slot is claimed (the wrapper's own pid recorded) before the cache is pruned,
-# so a look in between sees a serve starting, never "no serve". The serve runs in its own process group
-# (setsid) so a stop reaches its engine core and workers too.
+# keep and $5 their size cap in MiB (the oldest go first); $6 the node's serve-log directory on the host
+# ("" for none), $7 the node's name, $8 how many launches' logs to keep there, $9 a log's size cap in MiB
+# and $10 how often (s) to look at it; the rest is the serve's argv. Nothing from config is interpolated
+# into it. With a log directory the launch's log is <UTC start>-<node>-<spec>.log there (a second launch in
+# the same second gets "_<n>" after the time, one more than the highest there), `log` in $1 and `current` beside it point to it, and only the
+# newest $8 launches stay. A log past its cap is copied to <file>.1 and emptied in place (copytruncate: the
+# serve writes with O_APPEND, so it goes on at the start; it never waits on a pipe or a logger that could
+# die). A log directory that cannot be written falls back to `log` in $1: logging never stops a serve.
+# It refuses to start while the serve it recorded still runs: two serves on one GPU wedge both, and the
+# supervisor may have launched on a stale view (defence in depth behind the planner's own rule). The slot
+# is claimed (the wrapper's own pid recorded) before the cache is pruned, so a look in between sees a serve
+# starting, never "no serve". The serve runs in its own process group (setsid) so a stop reaches its
+# engine core and workers too.
 SERVE_WRAPPER = (
-    'd=$1; h=$2; c=$3; k=$4; m=$5; shift 5; mkdir -p "$d" && cd "$d" || exit 1; '
+    'd=$1; h=$2; c=$3; k=$4; m=$5; L=$6; n=$7; lk=$8; lm=$9; shift 9; li=$1; shift; '
+    'mkdir -p "$d" && cd "$d" || exit 1; '
     'p=$(cat pid 2>/dev/null); if [ -n "$p" ] && [ ! -f exit ] && kill -0 "$p" 2>/dev/null; then '
     'echo "spark-serve: pid $p still runs, not starting a second serve" >&2; exit 75; fi; '
-    'rm -f exit; [ -f log ] && mv -f log log.prev; echo "$h" >spec; date -u +%FT%TZ >started; echo $$ >pid; '
+    'rm -f exit; [ -f log ] && mv -f log log.prev; rm -f log; echo "$h" >spec; s=$(date -u +%FT%TZ); '
+    'echo "$s" >started; echo $$ >pid; '
     'if [ -n "$c" ]; then mkdir -p "$c/$h/tmp" && touch "$c/$h"; '
     'ls -1t "$c" | tail -n +$((k+1)) | while read -r x; do rm -rf "$c/$x"; done; '
     'while [ "$(du -sm "$c" | cut -f1)" -gt "$m" ] && [ "$(ls -1 "$c" | wc -l)" -gt 1 ]; do '
     'rm -rf "$c/$(ls -1t "$c" | tail -n 1)"; done; fi; '
-    'setsid "$@" >log 2>&1 </dev/null & echo $! >pid; wait $!; echo $? >exit'
+    'f=log; if [ -n "$L" ] && mkdir -p "$L" 2>/dev/null; then t=$(echo "$s" | tr -d :-); u=$t; '
+    'i=$(ls -1 "$L" | sed -n "s/^$t-.*/0/p; s/^${t}_\\([0-9][0-9]*\\)-.*/\\1/p" | sort -n | tail -n 1); '
+    '[ -n "$i" ] && u=${t}_$((i+1)); g="$L/$u-$n-$h.log"; '
+    'if : >>"$g" 2>/dev/null; then f=$g; ln -sfn "$g" log; ln -sfn "${g##*/}" "$L/current"; '
+    'LC_ALL=C ls -1r "$L" | grep \'\\.log$\' | tail -n +$((lk+1)) | while read -r x; do '
+    '[ "$L/$x" = "$g" ] || rm -f "$L/$x" "$L/$x.1"; done; fi; fi; '
+    'setsid "$@" >>"$f" 2>&1 </dev/null & q=$!; echo $q >pid; '
+    '( while kill -0 $q 2>/dev/null; do sleep "$li"; '
+    '[ "$(wc -c <"$f" 2>/dev/null || echo 0)" -gt $((lm*1048576)) ] && cp -f "$f" "$f.1" && : >"$f"; done '
+    ') >/dev/null 2>&1 </dev/null & w=$!; wait $q; e=$?; kill $w 2>/dev/null; echo $e >exit'
 )
 
 # Prints the state the wrapper recorded: "pid spec started running exit", then the log tail.
@@ -205,7 +240,7 @@ SERVE_STATE = (
 )
 
 # Signals the serve's process group (TERM, then KILL after $2 seconds) and forgets it, keeping its log as
-# log.prev.
+# log.prev (with a host log directory, both are links to the launches' files there).
 SERVE_STOP = (
     'cd "$1" 2>/dev/null || exit 0; p=$(cat pid 2>/dev/null); '
     'if [ -n "$p" ] && { kill -TERM -"$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null; }; then i=0; '
@@ -218,7 +253,8 @@ SERVE_STOP = (
 def serve_launch(cfg: Config, dep: Deployment, spec_hash: str, node: Node | None = None) -> list[str]:
     s, node = dep.serve, node or cfg.serve_node(dep)
     return ["sh", "-c", SERVE_WRAPPER, "spark-serve", serve_dir(dep), spec_hash, cache_parent(dep),
-            str(s.cache_keep), str(int(s.cache_max_gib * 1024)), *serve_argv(dep, rank_args(cfg, dep, node))]
+            str(s.cache_keep), str(int(s.cache_max_gib * 1024)), serve_log_dir(dep, node), node.name,
+            str(s.log_keep), str(s.log_max_mib), str(LOG_CHECK_S), *serve_argv(dep, rank_args(cfg, dep, node))]
 
 
 def serve_state(dep: Deployment, tail_bytes: int = 65536) -> list[str]:
@@ -336,6 +372,41 @@ def image_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
                                           dep.serve.command[0], IMAGE_PROBE_PY],
                          {**base.environment, **dep.serve.env}, {ROLE_LABEL: "image-check"},
                          {**options, "network_mode": "none"})
+
+
+PREFETCH_ROLE = "model-prefetch"  # ours (owner label) but not one of the deployment's node containers
+
+
+def prefetch_name(dep: Deployment, node: Node) -> str:
+    return f"{dep.name}-model-{node.name}"
+
+
+def model_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
+    """The model check of one node (modelcheck.PROBE_PY), as a short-lived container of the image with the
+    node container's mounts and environment: the paths vLLM will see."""
+    from . import modelcheck
+    base = node_container(cfg, dep, node)
+    options = {k: v for k, v in base.options.items() if k in ("volumes", "init")}
+    return ContainerSpec("", base.image, ["sh", "-c", modelcheck.RUN_PY, "spark-model-probe", dep.serve.command[0],
+                                          modelcheck.PROBE_PY, *modelcheck.probe_args(dep)],
+                         {**base.environment, **dep.serve.env}, {ROLE_LABEL: "model-check"},
+                         {**options, "network_mode": "none"})
+
+
+def model_prefetch(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
+    """The prefetch of one node (modelcheck.PREFETCH_PY): a detached container of the image with the node
+    container's mounts, environment and network (the hub), labelled as ours so a teardown removes it."""
+    from . import modelcheck
+    base = node_container(cfg, dep, node)
+    options = {k: v for k, v in base.options.items() if k in ("volumes", "init")}
+    m = dep.model
+    return ContainerSpec(prefetch_name(dep, node), base.image,
+                         ["sh", "-c", modelcheck.RUN_PY, "spark-model-prefetch", dep.serve.command[0],
+                          modelcheck.PREFETCH_PY, *modelcheck.probe_args(dep), m.prefetch_from,
+                          f"{m.prefetch_timeout:g}", str(modelcheck.PREFETCH_KEEP_S), modelcheck.PROGRESS],
+                         {**base.environment, **dep.serve.env},
+                         {OWNER_LABEL: dep.name, NODE_LABEL: node.name, ROLE_LABEL: PREFETCH_ROLE},
+                         {**options, "network_mode": "host"})
 
 
 # Ray's node table without its dashboard: `ray list nodes` needs the dashboard and `ray status` prints

@@ -510,7 +510,7 @@ class Ray(_Strict):
     image_pull: Literal["never", "if-missing"] = "never"
     pull_timeout: SecDay = 1800  # deadline for one image pull
 
-    _split = field_validator("extra_args", mode="before")(_split_args)
+    _split = field_validator("extra_args", mode="before", json_schema_input_type=str | list[str])(_split_args)
 
     @model_validator(mode="after")
     def _checks(self) -> Ray:
@@ -565,6 +565,13 @@ class Serve(_Strict):
     cache_dir: str = "/var/lib/spark-supervisor/vllm-cache"
     cache_keep: Annotated[int, Field(ge=1, le=20)] = 3
     cache_max_gib: Annotated[float, Field(gt=0, le=10_000)] = 64
+    # The serve's log on each serve node's disk, so that it outlives the container: one file per launch,
+    # <log_host_dir>/<deployment>/<node>/<UTC start>-<node>-<spec hash>.log (bind-mounted at the same path),
+    # the newest log_keep launches kept per node; a file past log_max_mib is copied to <file>.1 and emptied.
+    # "" = inside the container only (lost with it). `spark-supervisor logs` reads them.
+    log_host_dir: str = "/var/log/spark-supervisor/serve"
+    log_keep: Annotated[int, Field(ge=1, le=100)] = 5
+    log_max_mib: Annotated[int, Field(ge=1, le=100_000)] = 100
 
     @field_validator("cache_dir")
     @classmethod
@@ -573,7 +580,15 @@ class Serve(_Strict):
             raise ValueError(f"{_q(v)} must be an absolute directory other than / (or \"\" for no cache)")
         return v.rstrip("/")
 
-    _split = field_validator("extra_args", mode="before")(_split_args)
+    @field_validator("log_host_dir")
+    @classmethod
+    def _log_host_dir(cls, v: str) -> str:
+        if v and (not v.startswith("/") or v.rstrip("/") == "" or ":" in v or not _no_space(v)):
+            raise ValueError(f"{_q(v)} must be an absolute directory other than /, without ':' or whitespace, "
+                             "e.g. \"/var/log/spark-supervisor/serve\" (or \"\" to keep the log in the container)")
+        return os.path.normpath(v) if v else v
+
+    _split = field_validator("extra_args", mode="before", json_schema_input_type=str | list[str])(_split_args)
 
     @field_validator("model")
     @classmethod
@@ -626,6 +641,25 @@ class Readiness(_Strict):
         return self
 
 
+class ModelFiles(_Strict):
+    """[deployments.model]: the model checked on every node before a start (modelcheck), and optionally
+    fetched where it is missing, in the image: copied from prefetch_from (a directory the image sees through
+    deployments.ray.volumes) or downloaded from the hub ("")."""
+
+    check: bool = True
+    prefetch: bool = False
+    prefetch_from: OptionalAbsPath = ""
+    prefetch_timeout: SecDay = 21600
+
+    @model_validator(mode="after")
+    def _checks(self) -> ModelFiles:
+        if self.prefetch_from and not self.prefetch:
+            _raise([(".prefetch_from", "is only used with prefetch = true: set it, or remove prefetch_from")])
+        if self.prefetch and not self.check:
+            _raise([(".prefetch", "needs check = true (the check finds the nodes to fill)")])
+        return self
+
+
 class Deployment(_Strict):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")] = "llm"
     nodes: list[str] = []
@@ -637,6 +671,16 @@ class Deployment(_Strict):
     after: list[str] = []
     # READY=1 and "SERVING" wait for every required deployment; the others are reported, not waited for.
     required: bool = True
+    model: ModelFiles = Field(default_factory=ModelFiles)
+
+    @model_validator(mode="after")
+    def _model_source(self) -> Deployment:
+        src = self.model.prefetch_from.rstrip("/")
+        dsts = [v.split(":")[1].rstrip("/") for v in self.ray.volumes]
+        if src and not any(src == d or src.startswith(d + "/") or d == "" for d in dsts):
+            _raise([(".model.prefetch_from", f"{_q(src)} is on none of deployments.ray.volumes' destinations, so the "
+                     f"image cannot see it: add a volume, e.g. \"{src}:{src}:ro\"")])
+        return self
 
     @property
     def api_key(self) -> str:
@@ -727,6 +771,31 @@ class Metrics(_Strict):
         return int(self.listen.rpartition(":")[2]) if self.listen else 0
 
 
+class Alerts(_Strict):
+    """Where the daemon tells someone outside: a webhook (a small JSON document POSTed) and/or a command
+    (argv; the same document on its standard input). Sent from a background thread, retried, rate limited."""
+
+    webhook: str = ""  # http(s)://... ; may carry a token in its path, so it is never logged whole
+    command: OptionalArgv = []
+    events: list[Literal["failed", "degraded", "repair", "recovered", "paused", "resumed"]] = [
+        "failed", "degraded", "repair", "recovered"]
+    min_interval: SecDay = 300  # the same event of the same deployment at most this often (the rest are counted)
+    timeout: Sec60 = 5  # each POST or command
+    attempts: Annotated[int, Field(ge=1, le=10)] = 3
+
+    @field_validator("webhook")
+    @classmethod
+    def _webhook(cls, v: str) -> str:
+        if v and not re.match(r"^https?://[^\s/]+(/\S*)?$", v):
+            raise ValueError(f"expected an http:// or https:// URL, e.g. \"http://127.0.0.1:9099/hook\", got "
+                             f"{_q(v[:80])}")
+        return v
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.webhook or self.command)
+
+
 class Memory(_Strict):
     """GB10's unified memory: vLLM's start-up check reads MemFree (page cache counts as used)."""
 
@@ -772,6 +841,7 @@ class Config(_Strict):
     retry: Retry = Retry()
     memory: Memory = Memory()
     metrics: Metrics = Metrics()
+    alerts: Alerts = Alerts()
     nodes: list[Node]
     stale: Stale = Stale()
     deployments: list[Deployment]
@@ -1166,12 +1236,14 @@ def ray_hash(cfg: Config, dep: Deployment) -> str:
     nodes = [n.model_dump(exclude={"nvidia_smi", "meminfo", "ip", "oob"}) for n in cfg.members(dep)]
     return _digest({"nodes": nodes,
                     "ray": dep.ray.model_dump(exclude={"join_timeout", "image_pull", "pull_timeout"}),
-                    "backend": dep.serve.distributed_executor_backend, "cache_dir": dep.serve.cache_dir})
+                    "backend": dep.serve.distributed_executor_backend, "cache_dir": dep.serve.cache_dir,
+                    "log_host_dir": dep.serve.log_host_dir})  # both are mounts
 
 
 def serve_hash(cfg: Config, dep: Deployment) -> str:
     """What shapes the serve: changing it restarts the serve (and Ray, if ray_hash changed too)."""
-    spec: dict[str, Any] = {"ray": ray_hash(cfg, dep), "serve": dep.serve.model_dump(exclude={"stop_timeout", "cache_keep", "cache_max_gib"})}
+    spec: dict[str, Any] = {"ray": ray_hash(cfg, dep), "serve": dep.serve.model_dump(exclude={"stop_timeout", "cache_keep", "cache_max_gib",
+                                                                                      "log_keep", "log_max_mib"})}
     if dep.api_key:  # a new key relaunches the serve; only a digest of it is hashed
         spec["api_key_sha256"] = hashlib.sha256(dep.api_key.encode()).hexdigest()
     return _digest(spec)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -21,6 +22,40 @@ class Phase(StrEnum):
     BACKOFF = "BACKOFF"
     FAILED = "FAILED"
     STOPPING = "STOPPING"
+    PAUSED = "PAUSED"  # maintenance: observing and reporting, acting on nothing (`spark-supervisor pause`)
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Maintenance mode: observe and report, act on nothing and spend no repair budget, until resumed or
+    until ``until`` (wall clock; None: until resumed)."""
+
+    by: str
+    reason: str
+    at: float
+    until: float | None = None
+
+    def text(self) -> str:
+        def hm(t: float) -> str:
+            return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t))
+        return (f"by {self.by} at {hm(self.at)} " + (f"until {hm(self.until)}" if self.until else "until resumed")
+                + (f": {self.reason}" if self.reason else ""))
+
+    def expired(self, wall: float) -> bool:
+        return self.until is not None and wall >= self.until
+
+    def to_json(self) -> dict[str, Any]:
+        return {"by": self.by, "reason": self.reason, "at": self.at, "until": self.until}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Pause | None:
+        """From the state file; None for anything malformed (a pause is only kept if it is readable)."""
+        try:
+            until = d.get("until")
+            return cls(by=str(d["by"]), reason=str(d.get("reason", "")), at=float(d["at"]),
+                       until=None if until is None else float(until))
+        except (KeyError, TypeError, ValueError):
+            return None
 
 
 # ---------------------------------------------------------------------------------------- observations
@@ -149,6 +184,54 @@ class EndpointObservation:
 
 
 @dataclass(frozen=True)
+class ModelReport:
+    """The model on one node as the deployment's image sees it (modelcheck): made with every image check,
+    so once per start. ``missing`` empty: complete. ``unchecked``: it could not be looked at (not evidence)."""
+
+    node: str
+    model: str
+    key: str  # modelcheck.key: a new image, mounts, env or model means a new check
+    path: str = ""  # the directory it resolved to (a snapshot in the hub cache, or the local path)
+    source: str = ""  # "local" or "hub"
+    cache: str = ""  # the hub cache it looked in
+    missing: tuple[str, ...] = ()  # files missing or implausible, each "name (why)"
+    files: int = 0  # weight files found
+    bytes: int = 0
+    unchecked: str = ""
+    prefetch: str = ""  # "running" while a prefetch fills the node
+    prefetched: bool = False  # a prefetch ran for this start (it is not started twice)
+    detail: str = ""  # the prefetch's outcome
+    files_done: int = 0
+    files_total: int = 0
+    bytes_done: int = 0
+    bytes_total: int = 0
+
+    @property
+    def found(self) -> bool:
+        """It resolved to a directory (a snapshot, or the local path) whose files were looked at."""
+        return bool(self.path) and (self.source == "local" or "/snapshots/" in self.path)
+
+    def summary(self) -> str:
+        if self.prefetch == "running":
+            total = f" of {_size(self.bytes_total)}" if self.bytes_total else ""
+            files = f"{self.files_done}/{self.files_total} files, " if self.files_total else ""
+            return f"prefetching into {self.path or '?'}: {files}{_size(self.bytes_done)}{total}"
+        if self.unchecked:
+            return f"not checked: {self.unchecked}"
+        if self.missing:
+            more = f" and {len(self.missing) - 3} more" if len(self.missing) > 3 else ""
+            return f"MISSING{f' in {self.path}' if self.found else ''}: {', '.join(self.missing[:3])}{more}"
+        return f"{self.path}: {self.files} weight file{'' if self.files == 1 else 's'}, {_size(self.bytes)}"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+@dataclass(frozen=True)
 class ImageReport:
     """What a node's copy of the deployment's image holds (commands.IMAGE_PROBE). Versions: "" when the
     command is there but its version could not be read; paths "" when the command is not there."""
@@ -165,6 +248,7 @@ class ImageReport:
     vllm_path: str = ""
     vllm_version: str = ""
     vllm_python: str = ""
+    model: ModelReport | None = None  # the model as the image sees it on this node (None: not checked)
 
     def summary(self, uses_ray: bool = True) -> str:
         ray = (f"ray {self.ray_version or '?'} ({'with' if self.dashboard else 'without'} dashboard, "
@@ -225,6 +309,13 @@ class CheckImage:
 
 
 @dataclass(frozen=True)
+class PrefetchModel:
+    """Fill a node that lacks the model ([deployments.model] prefetch), in a detached container of the image."""
+
+    node: str
+
+
+@dataclass(frozen=True)
 class StopServe:
     why: str
 
@@ -243,7 +334,7 @@ class Verify:
 
 
 Action = (StopUnits | RemoveContainers | CheckImage | StartContainer | DropPageCache | StopServe | StartServe
-          | Verify)
+          | Verify | PrefetchModel)
 
 
 def describe(action: Action) -> dict[str, Any]:

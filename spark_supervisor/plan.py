@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
-from . import logscan
-from .commands import node_container_name, serve_nodes
+from . import logscan, modelcheck
+from .commands import PREFETCH_ROLE, node_container_name, serve_nodes
 from .admission import admit, free_memory_failure, gpu_blockers, gpu_unknown
 from .preflight import image_problem
-from .config import HASH_LABEL, OWNER_LABEL, Config, Deployment, Node, ray_hash, serve_hash
+from .config import HASH_LABEL, OWNER_LABEL, ROLE_LABEL, Config, Deployment, Node, ray_hash, serve_hash
 from .model import (
     Reason,
     Action,
@@ -38,6 +38,7 @@ from .model import (
     NodeObservation,
     Observation,
     Phase,
+    PrefetchModel,
     RemoveContainers,
     StartContainer,
     StartServe,
@@ -127,7 +128,34 @@ def _images(st: Status, cfg: Config, dep: Deployment) -> Decision | None:
 
 
 def _owned(o: NodeObservation, dep: Deployment) -> list[Container]:
-    return [c for c in o.containers if c.labels.get(OWNER_LABEL) == dep.name]
+    return [c for c in o.containers if c.labels.get(OWNER_LABEL) == dep.name and c.labels.get(ROLE_LABEL) != PREFETCH_ROLE]
+
+
+def _model(f: Facts, phase: Phase) -> Decision | None:
+    """Before a start (and before a launch of another model): the model on every member, as the image sees
+    it (the image check makes the model check too). Missing: fetched there when asked ([deployments.model]
+    prefetch, once per start, its progress watched), else FAILED ModelMissing: the same again on any retry.
+    A report not made (the check off, could not run) is no evidence: the start goes on."""
+    dep, st = f.dep, f.st
+    if not dep.model.check:
+        return None
+    key = modelcheck.key(f.cfg, dep)
+    reports = {n.name: r.model for n in f.members if (r := st.images.get(n.name)) is not None and r.model is not None}
+    stale = [n for n, m in reports.items() if m.key != key]
+    if stale:
+        return Decision(phase, Reason("CheckingModel", f"{dep.serve.model} on {', '.join(stale)}"),
+                        tuple(CheckImage(n) for n in stale))
+    source = dep.model.prefetch_from or "the hub"
+    running = [n for n, m in reports.items() if m.prefetch == "running"]
+    if running:
+        return Decision(phase, Reason("PrefetchingModel", f"{dep.serve.model} on {', '.join(running)} from {source}"),
+                        tuple(CheckImage(n) for n in running))
+    todo = [n for n, m in reports.items() if m.missing and not m.prefetched]
+    if dep.model.prefetch and todo:
+        return Decision(phase, Reason("PrefetchingModel", f"{dep.serve.model} on {', '.join(todo)} from {source}"),
+                        tuple(PrefetchModel(n) for n in todo))
+    problem = modelcheck.problem(f.cfg, dep, reports)
+    return Decision(Phase.FAILED, Reason(*problem), fatal=True) if problem else None
 
 
 def _teardown(cfg: Config, obs: Observation, dep: Deployment, why: str) -> tuple[Action, ...]:
@@ -305,7 +333,8 @@ def placement(f: Facts) -> Decision | None:
         return Decision(Phase.DETECTING, Reason())
     if st.waiting_for:  # deployments.after: theirs first (the daemon says which do not answer yet)
         return Decision(Phase.WAITING, Reason("WaitingFor", st.waiting_for))
-    checked = _images(st, cfg, dep)
+    checked = _images(st, cfg, dep) or _model(f, st.phase if st.phase in (Phase.DETECTING, Phase.CLEANING)
+                                              else Phase.DETECTING)
     if checked is not None:
         return checked
     unseen = gpu_unknown(obs, cfg, dep)
@@ -396,7 +425,7 @@ def serve(f: Facts) -> Decision | None:
                 return Decision(Phase.FAILED, Reason("GpuMemoryHeld", f"still held after {cfg.stale.memory_free_timeout:.0f}s: "
                                 + "; ".join(held)), fatal=True)
             return Decision(Phase.STARTING_VLLM, Reason("WaitingForGpuMemory", "; ".join(held)))
-        admitted = admit(obs, st, cfg, Phase.STARTING_VLLM)
+        admitted = admit(obs, st, cfg, Phase.STARTING_VLLM) or _model(f, Phase.STARTING_VLLM)
         if admitted is not None:
             return admitted
         return Decision(Phase.STARTING_VLLM, Reason(detail=f"launching {dep.serve.name}"), (StartServe(),))

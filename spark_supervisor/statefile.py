@@ -25,7 +25,7 @@ import tenacity
 
 from .config import OWNER_LABEL, Config, ray_hash, serve_hash
 from . import logscan
-from .model import Observation, Status
+from .model import Observation, Pause, Status
 
 FILE = "status.json"
 
@@ -77,6 +77,8 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
         image = st.images.get(n.name)
         if image is not None:
             entry["image"] = {**dataclasses.asdict(image), "summary": image.summary(dep.uses_ray)}
+            if image.model is not None:  # its check, or a prefetch's progress (bytes and files done)
+                entry["model"] = entry["image"].pop("model") | {"summary": image.model.summary()}
         if o is not None:
             entry.update(error=o.error, docker_version=o.docker_version, probe_errors=list(o.probe_errors),
                          containers=[{"name": c.name, "state": c.state, "image": c.image}
@@ -163,6 +165,24 @@ def read_json(state_dir: str, name: str) -> dict[str, Any]:
 
 def write_json(state_dir: str, name: str, doc: dict[str, Any]) -> None:
     _write_retry(atomic_write)(Path(state_dir) / name, json.dumps(doc, indent=1))
+
+
+PAUSE = "pause.json"  # maintenance mode outlives a restart of the daemon
+
+
+def read_pause(state_dir: str) -> Pause | None:
+    return Pause.from_json(read_json(state_dir, PAUSE))
+
+
+def write_pause(state_dir: str, pause: Pause | None) -> None:
+    """Keep (or, with None, forget) the pause; OSError when it cannot."""
+    if pause is not None:
+        write_json(state_dir, PAUSE, pause.to_json())
+        return
+    try:
+        (Path(state_dir) / PAUSE).unlink()
+    except FileNotFoundError:
+        pass
 
 
 def read(state_dir: str) -> dict[str, Any]:

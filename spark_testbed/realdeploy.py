@@ -17,9 +17,10 @@ PORT = 8100
 
 def real_deployment(name: str = NAME, *, ip: str = "127.0.0.2", port: int = PORT, model: str = "tiny-qwen3",
                     extra: list[str] | None = None, eager: bool = True, serve: dict[str, Any] | None = None,
-                    pooling: bool = False) -> dict[str, Any]:
+                    pooling: bool = False, model_check: bool = True) -> dict[str, Any]:
     """The real server as one mp deployment in a container (the hostfs image with its venv mounted).
-    pooling: the tiny model converted to an embeddings model, probed with one real embedding."""
+    pooling: the tiny model converted to an embeddings model, probed with one real embedding.
+    model_check=False: no model check before the start, so that vLLM itself meets a missing model."""
     env = testbed.env()
     tbdir, py = env["SPARK_TESTBED_DIR"], env["SPARK_TESTBED_PYTHON"]
     vllm_env = realvllm.serve_env(base={}, mode="fast" if eager else "compile")
@@ -37,15 +38,17 @@ def real_deployment(name: str = NAME, *, ip: str = "127.0.0.2", port: int = PORT
                   "command": [str(realvllm.venv_python()), "-m", "vllm.entrypoints.openai.api_server"],
                   "model_arg": "flag", "distributed_executor_backend": "mp", "host": ip,
                   "port": port, "gpu_memory_utilization": 0.2 if pooling else 0.5,
-                  "cache_dir": f"{tbdir}/vllm-cache", "extra_args": args, "stop_timeout": 20,
+                  "cache_dir": f"{tbdir}/vllm-cache", "log_host_dir": f"{tbdir}/serve-logs", "extra_args": args,
+                  "stop_timeout": 20,
                   **({} if pooling else {"reasoning_parser": "qwen3"}), **(serve or {})},
         "readiness": {"poll_interval": 1, "deadline": 400, "request_timeout": 60, "sanity_max_tokens": 16,
                       "endpoint": f"http://{ip}:{port}", **({"probe": "embeddings"} if pooling else {})},
+        **({} if model_check else {"model": {"check": False}}),
     }
 
 
 def real_config(tmp_path: Path, *, model: str = "tiny-qwen3", extra: list[str] | None = None, eager: bool = True,
-                serve: dict[str, Any] | None = None) -> Path:
+                serve: dict[str, Any] | None = None, model_check: bool = True) -> Path:
     env = testbed.env()
     tbdir, src = env["SPARK_TESTBED_DIR"], env["SPARK_TESTBED_SRC"]
     smi = [f"{src}/.venv/bin/spark-testbed-nvidia-smi", "--state", f"{tbdir}/spark-1/gpu.json"]
@@ -56,7 +59,7 @@ def real_config(tmp_path: Path, *, model: str = "tiny-qwen3", extra: list[str] |
                    "docker": f"unix://{tbdir}/spark-1/docker.sock", "nvidia_smi": smi, "meminfo": [*smi, "--meminfo"]}],
         "healing": {"deep_probe_interval": 20, "deep_probe_timeout": 15, "quick_check_interval": 0.5},
         "stale": {"units": [], "memory_free_timeout": 20},
-        "deployments": [real_deployment(model=model, extra=extra, eager=eager, serve=serve)],
+        "deployments": [real_deployment(model=model, extra=extra, eager=eager, serve=serve, model_check=model_check)],
     }
     path = tmp_path / "real.toml"
     path.write_text(tomli_w.dumps(d))

@@ -365,9 +365,46 @@ def up(count: int = 2) -> None:
         _import(node, BUSYBOX, _busybox)
         if not (DIR / node / "gpu.json").exists():
             write_gpu(node)
+        fake_model(node)
         if node != "spark-1":
             start_sshd(node)
     (DIR / "supervisor").mkdir(exist_ok=True)
+
+
+# The testbed's model (etc/testbed.toml) as a tiny stand-in in each node's own Hugging Face cache
+# (HF_HOME=<dir>/<node>/hf per node), laid out as huggingface_hub leaves it: blobs, snapshot links, refs/main.
+MODEL = "Qwen/Qwen3.5-122B-A10B-FP8"
+MODEL_REV = "0123456789abcdef0123456789abcdef01234567"
+MODEL_SHARDS = [f"model-{i:05d}-of-00004.safetensors" for i in range(1, 5)]
+
+
+def model_snapshot(node: str) -> Path:
+    return DIR / node / "hf" / "hub" / ("models--" + MODEL.replace("/", "--")) / "snapshots" / MODEL_REV
+
+
+def fake_model(node: str) -> Path:
+    """The stand-in model in a node's cache, each file put back when missing (idempotent): the snapshot."""
+    import hashlib
+    snap = model_snapshot(node)
+    repo = snap.parent.parent
+    files = {"config.json": b'{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}',
+             "model.safetensors.index.json": json.dumps({
+                 "metadata": {"total_size": 4000 * len(MODEL_SHARDS)},
+                 "weight_map": {f"model.layers.{i}.weight": s for i, s in enumerate(MODEL_SHARDS)}}).encode()}
+    files.update({s: bytes([i]) * 4096 for i, s in enumerate(MODEL_SHARDS)})
+    for d in (repo / "blobs", repo / "refs", snap):
+        d.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        if not blob.is_file() or blob.stat().st_size != len(data):
+            blob.write_bytes(data)
+        link, target = snap / name, os.path.relpath(blob, snap)
+        if not link.is_symlink() or os.readlink(link) != target:
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(target)
+    (repo / "refs" / "main").write_text(MODEL_REV)
+    return snap
 
 
 def running_nodes() -> list[str]:

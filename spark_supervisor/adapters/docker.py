@@ -198,7 +198,7 @@ class DockerEngine:
         """Run a short-lived container to its end and remove it: (exit code, output)."""
         def go() -> tuple[int, str]:
             c = self.client().containers.create(spec.image, spec.command[1:], entrypoint=spec.command[:1],
-                                                labels=spec.labels, **spec.options)
+                                                environment=spec.environment, labels=spec.labels, **spec.options)
             try:
                 c.start()
                 code = c.wait(timeout=self.timeout).get("StatusCode", -1)

@@ -1,0 +1,436 @@
+"""The model on every node before the load: found now, not by a failed 15-minute load or stall timeouts.
+
+``deployments.serve.model`` is a directory, or a Hugging Face repo id looked up in the hub cache
+(``--download-dir``, else ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``;
+``models--Org--Name/snapshots/<rev>/`` through ``refs/<revision>``, or the only snapshot). The probe
+(``PROBE_PY``) runs in a short-lived container of the deployment's image with the node container's mounts
+and environment, so it sees the paths vLLM will see, and prints what it found as one JSON line; ``judge``
+decides here, pure: ``config.json``, the weights index readable, every shard it names present (a dangling
+link into ``blobs/`` is missing), none empty, their sum at least the index's ``metadata.total_size``; or,
+without an index, a ``model.safetensors`` (or other weight files).
+
+``PREFETCH_PY`` fills a node that lacks the model, in a detached container of the image: a copy from a
+directory the image sees (``[deployments.model] prefetch_from``) or a download from the hub, writing its
+progress to a file that the supervisor reads while it runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from typing import Any
+
+from .config import Config, Deployment, ray_hash
+from .model import ModelReport
+
+MARK = "spark-model:"
+PROGRESS = "/tmp/spark-model-prefetch.json"  # in the prefetch container
+PREFETCH_KEEP_S = 900  # the prefetch container waits this long after its end for its result to be read
+MAX_LISTED = 5000  # files of the model directory looked at (a model has tens)
+SHOWN = 3  # missing files named in a reason, then "and N more"
+
+# The Python that runs in the image (stdlib only), shared by the probe and the prefetch: where vLLM would
+# find the model (huggingface_hub's own rules for the cache).
+_RESOLVE = r'''
+import hashlib, json, os, sys, time
+MARK = "spark-model:"
+INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+def hub_cache(download_dir):
+    if download_dir:
+        return download_dir
+    for k in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(k):
+            return os.environ[k]
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    return os.path.join(home, "hub")
+
+def resolve(model, revision, download_dir):
+    if model.startswith(("/", "./", "../", "~")) or os.path.exists(model):
+        return {"source": "local", "dir": os.path.abspath(os.path.expanduser(model))}
+    cache = hub_cache(download_dir)
+    repo = os.path.join(cache, "models--" + model.replace("/", "--"))
+    f = {"source": "hub", "cache": cache, "repo": repo, "dir": "", "ref": ""}
+    snaps = os.path.join(repo, "snapshots")
+    try:
+        names = sorted(os.listdir(snaps))
+    except OSError:
+        names = []
+    f["snapshots"] = names[:20]
+    rev = revision or "main"
+    try:
+        with open(os.path.join(repo, "refs", rev)) as fh:
+            f["ref"] = fh.read().strip()
+    except OSError:
+        pass
+    for want in (f["ref"], rev):
+        if want and want in names:
+            f["dir"] = os.path.join(snaps, want)
+            break
+    else:
+        if not f["ref"] and len(names) == 1:
+            f["dir"] = os.path.join(snaps, names[0])
+    return f
+'''
+
+# $1 model, $2 revision, $3 download dir. Sizes: >= 0 bytes, -1 absent, -2 a dangling link, -3 a directory.
+PROBE_PY = _RESOLVE + r'''
+def size(p):
+    try:
+        st = os.stat(p)
+    except OSError:
+        return -2 if os.path.islink(p) else -1
+    return -3 if os.path.isdir(p) else st.st_size
+
+f = resolve(*sys.argv[1:4])
+d = f["dir"]
+f["kind"] = "none" if not d else "file" if os.path.isfile(d) else "dir" if os.path.isdir(d) else "none"
+if f["kind"] == "file":
+    f["size"] = size(d)
+elif f["kind"] == "dir":
+    try:
+        names = sorted(os.listdir(d))
+    except OSError as e:
+        names, f["list_error"] = [], str(e)[:200]
+    f["files"] = {n: size(os.path.join(d, n)) for n in names[:MAX]}
+    for name in INDEXES:
+        p = os.path.join(d, name)
+        if not os.path.lexists(p):
+            continue
+        try:
+            with open(p) as fh:
+                j = json.load(fh)
+            shards = sorted({str(v) for v in (j.get("weight_map") or {}).values()})
+            f["index"] = {"name": name, "shards": {s: size(os.path.join(d, s)) for s in shards},
+                          "total_size": (j.get("metadata") or {}).get("total_size")}
+        except Exception as e:
+            f["index"] = {"name": name, "error": f"{type(e).__name__}: {e}"[:200]}
+        break
+print(MARK + " " + json.dumps(f))
+'''.replace("MAX]", f"{MAX_LISTED}]")
+
+# $1 model, $2 revision, $3 download dir, $4 the source directory ("" for the hub), $5 the deadline in
+# seconds, $6 how long to wait for the result to be read, $7 the progress file. Copies only what is missing or of another size,
+# each file through a ".spark-partial" name, so a half-copied file is never taken for a whole one.
+PREFETCH_PY = _RESOLVE + r'''
+model, revision, download_dir, source, timeout, keep, PROGRESS = sys.argv[1:8]
+deadline = time.monotonic() + float(timeout)
+state = {"state": "running", "source": source or "hub", "target": "", "files_done": 0, "files_total": 0,
+         "bytes_done": 0, "bytes_total": 0, "current": "", "error": ""}
+last = [0.0]
+
+def save(force=False):
+    if not force and time.monotonic() - last[0] < 1:
+        return
+    last[0] = time.monotonic()
+    tmp = PROGRESS + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(state, fh)
+    os.replace(tmp, PROGRESS)
+
+def late():
+    if time.monotonic() > deadline:
+        raise TimeoutError(f"not done after {float(timeout):.0f}s")
+
+def copy_tree(src, dst):
+    items = []
+    for root, dirs, files in os.walk(src, followlinks=True):
+        dirs[:] = sorted(x for x in dirs if not x.startswith("."))
+        for n in sorted(files):
+            if not n.startswith(".") and not n.endswith(".spark-partial"):
+                p = os.path.join(root, n)
+                items.append((os.path.relpath(p, src), os.stat(p).st_size))
+    state["files_total"], state["bytes_total"] = len(items), sum(s for _, s in items)
+    save(True)
+    for rel, n in items:
+        out = os.path.join(dst, rel)
+        if os.path.isfile(out) and os.stat(out).st_size == n:
+            state["files_done"] += 1
+            state["bytes_done"] += n
+            continue
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        state["current"] = rel
+        save(True)  # at each file: its reading may be slow to start (a network filesystem)
+        part = out + ".spark-partial"
+        with open(os.path.join(src, rel), "rb") as r, open(part, "wb") as w:
+            while True:
+                late()
+                b = r.read(8 << 20)
+                if not b:
+                    break
+                w.write(b)
+                state["bytes_done"] += len(b)
+                save()
+        if os.path.lexists(out):
+            os.unlink(out)  # a dangling link into blobs/ or a short file
+        os.replace(part, out)
+        state["files_done"] += 1
+        save()
+
+def du(path):
+    total = 0
+    for root, _, files in os.walk(path):
+        for n in files:
+            try:
+                total += os.lstat(os.path.join(root, n)).st_size
+            except OSError:
+                pass
+    return total
+
+try:
+    f = resolve(model, revision, download_dir)
+    if source:
+        if not os.path.isdir(source):
+            raise FileNotFoundError(f"{source} is not a directory in the image (mount it with deployments.ray.volumes)")
+        if f["source"] == "local":
+            dst = f["dir"]
+        else:
+            dst = f["dir"]
+            if not dst:
+                listing = sorted(os.path.relpath(os.path.join(r, n), source) for r, _, ns in os.walk(source) for n in ns)
+                commit = hashlib.sha1(("\n".join([source, *listing])).encode()).hexdigest()
+                dst = os.path.join(f["repo"], "snapshots", revision or commit)
+                os.makedirs(os.path.join(f["repo"], "refs"), exist_ok=True)
+                with open(os.path.join(f["repo"], "refs", revision or "main"), "w") as fh:
+                    fh.write(revision or commit)
+        state["target"] = dst
+        copy_tree(source, dst)
+    else:
+        import threading
+        from huggingface_hub import snapshot_download
+        kw = {"local_dir": f["dir"]} if f["source"] == "local" else {"cache_dir": f["cache"]}
+        state["target"] = f["dir"] or f["repo"]
+        err = []
+        def go():
+            try:
+                snapshot_download(model, revision=revision or None, **kw)
+            except Exception as e:
+                err.append(e)
+        t = threading.Thread(target=go, daemon=True)
+        t.start()
+        while t.is_alive():
+            t.join(2)
+            state["bytes_done"] = du(state["target"])
+            save()
+            late()
+        if err:
+            raise err[0]
+    state["state"] = "done"
+except Exception as e:
+    state["state"], state["error"] = "failed", f"{type(e).__name__}: {e}"[:300]
+save(True)
+time.sleep(float(keep))
+'''
+
+# Runs one of the programs above with the image's Python: the interpreter of the serve command (a python
+# itself, or the `#!` line of its script), else python3 or python on PATH. $1 the serve command, $2 the
+# program, then its arguments.
+RUN_PY = (
+    'srv=$1; code=$2; shift 2; p=""; v=$(command -v "$srv" 2>/dev/null); '
+    'if [ -n "$v" ]; then case "${v##*/}" in python*) p=$v;; *) l=$(head -n 1 "$v" 2>/dev/null); '
+    'case "$l" in "#!"*python*) p=${l#??};; esac;; esac; fi; '
+    '[ -z "$p" ] && p=$(command -v python3 || command -v python); '
+    f'if [ -z "$p" ]; then echo "{MARK} no-python"; exit 0; fi; exec $p -c "$code" "$@"'
+)
+
+
+# ------------------------------------------------------------------------------------------------ config
+def _flag(args: list[str], name: str) -> str:
+    """The value of `--name X` or `--name=X` in an argument list ("" when absent)."""
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return ""
+
+
+def revision(dep: Deployment) -> str:
+    return _flag(list(dep.serve.extra_args), "--revision")
+
+
+def download_dir(dep: Deployment) -> str:
+    return _flag(list(dep.serve.extra_args), "--download-dir")
+
+
+def probe_args(dep: Deployment) -> list[str]:
+    return [dep.serve.model, revision(dep), download_dir(dep)]
+
+
+def key(cfg: Config, dep: Deployment) -> str:
+    """What a check depends on: the image, mounts and environment (ray_hash), the model and how vLLM finds it."""
+    s = dep.serve
+    spec = {"ray": ray_hash(cfg, dep), "model": s.model, "env": s.env, "command": s.command[0],
+            "revision": revision(dep), "download_dir": download_dir(dep)}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------------------------- parsing
+class ProbeError(ValueError):
+    """The probe's output is not what it prints: the check could not be made (unknown, not missing)."""
+
+
+def parse(out: str) -> dict[str, Any]:
+    """PROBE_PY's line (the last one marked). {"no_python": True} when the image has no Python."""
+    lines = [ln[len(MARK):].strip() for ln in out.splitlines() if ln.startswith(MARK)]
+    if not lines:
+        raise ProbeError(f"no result in its output: {out.strip()[-200:]!r}")
+    if lines[-1] == "no-python":
+        return {"no_python": True}
+    try:
+        facts = json.loads(lines[-1])
+    except ValueError as e:
+        raise ProbeError(f"unreadable result ({e}): {lines[-1][:200]!r}") from None
+    if not isinstance(facts, dict) or facts.get("source") not in ("local", "hub"):
+        raise ProbeError(f"unexpected result: {lines[-1][:200]!r}")
+    return facts
+
+
+_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def _size_problem(name: str, size: Any) -> str:
+    if not isinstance(size, int) or size == -1:
+        return name
+    if size == -2:
+        return f"{name} (dangling link)"
+    if size == -3:
+        return f"{name} (a directory)"
+    if size == 0:
+        return f"{name} (0 bytes)"
+    return ""
+
+
+def judge(node: str, model: str, check_key: str, facts: dict[str, Any]) -> ModelReport:
+    """What the probe found, judged: the files missing or implausible (none: complete)."""
+    if facts.get("no_python"):
+        return ModelReport(node, model, check_key, unchecked="no Python in the image to look with")
+    source, path = facts["source"], str(facts.get("dir") or "")
+    missing: list[str] = []
+    files = nbytes = 0
+    if source == "hub" and not path:
+        cache, snaps = facts.get("cache", "?"), facts.get("snapshots") or []
+        repo = posixpath.basename(str(facts.get("repo", "")))
+        if not snaps:
+            missing.append(f"{model} is not in the hub cache {cache} (no {repo}/snapshots)")
+        elif facts.get("ref"):
+            missing.append(f"snapshot {facts['ref']} named by {repo}/refs is not in {repo}/snapshots")
+        else:
+            missing.append(f"{repo}/refs/main (and {len(snaps)} snapshots: which one?)")
+        return ModelReport(node, model, check_key, path=str(facts.get("repo", "")), source=source,
+                           cache=str(cache), missing=tuple(missing))
+    kind = facts.get("kind")
+    if kind == "none":
+        missing.append(f"{path} (no such directory)" if source == "local" else f"{path} (not a directory)")
+    elif kind == "file":  # one file (GGUF)
+        p = _size_problem(posixpath.basename(path), facts.get("size"))
+        missing += [p] if p else []
+        files, nbytes = (0, 0) if p else (1, int(facts.get("size", 0)))
+    else:
+        listed: dict[str, Any] = facts.get("files") or {}
+        if facts.get("list_error"):
+            missing.append(f"{path} (unreadable: {facts['list_error']})")
+        if not any(listed.get(c, -1) >= 0 for c in ("config.json", "params.json")):
+            missing.append(_size_problem("config.json", listed.get("config.json", -1)))
+        index = facts.get("index")
+        if index is not None:
+            if index.get("error") or not index.get("shards"):
+                missing.append(f"{index.get('name')} (unreadable: {index.get('error') or 'no weight_map'})")
+            else:
+                for shard, size in index["shards"].items():
+                    p = _size_problem(shard, size)
+                    if p:
+                        missing.append(p)
+                    else:
+                        files, nbytes = files + 1, nbytes + int(size)
+                total = index.get("total_size")
+                if (isinstance(total, int | float) and not missing and total > 0
+                        and nbytes < 0.99 * total):  # headers make the files a little larger than the tensors
+                    missing.append(f"shards hold {nbytes:,} bytes, less than the index's total_size {int(total):,} "
+                                   "(truncated)")
+        else:
+            weights = {n: s for n, s in listed.items() if n.endswith(_WEIGHTS)}
+            good = {n: s for n, s in weights.items() if isinstance(s, int) and s > 0}
+            if "model.safetensors" in weights and "model.safetensors" not in good:
+                missing.append(_size_problem("model.safetensors", weights["model.safetensors"]))
+            elif not good:
+                missing += ([_size_problem(n, s) for n, s in sorted(weights.items())]
+                            or ["model.safetensors (no weights index, no weight files)"])
+            files, nbytes = len(good), sum(good.values())
+    return ModelReport(node, model, check_key, path=path, source=source, cache=str(facts.get("cache", "")),
+                       missing=tuple(m for m in missing if m), files=files, bytes=nbytes)
+
+
+def parse_progress(out: str) -> dict[str, Any]:
+    """The prefetch's progress file ({} while it has not written one yet)."""
+    try:
+        p = json.loads(out)
+    except ValueError:
+        return {}
+    return p if isinstance(p, dict) else {}
+
+
+# ------------------------------------------------------------------------------------------------ reasons
+def host_path(dep: Deployment, path: str) -> str:
+    """Where a path the container sees lives on the node: through the deployment's volumes ("" when on none:
+    then it is inside the container, lost with it)."""
+    best = ("", "")
+    for v in dep.ray.volumes:
+        src, dst, *_ = v.split(":")
+        dst = dst.rstrip("/") or "/"
+        if (path == dst or path.startswith(dst.rstrip("/") + "/")) and len(dst) > len(best[1]):
+            best = (src, dst)
+    if not best[1]:
+        return ""
+    src, dst = best
+    rest = path[len(dst):].lstrip("/") if dst != "/" else path.lstrip("/")
+    where = src if src.startswith("/") else f"(volume {src})"
+    return posixpath.join(where, rest) if rest else where
+
+
+def _listed(items: tuple[str, ...]) -> str:
+    shown = ", ".join(items[:SHOWN])
+    return shown + (f" and {len(items) - SHOWN} more" if len(items) > SHOWN else "")
+
+
+def describe(cfg: Config, dep: Deployment, reports: dict[str, ModelReport]) -> str:
+    """ModelMissing's detail: the nodes, their missing files (a few), and what to run to fix it."""
+    bad = [m for m in reports.values() if m.missing]
+    good = [m for m in reports.values() if not m.missing and not m.unchecked and m.path]
+    parts = [f"{m.node}: {_listed(m.missing)}" + (f" in {m.path}" if m.found else "") for m in bad]
+    text = f"{dep.serve.model} incomplete: " + "; ".join(parts)
+    failed = [f"{m.node}: {m.detail}" for m in bad if m.prefetched and m.detail]
+    if failed:
+        text += f"; the prefetch did not complete it ({'; '.join(failed)})"
+    return f"{text}. Hint: {hint(cfg, dep, bad, good)}"
+
+
+def hint(cfg: Config, dep: Deployment, bad: list[ModelReport], good: list[ModelReport]) -> str:
+    nodes = ", ".join(m.node for m in bad)
+    later = ", then `spark-supervisor reset`"
+    if not dep.model.prefetch:
+        later += " (or set [deployments.model] prefetch = true to have it fetched)"
+    if bad and bad[0].source == "hub":
+        cache = bad[0].cache
+        on_host = host_path(dep, cache) if cache else ""
+        rev = f" --revision {revision(dep)}" if revision(dep) else ""
+        where = (f" --cache-dir {on_host}" if on_host else
+                 f" --cache-dir {cache} inside {dep.ray.image} (it is on no volume: mount it in deployments.ray.volumes)"
+                 if cache else "")
+        return f"on {nodes} run `hf download {dep.serve.model}{rev}{where}` (huggingface-cli download on older huggingface_hub){later}"
+    path = bad[0].path if bad else dep.serve.model
+    on_host = host_path(dep, path) or path
+    if good:
+        src = good[0]
+        src_host = host_path(dep, src.path) or src.path
+        return f"copy it from {src.node}: on {nodes} run `rsync -a {src.node}:{src_host}/ {on_host}/`{later}"
+    return f"put the model at {on_host} on {nodes}{later}"
+
+
+def problem(cfg: Config, dep: Deployment, reports: dict[str, ModelReport]) -> tuple[str, str] | None:
+    """(reason kind, detail) when a node lacks the model, else None."""
+    if any(m.missing for m in reports.values()):
+        return ("ModelMissing", describe(cfg, dep, reports))
+    return None

@@ -1,0 +1,336 @@
+"""The model check: the probe (run here with this Python, as the image's would run it) on every shape of a
+model directory and of the Hugging Face cache, the judgment, the reason and its hint, the planner's step
+and the prefetch program (a copy from a local directory)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spark_supervisor import commands, config, modelcheck
+from spark_supervisor.config import OWNER_LABEL, ROLE_LABEL
+from spark_supervisor.model import (
+    CheckImage,
+    Container,
+    ModelReport,
+    Phase,
+    PrefetchModel,
+    Reason,
+    StartContainer,
+    StartServe,
+    Status,
+)
+from spark_supervisor.plan import plan
+from tests.helpers import cfg, data, images, node_obs, obs, ray_ok
+
+REPO = "Org/Tiny-Model"
+SHARDS = ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"]
+
+
+# ------------------------------------------------------------------------------------------- fixtures
+def write_model(d: Path, *, shards: list[str] = SHARDS, size: int = 100, index: bool = True,
+                config_json: bool = True, total: int | None = None) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    if config_json:
+        (d / "config.json").write_text('{"model_type": "qwen3"}')
+    for s in shards:
+        (d / s).write_bytes(b"x" * size)
+    if index:
+        wm = {f"layer.{i}.weight": s for i, s in enumerate(shards)}
+        meta = {"total_size": total if total is not None else len(shards) * (size - 8)}
+        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": meta, "weight_map": wm}))
+    return d
+
+
+def write_hub(cache: Path, repo: str = REPO, *, rev: str = "a" * 40, ref: bool = True, **kw) -> Path:
+    """The hub cache's layout: files in blobs/, snapshots/<rev>/ of links to them, refs/main -> rev."""
+    root = cache / ("models--" + repo.replace("/", "--"))
+    staged = write_model(root / "staging", **kw)
+    (root / "blobs").mkdir(parents=True, exist_ok=True)
+    snap = root / "snapshots" / rev
+    snap.mkdir(parents=True)
+    for f in sorted(staged.iterdir()):
+        blob = root / "blobs" / f"blob-{f.name}"
+        f.rename(blob)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    staged.rmdir()
+    if ref:
+        (root / "refs").mkdir(exist_ok=True)
+        (root / "refs" / "main").write_text(rev)
+    return snap
+
+
+def probe(model: str, env: dict[str, str] | None = None, extra: list[str] | None = None,
+          cwd: Path | None = None) -> ModelReport:
+    """PROBE_PY through RUN_PY, as in the container (this Python stands for the image's vLLM)."""
+    dep = config.parse(data(deployments=[{"name": "m", "serve": {"model": model, "extra_args": extra or [],
+                                                                 "tensor_parallel_size": 2}}]),
+                       "t.toml", env={}).deployment
+    r = subprocess.run(["sh", "-c", modelcheck.RUN_PY, "spark-model-probe", sys.executable, modelcheck.PROBE_PY,
+                        *modelcheck.probe_args(dep)], capture_output=True, text=True, timeout=60,
+                       env={"PATH": os.environ["PATH"], "HOME": "/nonexistent", **(env or {})}, cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    return modelcheck.judge("spark-2", model, "k", modelcheck.parse(r.stdout))
+
+
+# ------------------------------------------------------------------------------------ the probe + judge
+def test_a_complete_local_directory(tmp_path) -> None:
+    d = write_model(tmp_path / "m")
+    r = probe(str(d))
+    assert r.missing == () and r.path == str(d) and r.source == "local" and (r.files, r.bytes) == (3, 300)
+    assert r.summary() == f"{d}: 3 weight files, 300 B"
+
+
+@pytest.mark.parametrize("shape, want", [
+    (dict(config_json=False), "config.json"),
+    (dict(index=False, shards=[]), "model.safetensors (no weights index, no weight files)"),
+    (dict(shards=SHARDS, size=0), f"{SHARDS[0]} (0 bytes)"),
+    (dict(total=10_000), "less than the index's total_size 10,000 (truncated)"),
+])
+def test_an_incomplete_local_directory_names_what_is_missing(tmp_path, shape, want) -> None:
+    r = probe(str(write_model(tmp_path / "m", **shape)))
+    assert any(m.endswith(want) for m in r.missing), r.missing
+
+
+def test_a_shard_named_by_the_index_that_is_not_there(tmp_path) -> None:
+    d = write_model(tmp_path / "m")
+    (d / SHARDS[1]).unlink()
+    r = probe(str(d))
+    assert r.missing == (SHARDS[1],) and r.files == 2
+
+
+def test_an_unreadable_index(tmp_path) -> None:
+    d = write_model(tmp_path / "m")
+    (d / "model.safetensors.index.json").write_text('{"weight_map": ')
+    assert probe(str(d)).missing[0].startswith("model.safetensors.index.json (unreadable: JSONDecodeError")
+
+
+def test_a_single_file_model_without_index(tmp_path) -> None:
+    d = write_model(tmp_path / "m", shards=["model.safetensors"], index=False)
+    assert probe(str(d)).missing == ()
+    (d / "model.safetensors").write_bytes(b"")
+    assert probe(str(d)).missing == ("model.safetensors (0 bytes)",)
+
+
+def test_a_local_path_that_does_not_exist(tmp_path) -> None:
+    r = probe(str(tmp_path / "nope"))
+    assert r.missing == (f"{tmp_path / 'nope'} (no such directory)",) and r.source == "local"
+
+
+def test_a_hub_id_in_the_cache_under_hf_home(tmp_path) -> None:
+    snap = write_hub(tmp_path / "hf" / "hub")
+    r = probe(REPO, {"HF_HOME": str(tmp_path / "hf")})
+    assert r.missing == () and r.path == str(snap) and r.source == "hub" and r.files == 3
+    assert r.cache == str(tmp_path / "hf" / "hub")
+
+
+def test_hub_cache_variables_and_download_dir_as_huggingface_hub_reads_them(tmp_path) -> None:
+    write_hub(tmp_path / "c1")
+    assert probe(REPO, {"HF_HUB_CACHE": str(tmp_path / "c1"), "HF_HOME": "/x"}).missing == ()
+    write_hub(tmp_path / "home" / ".cache" / "huggingface" / "hub")
+    assert probe(REPO, {"HOME": str(tmp_path / "home")}).missing == ()  # the default ~/.cache/huggingface
+    write_hub(tmp_path / "dl", rev="b" * 40)
+    assert probe(REPO, extra=["--download-dir", str(tmp_path / "dl")]).path.endswith("b" * 40)
+
+
+def test_a_dangling_link_into_blobs_is_missing(tmp_path) -> None:
+    write_hub(tmp_path / "hub")
+    blob = tmp_path / "hub" / f"models--{REPO.replace('/', '--')}" / "blobs" / f"blob-{SHARDS[2]}"
+    blob.unlink()  # an interrupted download: the snapshot's link is there, its blob is not
+    r = probe(REPO, {"HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert r.missing == (f"{SHARDS[2]} (dangling link)",)
+
+
+def test_snapshots_without_refs_main(tmp_path) -> None:
+    write_hub(tmp_path / "hub", ref=False)
+    assert probe(REPO, {"HF_HUB_CACHE": str(tmp_path / "hub")}).missing == ()  # the only snapshot
+    write_hub(tmp_path / "hub2", ref=False)
+    (tmp_path / "hub2" / f"models--{REPO.replace('/', '--')}" / "snapshots" / ("c" * 40)).mkdir()
+    r = probe(REPO, {"HF_HUB_CACHE": str(tmp_path / "hub2")})
+    assert r.missing == (f"models--{REPO.replace('/', '--')}/refs/main (and 2 snapshots: which one?)",)
+
+
+def test_a_hub_id_not_in_the_cache(tmp_path) -> None:
+    r = probe(REPO, {"HF_HUB_CACHE": str(tmp_path / "empty")})
+    assert r.missing == (f"{REPO} is not in the hub cache {tmp_path / 'empty'} (no models--Org--Tiny-Model/snapshots)",)
+
+
+def test_an_image_without_python_is_not_checked_and_an_odd_answer_is_an_error() -> None:
+    r = modelcheck.judge("n", "m", "k", modelcheck.parse("spark-model: no-python\n"))
+    assert r.unchecked and not r.missing
+    for out in ("", "spark-model: {broken", 'spark-model: {"source": "elsewhere"}'):
+        with pytest.raises(modelcheck.ProbeError):
+            modelcheck.parse(out)
+
+
+# ------------------------------------------------------------------------------------- reason and hint
+def hub_cfg(**model) -> config.Config:
+    d = data()
+    d["deployments"][0]["ray"] = {"volumes": ["/data/hf:/root/.cache/huggingface"]}
+    d["deployments"][0]["model"] = model
+    return cfg(d)
+
+
+def test_the_reason_names_node_files_and_the_download_to_run_on_the_host_path() -> None:
+    c = hub_cfg()
+    missing = tuple(f"model-0000{i}.safetensors" for i in range(1, 6))
+    reports = {"spark-1": ModelReport("spark-1", REPO, "k", path="/root/.cache/huggingface/hub/x", source="hub"),
+               "spark-2": ModelReport("spark-2", REPO, "k", path="/root/.cache/huggingface/hub/x", source="hub",
+                                      cache="/root/.cache/huggingface/hub", missing=missing)}
+    kind, detail = modelcheck.problem(c, c.deployment, reports)
+    assert kind == "ModelMissing"
+    assert "spark-2: model-00001.safetensors, model-00002.safetensors, model-00003.safetensors and 2 more" in detail
+    assert "spark-1:" not in detail.split("Hint")[0]
+    assert f"on spark-2 run `hf download {c.deployment.serve.model} --cache-dir /data/hf/hub`" in detail
+    assert "prefetch = true" in detail
+
+
+def test_a_local_path_hint_copies_from_a_node_that_has_it() -> None:
+    d = data()
+    d["deployments"][0]["serve"]["model"] = "/models/tiny"
+    d["deployments"][0]["ray"] = {"volumes": ["/srv/models:/models:ro"]}
+    c = cfg(d)
+    reports = {"spark-1": ModelReport("spark-1", "/models/tiny", "k", path="/models/tiny", source="local", files=3),
+               "spark-2": ModelReport("spark-2", "/models/tiny", "k", path="/models/tiny", source="local",
+                                      missing=("config.json",))}
+    detail = modelcheck.describe(c, c.deployment, reports)
+    assert "on spark-2 run `rsync -a spark-1:/srv/models/tiny/ /srv/models/tiny/`" in detail
+    assert modelcheck.host_path(c.deployment, "/elsewhere") == ""
+
+
+# ---------------------------------------------------------------------------------------- the planner
+C = hub_cfg()
+P = hub_cfg(prefetch=True, prefetch_from="/root/.cache/huggingface/src")
+KEY = modelcheck.key(C, C.deployment)
+
+
+def checked(c: config.Config, **per_node: ModelReport) -> Status:
+    key = modelcheck.key(c, c.deployment)
+    reports = {n: dataclasses.replace(r, model=per_node.get(n, ModelReport(n, REPO, key, path="/p", files=1)))
+               for n, r in images(c).items()}
+    return Status(images=reports)
+
+
+def missing(node: str, c: config.Config = C, **kw) -> ModelReport:
+    return ModelReport(node, REPO, modelcheck.key(c, c.deployment), path="/p/snap", source="hub",
+                       cache="/root/.cache/huggingface/hub", missing=("model-00002-of-00003.safetensors",), **kw)
+
+
+def test_a_complete_model_everywhere_starts_and_an_unchecked_one_is_no_evidence() -> None:
+    assert plan(obs(C), checked(C), C, 100).actions == (StartContainer("spark-1"), StartContainer("spark-2"))
+    assert plan(obs(C), Status(images=images(C)), C, 100).actions[0] == StartContainer("spark-1")  # model None
+
+
+def test_missing_on_one_node_is_failed_before_anything_starts_with_no_budget_spent() -> None:
+    d = plan(obs(C), checked(C, **{"spark-2": missing("spark-2")}), C, 100)
+    assert d.phase == Phase.FAILED and d.fatal and not d.repair and d.actions == ()
+    assert d.why.kind == "ModelMissing" and "spark-2: model-00002-of-00003.safetensors" in d.why.detail
+    off = hub_cfg(check=False)
+    assert plan(obs(off), checked(off, **{"spark-2": missing("spark-2", off)}), off, 100).actions[0] == \
+        StartContainer("spark-1")
+
+
+def test_prefetch_runs_once_is_watched_then_rechecked() -> None:
+    d = plan(obs(P), checked(P, **{"spark-2": missing("spark-2", P)}), P, 100)
+    assert d.actions == (PrefetchModel("spark-2"),) and d.phase == Phase.DETECTING
+    assert d.why == Reason("PrefetchingModel", f"{P.deployment.serve.model} on spark-2 from /root/.cache/huggingface/src")
+    running = ModelReport("spark-2", REPO, modelcheck.key(P, P.deployment), prefetch="running", prefetched=True,
+                          bytes_done=2**30, bytes_total=2**31, files_done=1, files_total=3, path="/p/snap")
+    d = plan(obs(P), checked(P, **{"spark-2": running}), P, 100)
+    assert d.actions == (CheckImage("spark-2"),) and d.why.kind == "PrefetchingModel"
+    assert running.summary() == "prefetching into /p/snap: 1/3 files, 1.0 GiB of 2.0 GiB"
+    after = missing("spark-2", P, prefetched=True, detail="OSError: no space left on device")
+    d = plan(obs(P), checked(P, **{"spark-2": after}), P, 100)
+    assert d.phase == Phase.FAILED and "the prefetch did not complete it (spark-2: OSError: no space" in d.why.detail
+
+
+def test_a_model_changed_under_running_containers_is_checked_before_the_launch() -> None:
+    st = checked(C, **{"spark-2": dataclasses.replace(missing("spark-2"), key="old", missing=())})
+    st.advance(Phase.STARTING_VLLM, Reason(), 0, 0)
+    d = plan(obs(C, deployed=True, ray=ray_ok(C)), st, C, 100)
+    assert d.actions == (CheckImage("spark-2"),) and d.why.kind == "CheckingModel"
+    st.images["spark-2"] = dataclasses.replace(st.images["spark-2"], model=ModelReport("spark-2", REPO, KEY, path="/p"))
+    assert plan(obs(C, deployed=True, ray=ray_ok(C)), st, C, 100).actions == (StartServe(),)
+
+
+def test_the_prefetch_container_is_ours_but_not_a_node_of_the_deployment() -> None:
+    pre = Container("p1", commands.prefetch_name(P.deployment, P.nodes[1]), "img", "running",
+                    {OWNER_LABEL: P.deployment.name, ROLE_LABEL: commands.PREFETCH_ROLE})
+    o = obs(P, nodes={"spark-1": node_obs("spark-1"), "spark-2": node_obs("spark-2", (pre,))})
+    running = ModelReport("spark-2", REPO, modelcheck.key(P, P.deployment), prefetch="running", prefetched=True)
+    d = plan(o, checked(P, **{"spark-2": running}), P, 100)
+    assert d.actions == (CheckImage("spark-2"),) and not d.repair
+
+
+# ------------------------------------------------------------------------------------ config, commands
+def test_prefetch_settings_are_validated() -> None:
+    def err(model: dict) -> str:
+        d = data()
+        d["deployments"][0]["model"] = model
+        with pytest.raises(config.ConfigError) as e:
+            cfg(d)
+        return "\n".join(e.value.problems)
+    assert "deployments[0].model.prefetch_from" in err({"prefetch_from": "/x"})
+    assert "is only used with prefetch = true" in err({"prefetch_from": "/x"})
+    assert "is on none of deployments.ray.volumes" in err({"prefetch": True, "prefetch_from": "/src"})
+    assert "needs check = true" in err({"prefetch": True, "check": False})
+    assert "must be an absolute" in err({"prefetch": True, "prefetch_from": "src"}) or "absolute" in err(
+        {"prefetch": True, "prefetch_from": "src"})
+    assert P.deployment.model.prefetch_from == "/root/.cache/huggingface/src"
+
+
+def test_the_probe_and_the_prefetch_run_in_the_image_with_the_node_containers_mounts_and_env() -> None:
+    dep, node = P.deployment, P.nodes[1]
+    base = commands.node_container(P, dep, node)
+    spec = commands.model_probe(P, dep, node)
+    assert spec.image == base.image and spec.options["volumes"] == base.options["volumes"]
+    assert spec.options["network_mode"] == "none" and spec.environment == {**base.environment, **dep.serve.env}
+    assert spec.command[-3:] == [dep.serve.model, "", ""]
+    pre = commands.model_prefetch(P, dep, node)
+    assert pre.name == f"{dep.name}-model-spark-2" and pre.labels[OWNER_LABEL] == dep.name
+    assert pre.command[-4:-2] == ["/root/.cache/huggingface/src", "21600"]
+
+
+# --------------------------------------------------------------------------------------- the prefetch
+def test_the_prefetch_copies_a_local_directory_into_the_hub_cache_and_the_probe_then_finds_it(tmp_path) -> None:
+    src = write_model(tmp_path / "src")
+    progress = tmp_path / "progress.json"
+    env = {"PATH": os.environ["PATH"], "HF_HUB_CACHE": str(tmp_path / "hub")}
+    r = subprocess.run(["sh", "-c", modelcheck.RUN_PY, "p", sys.executable, modelcheck.PREFETCH_PY, REPO, "", "",
+                        str(src), "60", "0", str(progress)], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    p = json.loads(progress.read_text())
+    assert p["state"] == "done" and p["files_done"] == p["files_total"] == 5 and p["bytes_done"] == p["bytes_total"]
+    assert probe(REPO, {"HF_HUB_CACHE": str(tmp_path / "hub")}).missing == ()
+    # into a cache that has the snapshot with one shard's blob gone: only that one is copied
+    snap = write_hub(tmp_path / "hub2")
+    (snap / SHARDS[0]).resolve().unlink()
+    subprocess.run(["sh", "-c", modelcheck.RUN_PY, "p", sys.executable, modelcheck.PREFETCH_PY, REPO, "", "",
+                    str(src), "60", "0", str(progress)], check=True, timeout=60,
+                   env={**env, "HF_HUB_CACHE": str(tmp_path / "hub2")})
+    p = json.loads(progress.read_text())
+    assert p["state"] == "done" and p["bytes_done"] == p["bytes_total"] and p["target"] == str(snap)
+    assert probe(REPO, {"HF_HUB_CACHE": str(tmp_path / "hub2")}).missing == ()
+
+
+def test_a_prefetch_from_a_directory_that_is_not_there_fails_with_why(tmp_path) -> None:
+    progress = tmp_path / "progress.json"
+    subprocess.run(["sh", "-c", modelcheck.RUN_PY, "p", sys.executable, modelcheck.PREFETCH_PY, "/models/x", "", "",
+                    str(tmp_path / "nope"), "60", "0", str(progress)], check=True, timeout=60)
+    p = json.loads(progress.read_text())
+    assert p["state"] == "failed" and "is not a directory in the image" in p["error"]
+
+
+def test_a_hub_prefetch_that_cannot_download_fails_with_why(tmp_path) -> None:
+    progress = tmp_path / "progress.json"
+    env = {"PATH": os.environ["PATH"], "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    subprocess.run(["sh", "-c", modelcheck.RUN_PY, "p", sys.executable, modelcheck.PREFETCH_PY, REPO, "", "", "",
+                    "60", "0", str(progress)], check=True, timeout=60, env=env)
+    p = json.loads(progress.read_text())  # no huggingface_hub here, or offline: either way it says why
+    assert p["state"] == "failed" and p["source"] == "hub" and p["error"], p
