@@ -44,8 +44,9 @@ def test_serve_argv_has_the_runbook_flags() -> None:
 def test_the_serve_wrapper_takes_argv_as_positional_parameters() -> None:
     argv = commands.serve_launch(C, DEP, "abc")
     assert argv[:2] == ["sh", "-c"] and argv[2] == commands.SERVE_WRAPPER
-    assert argv[4:10] == ["/tmp/spark-supervisor/qwen", "abc", "/var/lib/spark-supervisor/vllm-cache/qwen", "3",
-                          str(64 * 1024), "vllm"]
+    assert argv[4:15] == ["/tmp/spark-supervisor/qwen", "abc", "/var/lib/spark-supervisor/vllm-cache/qwen", "3",
+                          str(64 * 1024), "/var/log/spark-supervisor/serve/qwen/spark-1", "spark-1", "5", "100",
+                          "10", "vllm"]
 
 
 def test_ssh_quotes_each_remote_argument_once() -> None:
@@ -69,7 +70,7 @@ def _wait(cond, what: str) -> None:
 def test_the_wrapper_records_the_serve_refuses_a_second_one_and_stop_ends_its_process_group(tmp_path) -> None:
     d = str(tmp_path / "serve")
     cache = tmp_path / "cache"
-    wrapper = ["sh", "-c", commands.SERVE_WRAPPER, "spark-serve", d, "h1", str(cache), "2", "1000"]
+    wrapper = ["sh", "-c", commands.SERVE_WRAPPER, "spark-serve", d, "h1", str(cache), "2", "1000", "", "n", "5", "1", "1"]
     first = subprocess.Popen([*wrapper, "sh", "-c", "echo started; sleep 60 & sleep 60"])
     try:
         _wait(lambda: os.path.exists(f"{d}/pid") and os.path.exists(f"{d}/log")
@@ -97,7 +98,8 @@ def test_the_wrapper_keeps_the_newest_spec_caches(tmp_path) -> None:
         (cache / name).mkdir(parents=True)
         os.utime(cache / name, (1000 + i, 1000 + i))
     d = str(tmp_path / "serve")
-    r = _sh(["sh", "-c", commands.SERVE_WRAPPER, "spark-serve", d, "new", str(cache), "2", "1000", "true"])
+    r = _sh(["sh", "-c", commands.SERVE_WRAPPER, "spark-serve", d, "new", str(cache), "2", "1000", "", "n", "5", "1", "1",
+             "true"])
     assert r.returncode == 0
     assert sorted(p.name for p in cache.iterdir()) == ["new", "old3"]
 

@@ -1,0 +1,291 @@
+"""`spark-supervisor logs`: the serve's log of each launch, kept on the serve nodes' own disks.
+
+The wrapper that runs the serve (commands.SERVE_WRAPPER) writes one file per launch into
+<log_host_dir>/<deployment>/<node>/ on the host (bind-mounted into the node's container), named
+<UTC start>[_<n>]-<node>-<serve spec hash>.log, with `current` pointing to the newest and a part over
+log_max_mib copied to <file>.1. The head's files are read here from the file system; a worker's over the
+same SSH path the daemon uses (argument lists, timeouts). Naming and choosing are pure functions below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+# The wrapper's names: a start to the second (a second launch within it gets _1, _2, ...), the node (which
+# may hold '-'), the spec hash (never '-' or '_').
+NAME = re.compile(r"^(\d{8}T\d{6}Z)(?:_(\d+))?-(.+)-([0-9A-Za-z]+)\.log$")
+CURRENT = "current"  # the link to the newest launch's file, beside them
+ROTATED = ".1"  # the older part of a launch's log past log_max_mib
+
+# Over SSH (fixed scripts, their inputs as positional parameters). LIST: the node's launch files, exit 3 when
+# it has no directory yet. READ: the last $2 lines ("+1": all) of the files after $1, each part in order.
+# FOLLOW: `tail -F` of a path (a link: it follows a new launch too) until the local side goes away: ssh
+# gives a command no hangup without a terminal, and only GNU tail (8.28+) notices a closed pipe on its own
+# (busybox's waits for its next write), so it waits for the end of its standard input instead.
+LIST = 'cd "$1" 2>/dev/null || exit 3; ls -1'
+READ = 'n=$1; shift; for f in "$@"; do tail -n "$n" "$f"; done | tail -n "$n"'
+FOLLOW = 'tail -F -n "$1" "$2" & t=$!; cat >/dev/null; kill "$t" 2>/dev/null; exit 0'
+
+
+class Problem(Exception):
+    """Nothing to show, said plainly; ``code`` is the exit status (1 nothing there or not readable, 2 usage)."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, order=True)
+class Launch:
+    """One launch's log file, ordered by its start (then its number within that second)."""
+
+    started: str  # 20261203T081715Z
+    seq: int
+    node: str
+    spec_hash: str
+    name: str
+
+    @property
+    def started_at(self) -> str:
+        """The start as the wrapper records it in `started` (and status shows): 2026-12-03T08:17:15Z."""
+        s = self.started
+        return f"{s[0:4]}-{s[4:6]}-{s[6:8]}T{s[9:11]}:{s[11:13]}:{s[13:15]}Z"
+
+
+def log_name(started_at: str, node: str, spec_hash: str, seq: int = 0) -> str:
+    """The file name the wrapper gives a launch that started at ``started_at`` (2026-12-03T08:17:15Z)."""
+    stamp = started_at.replace("-", "").replace(":", "")
+    return f"{stamp}{f'_{seq}' if seq else ''}-{node}-{spec_hash}.log"
+
+
+def parse_name(name: str) -> Launch | None:
+    m = NAME.match(name)
+    if m is None:
+        return None
+    return Launch(m.group(1), int(m.group(2) or 0), m.group(3), m.group(4), name)
+
+
+def launches(names: Iterable[str], node: str = "") -> list[Launch]:
+    """The launches among a directory's names, oldest first (``node``: only that node's)."""
+    found = (parse_name(n) for n in names)
+    return sorted(x for x in found if x is not None and (not node or x.node == node))
+
+
+def pick(found: list[Launch], previous: bool = False) -> Launch | None:
+    """The current launch (the newest), or with ``previous`` the one before it; None when there is none."""
+    want = 2 if previous else 1
+    return found[-want] if len(found) >= want else None
+
+
+def parts(launch: Launch, names: Iterable[str]) -> list[str]:
+    """A launch's files in reading order: its rotated older part (when kept), then the file itself."""
+    return ([launch.name + ROTATED] if launch.name + ROTATED in set(names) else []) + [launch.name]
+
+
+def last_lines(chunks: Iterable[Iterable[bytes]], lines: int | None) -> Iterator[bytes]:
+    """The lines of several files in order; with ``lines`` only the last that many (memory bounded)."""
+    if lines is None:
+        for chunk in chunks:
+            yield from chunk
+        return
+    tail: deque[bytes] = deque(maxlen=lines)
+    for chunk in chunks:
+        tail.extend(chunk)
+    yield from tail
+
+
+def redact(data: bytes, key: str) -> bytes:
+    """vLLM echoes its arguments and environment in some versions: never print the API key."""
+    return data.replace(key.encode(), b"[redacted]") if key else data
+
+
+# ----------------------------------------------------------------------------------------------------
+def resolve(cfg: Any, deployment: str | None, node: str | None) -> tuple[Any, Any]:
+    """The deployment (named, or the only one) and the node to read (named, or the serve's: rank 0)."""
+    from .commands import serve_nodes
+    names = [d.name for d in cfg.deployments]
+    if deployment:
+        dep = next((d for d in cfg.deployments if d.name == deployment), None)
+        if dep is None:
+            raise Problem(f"no deployment {deployment!r} in the config (deployments: {', '.join(names)})", 2)
+    elif len(cfg.deployments) == 1:
+        dep = cfg.deployments[0]
+    else:
+        raise Problem(f"the config has several deployments: name one ({', '.join(names)})", 2)
+    serving = serve_nodes(cfg, dep)
+    if not node:
+        return dep, serving[0]
+    found = next((n for n in serving if n.name == node), None)
+    if found is None:
+        where = ", ".join(n.name for n in serving)
+        why = (f"not one of its nodes ({', '.join(n.name for n in cfg.members(dep))})"
+               if node not in {n.name for n in cfg.members(dep)} else f"its serve runs on {where} only")
+        raise Problem(f"{dep.name}: no serve runs on {node}: {why}", 2)
+    return dep, found
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from .cli import _load
+    cfg = _load(args.config)
+    try:
+        dep, node = resolve(cfg, args.deployment, args.node)
+        return show(cfg, dep, node, previous=args.previous, follow=args.follow, lines=args.lines)
+    except Problem as e:
+        print(f"spark-supervisor logs: {e}", file=sys.stderr)
+        return e.code
+
+
+def show(cfg: Any, dep: Any, node: Any, *, previous: bool, follow: bool, lines: int | None) -> int:
+    from .commands import node_container_name, serve_dir, serve_log_dir
+    directory = serve_log_dir(dep, node)
+    if not directory:
+        raise Problem(f"{dep.name}: log_host_dir is \"\" ([deployments.serve]): the serve's log is kept in the "
+                      f"container only; read it with `docker exec {node_container_name(dep, node)} cat "
+                      f"{serve_dir(dep)}/log` on {node.name}")
+    shell = _shell(cfg, node)
+    names = _list(shell, directory, node.name)
+    found = launches(names, node.name)
+    n = "+1" if lines is None else str(lines)
+    if follow and not previous:
+        launch = pick(found)
+        print(f"{node.name}: {directory}/{CURRENT}" + (f" ({launch.name})" if launch else " (no launch yet)")
+              + ", following (Ctrl-C to stop)", file=sys.stderr)
+        argv = ["tail", "-F", "-n", n, f"{directory}/{CURRENT}"]
+        if shell.target:
+            argv = shell.argv(["sh", "-c", FOLLOW, "spark-logs", n, f"{directory}/{CURRENT}"])
+        return _stream(argv, dep.api_key, timeout=None, hold_stdin=bool(shell.target))
+    launch = pick(found, previous)
+    if launch is None:
+        raise Problem(f"{dep.name}: no {'previous launch' if previous else 'launch'} of the serve logged on "
+                      f"{node.name} in {directory}" + (f" (only {found[0].name})" if found else ""))
+    files = parts(launch, names)
+    print(f"{node.name}: {directory}/{launch.name} (launch {launch.started_at}, serve spec {launch.spec_hash}"
+          + (f", its older part {launch.name}{ROTATED} first" if len(files) > 1 else "") + ")", file=sys.stderr)
+    if not shell.target:
+        try:
+            out = sys.stdout.buffer
+            for line in last_lines((_lines(os.path.join(directory, f)) for f in files), lines):
+                out.write(redact(line, dep.api_key))
+            out.flush()
+        except OSError as e:
+            raise Problem(f"cannot read {directory}: {e.strerror or e}") from None
+        return 0
+    argv = shell.argv(["sh", "-c", READ, "spark-logs", n, *[f"{directory}/{f}" for f in files]])
+    return _stream(argv, dep.api_key, timeout=max(cfg.supervisor.io_timeout, 300), hold_stdin=False)
+
+
+def _lines(path: str) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        yield from f
+
+
+def _shell(cfg: Any, node: Any) -> Any:
+    from .adapters.shell import NodeShell
+    sup = cfg.supervisor
+    return NodeShell(node.name, node.ssh, timeout=sup.io_timeout, connect_timeout=sup.ssh_connect_timeout)
+
+
+def _list(shell: Any, directory: str, node: str) -> list[str]:
+    """The names in a node's log directory ([] when it has none yet)."""
+    if not shell.target:
+        try:
+            return os.listdir(directory)
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise Problem(f"cannot read {directory}: {e.strerror or e}") from None
+    from .adapters import AdapterError
+    try:
+        r = shell.run(["sh", "-c", LIST, "spark-logs", directory])
+    except AdapterError as e:
+        raise Problem(f"{node}: {e}") from None
+    if r.rc == 3:
+        return []
+    if r.rc != 0:
+        raise Problem(f"{node}: cannot list {directory}: {(r.err.strip() or f'exit {r.rc}')[-200:]}")
+    return r.out.splitlines()
+
+
+def _stream(argv: list[str], key: str, *, timeout: float | None, hold_stdin: bool) -> int:
+    """Run ``argv`` and copy its output to ours as it comes (the API key redacted), until it ends, the
+    deadline passes (killed), or Ctrl-C (130). ``hold_stdin``: keep its standard input open until then (a
+    remote FOLLOW ends when it closes)."""
+    import subprocess
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE if hold_stdin else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE)
+    except OSError as e:
+        raise Problem(f"cannot run {argv[0]}: {e.strerror or e}") from None
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        proc.kill()
+    timer = threading.Timer(timeout, expire) if timeout else None
+    if timer:
+        timer.daemon = True
+        timer.start()
+    out: IO[bytes] = sys.stdout.buffer
+    assert proc.stdout is not None
+    try:
+        if key:  # whole lines, so that a key is never split between two reads
+            for line in proc.stdout:
+                out.write(redact(line, key))
+                out.flush()
+        else:
+            while chunk := os.read(proc.stdout.fileno(), 65536):
+                out.write(chunk)
+                out.flush()
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        return 130
+    except BrokenPipeError:  # `logs | head`: the reader has all it wants
+        proc.kill()
+        return 0
+    finally:
+        if timer:
+            timer.cancel()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe:
+                pipe.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if expired.is_set():
+        raise Problem(f"{argv[0]} did not finish within {timeout or 0:.0f}s")
+    if code == 255 and argv[0] == "ssh":
+        raise Problem("ssh failed (exit 255): the node does not answer over SSH")
+    return 0 if code == 0 else 1
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("deployment", nargs="?", default=None, help="the deployment (default: the only one)")
+    p.add_argument("--follow", "-f", action="store_true",
+                   help="keep printing as the log grows, across new launches (until Ctrl-C)")
+    p.add_argument("--previous", "-p", action="store_true", help="the launch before the current one")
+    p.add_argument("--node", default=None, metavar="NODE", help="a node the serve runs on (default: the head, "
+                   "rank 0; with the mp backend every node of the deployment runs a rank)")
+    p.add_argument("--lines", "-n", type=_positive, default=None, metavar="N", help="only the last N lines")
+
+
+def _positive(v: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {v!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
