@@ -26,6 +26,7 @@ STALE_UNITS = {"vllm-cluster": "vllm_node", "vllm-reranker": "reranker", "vllm-e
                "vllm-proxy": None}
 OWNED = {"spark-1": "testbed-ray-spark-1", "spark-2": "testbed-ray-spark-2"}
 CONFIG = "/etc/spark-supervisor/spark-supervisor.toml"
+SMI = "/usr/local/lib/spark-testbed/nvidia_smi.py"
 
 
 def expanded_config(**supervisor: Any) -> dict[str, Any]:
@@ -34,8 +35,9 @@ def expanded_config(**supervisor: Any) -> dict[str, Any]:
         text = text.replace("${" + k + "}", v)
     d = tomllib.loads(text)
     d["supervisor"].update({"state_dir": "/var/lib/spark-supervisor", **supervisor})
-    # The stand-in (stdlib only) from the mounted source: the installed venv holds the daemon and nothing else.
-    smi = ["/usr/bin/python3", str(ROOT / "spark_testbed" / "nvidia_smi.py")]
+    # The stand-in (stdlib only), copied into the container by the `head` fixture: the installed venv holds
+    # the daemon and nothing else, and the source may live under /tmp, which the unit's PrivateTmp hides.
+    smi = ["/usr/bin/python3", SMI]
     gpu = f"{testbed.DIR}/spark-1/gpu.json"
     d["nodes"][0].update(nvidia_smi=[*smi, "--state", gpu], meminfo=[*smi, "--state", gpu, "--meminfo"],
                          drop_caches=[*smi, "--state", gpu, "--drop-caches"])
@@ -108,6 +110,7 @@ def head(tb: dict[str, str]) -> Iterator[str]:
     testbed.systemd_head()
     head_exec("make", "-C", str(ROOT), "install", "PYTHON=/usr/bin/python3", timeout=900,
               env={"PIP_CERT": "/etc/ssl/certs/ca-certificates.crt"})
+    put(SMI, (ROOT / "spark_testbed" / "nvidia_smi.py").read_text())
     put(CONFIG, tomli_w.dumps(expanded_config()))
     ssh_home = testbed.DIR / "home" / ".ssh"
     for f in ("config", "known_hosts"):
