@@ -1,0 +1,90 @@
+"""Secrets never leave the daemon in what it logs or shows: a URL's credentials, a secret flag's value in an
+argv, a secret environment variable's value, a known secret (the API key) wherever it appears."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+MARK = "[redacted]"
+
+# Flags whose value is a secret, by vLLM's and the hub's names (matched the way argparse matches: a
+# prefix of at least the distinguishing part, `_` for `-`).
+SECRET_FLAGS = ("--api-key", "--hf-token")
+# Environment variable names whose value is a secret.
+_SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE_KEY)", re.I)
+
+
+def secret_env(name: str) -> bool:
+    return bool(_SECRET_ENV.search(name))
+
+
+def url(u: str) -> str:
+    """The URL with any user:password@ replaced (the rest kept: callers that may show a path holding a token
+    use ``url_origin``)."""
+    try:
+        parts = urlsplit(u)
+    except ValueError:
+        return MARK
+    if "@" not in parts.netloc:
+        return u
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit((parts.scheme, f"{MARK}@{host}", parts.path, parts.query, parts.fragment))
+
+
+def url_origin(u: str) -> str:
+    """Scheme and host[:port] only, never credentials, path or query (a webhook's path may be a token)."""
+    try:
+        parts = urlsplit(u)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return MARK
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}{port}"
+
+
+def _secret_flag(arg: str) -> bool:
+    flag = arg.split("=", 1)[0].replace("_", "-")
+    # argparse takes any unambiguous prefix: `--api-ke` is `--api-key`. Three letters past `--` is where
+    # vLLM's own flags stop being ambiguous; anything shorter is refused by its parser anyway.
+    return len(flag) > 4 and any(s.startswith(flag) for s in SECRET_FLAGS)
+
+
+def argv(args: Sequence[str], secrets: Iterable[str] = ()) -> list[str]:
+    """An argv fit for a log line: the value of a secret flag (`--api-key K`, `--api-key=K`, by any prefix)
+    and of a secret `NAME=value` replaced, and every known secret replaced wherever it appears."""
+    out: list[str] = []
+    hide_next = False
+    for a in args:
+        if hide_next:
+            out.append(MARK)
+            hide_next = False
+            continue
+        if a.startswith("--") and _secret_flag(a):
+            if "=" in a:
+                out.append(f"{a.split('=', 1)[0]}={MARK}")
+            else:
+                out.append(a)
+                hide_next = True
+            continue
+        m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", a, re.S)
+        if m and secret_env(m.group(1)) and m.group(2):
+            out.append(f"{m.group(1)}={MARK}")
+            continue
+        out.append(text(a, secrets))
+    return out
+
+
+def env(values: dict[str, str], secrets: Iterable[str] = ()) -> dict[str, str]:
+    """An environment fit for a log line: secret names' values replaced, known secrets replaced."""
+    return {k: MARK if secret_env(k) and v else text(v, secrets) for k, v in values.items()}
+
+
+def text(s: str, secrets: Iterable[str] = ()) -> str:
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            s = s.replace(secret, MARK)
+    return s
