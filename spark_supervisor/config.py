@@ -34,6 +34,9 @@ from pydantic import (
     model_validator,
 )
 
+from . import files
+from .redaction import secret_env
+
 OWNER_LABEL = "spark-supervisor.owner"
 HASH_LABEL = "spark-supervisor.spec-hash"
 NODE_LABEL = "spark-supervisor.node"
@@ -144,6 +147,37 @@ def _opt_abs_path(v: str) -> str:
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
 OptionalAbsPath = Annotated[str, AfterValidator(_opt_abs_path)]
 
+# Host directories the supervisor never writes into as its own (a prune there deletes the operator's data,
+# a state file there sits among the system's): each of these itself, anything at all under the trees the
+# OS owns, and the direct children of the trees that hold everybody's data (/var/lib, /usr/local, /home/x).
+_OS_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys")
+_SHARED_TREES = ("/home", "/media", "/mnt", "/opt", "/root", "/run", "/snap", "/srv", "/tmp", "/usr", "/var",
+                 "/var/lib", "/var/cache", "/var/log", "/usr/local", "/usr/local/share", "/usr/share")
+
+
+def _inside(path: str, tree: str) -> bool:
+    """``path`` is ``tree`` or below it (both normalised absolute paths)."""
+    return path == tree or path.startswith(tree.rstrip("/") + "/")
+
+
+def _overlap(a: str, b: str) -> bool:
+    return _inside(a, b) or _inside(b, a)
+
+
+def _system_dir(v: str) -> str:
+    """Why an absolute host directory is not one the supervisor may own ("" when it may)."""
+    if ".." in v.split("/"):
+        return f"{_q(v)} contains '..': give the directory itself"
+    p = os.path.normpath(v)
+    if p.count("/") <= 1 and p != "/" and p not in _SHARED_TREES + _OS_TREES:
+        return f"{_q(p)} is a top-level directory, shared with whatever else lives there: use a directory of its own below it"
+    if p == "/" or any(_inside(p, t) for t in _OS_TREES):
+        return f"{_q(p)} is a system directory: use a directory of its own, e.g. under /var/lib"
+    if p in _SHARED_TREES or os.path.dirname(p) in ("/home", "/root"):
+        return (f"{_q(p)} is a system or shared directory (other software keeps its data there): use a directory "
+                "of its own below it, e.g. /var/lib/spark-supervisor/...")
+    return ""
+
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -154,7 +188,19 @@ def _env_name(v: str) -> str:
     if v == API_KEY_ENV:
         raise ValueError(f"{API_KEY_ENV} is set by the supervisor from readiness.api_key_file or "
                          "readiness.api_key_env: remove it here")
+    if v.upper() in _LOADER_ENV:
+        raise ValueError(f"{v} makes every process in the container load or run other code first: remove it "
+                         "(build what it loads into the image)")
     return v
+
+
+# Variables that make the dynamic loader or an interpreter run other code first, in every process of the
+# container (privileged, root): never from the config.
+_LOADER_ENV = {"LD_PRELOAD", "LD_AUDIT", "LD_DEBUG_OUTPUT", "LD_PROFILE", "PYTHONSTARTUP", "PYTHONHOME",
+               "PYTHONINSPECT", "PYTHONEXECUTABLE", "BASH_ENV", "ENV", "PERL5OPT", "NODE_OPTIONS",
+               "RUBYOPT", "GCONV_PATH", "MALLOC_CONF"}
+# Ones a user may mean (an image's libraries, a plugin directory): a warning.
+_SEARCH_PATH_ENV = {"LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONUSERBASE"}
 
 
 def _shared_env_name(v: str) -> str:
@@ -217,6 +263,11 @@ def _ssh_target(v: str) -> str:
                          "from ssh_config")
     if not _no_space(v):
         raise ValueError(f"{_q(v)} contains whitespace: give user@host or a Host from ssh_config")
+    if not v.isascii():
+        raise ValueError(f"{_q(v)} has non-ASCII characters (a look-alike of another host?): give user@host in ASCII")
+    if ":" in v:
+        raise ValueError(f"{_q(v)}: ssh takes no :port here (it would look up a host named {_q(v.rpartition('@')[2])}): "
+                         "give a Host from ssh_config with its Port, e.g. \"spark-2\"")
     return v
 
 
@@ -236,6 +287,8 @@ def _loopback(host: str) -> bool:
 def _docker_url(v: str) -> str:
     if v == "local":
         return v
+    if not v.isascii():
+        raise ValueError(f"{_q(v)} has non-ASCII characters (a look-alike of another host?): write it in ASCII")
     if not re.match(r"^(unix|ssh|tcp)://", v):
         raise ValueError(f"expected 'local', unix://, ssh:// or tcp://, got {v!r}")
     if v.startswith("unix://"):
@@ -306,32 +359,83 @@ def _container_name(v: str) -> str:
     return v
 
 
+# Labels that unrelated containers carry too: put there by the engine, by compose or an orchestrator for
+# every container they run, or inherited from a base image (OCI's annotations, NVIDIA's, Red Hat's, the
+# old label-schema). A stale rule on one of them would force-remove whatever the operator runs.
+_ENGINE_LABELS = ("com.docker.", "io.kubernetes.", "io.cri-containerd.", "io.containerd.", "desktop.docker.io",
+                  "io.podman.", "io.buildah.", "io.x-k8s.", "io.portainer.")
+_IMAGE_LABELS = ("org.opencontainers.", "org.label-schema.", "com.nvidia.", "io.k8s.", "io.openshift.",
+                 "com.redhat.", "org.nvidia.", "com.canonical.", "com.ubuntu.")
+_IMAGE_KEYS = {"maintainer", "vendor", "version", "description", "license", "name", "summary", "release",
+               "architecture", "build-date", "url", "vcs-ref", "vcs-type", "vcs-url", "authors", "author",
+               "distribution-scope", "org", "com", "io"}
+# Compose labels that name one stack: with a value they select that stack's containers only.
+_COMPOSE_NAMING = ("com.docker.compose.project", "com.docker.compose.service")
+
+
 def _label(v: str) -> str:
-    key = v.partition("=")[0]
+    key, eq, value = v.partition("=")
     if not key.strip():
         raise ValueError(f"{_q(v)} has an empty label key: write key or key=value")
-    if not _no_space(key):
-        raise ValueError(f"{_q(v)}: a label key has no whitespace")
-    if key.lower().startswith(LABEL_PREFIX):
+    if not _no_space(key) or not key.isascii():
+        raise ValueError(f"{_q(v)}: a label key is ASCII without whitespace")
+    low = key.lower()
+    if low.startswith(LABEL_PREFIX):
         raise ValueError(f"{_q(key)} is in the supervisor's own label namespace ({LABEL_PREFIX}*): name a label "
                          "of the old stack's containers")
+    broad = "every container of the old stack's kind carries it, and so do unrelated ones"
+    if low in _COMPOSE_NAMING:
+        if not value:
+            raise ValueError(f"{_q(v)} without a value matches every compose container: write "
+                             f"{_q(key + '=<the old project>')}")
+    elif low.startswith(_ENGINE_LABELS):
+        raise ValueError(f"{_q(key)} is set by the engine or an orchestrator on containers it runs ({broad}): "
+                         "name a label of the old stack itself, e.g. com.docker.compose.project=<name>")
+    elif low.startswith(_IMAGE_LABELS) or low in _IMAGE_KEYS:
+        raise ValueError(f"{_q(key)} comes from base images ({broad}, whatever its value): name a label of the "
+                         "old stack itself")
+    elif not value and "." not in low:
+        raise ValueError(f"{_q(key)} without a value and without a namespace could be on any container: write "
+                         "key=value, or a key in the old stack's own namespace (e.g. com.example.vllm)")
+    if eq and not value.strip():
+        raise ValueError(f"{_q(v)} has an empty value: write key=value, or the key alone")
     return v
 
 
-# Images that have nothing to do with an old vLLM stack: a pattern matching two of them would remove
-# (force, on every node) any container the operator runs.
-_UNRELATED_IMAGES = ("a", "zz/unlikely-name:1", "registry.example.com/x/y:tag", "busybox:latest",
-                     "example/web:latest", "library/postgres:16", "nvcr.io/nvidia/pytorch:25.01-py3",
-                     "nvcr.io/nvidia/tritonserver:25.01-py3", "ghcr.io/example/app@sha256:" + "0" * 64)
+# Images that have nothing to do with an old vLLM stack, from the registries and namespaces an operator
+# meets: a pattern matching two of them would remove (force, on every node) any container the operator
+# runs. A container whose image lost its tag is listed by the image's ID (a digest, or its short hex
+# form): a pattern that can match one matches anybody's.
+_UNRELATED_IMAGES = ("a", "zz/unlikely-name:1", "registry.example.com/x/y:tag", "registry.example.com/p/q:2",
+                     "busybox:latest", "example/web:latest", "library/postgres:16", "nvcr.io/nvidia/pytorch:25.01-py3",
+                     "nvcr.io/nvidia/tritonserver:25.01-py3", "ghcr.io/example/app@sha256:" + "0" * 64,
+                     "ghcr.io/other/tool:2", "docker.io/library/redis:7", "docker.io/grafana/grafana:11",
+                     "quay.io/prometheus/node-exporter:v1", "quay.io/coreos/etcd:3", "localhost:5000/app:1",
+                     "localhost:5000/db:2", "nvidia/cuda:12.8.0-base-ubuntu24.04", "nvidia/k8s-device-plugin:v0.17")
+_IMAGE_IDS = ("sha256:" + "0123456789abcdef" * 4, "sha256:" + "f" * 64, "0123456789ab", "deadbeef0042",
+              "a1b2c3d4e5f6")
+_WILDCARDS = re.compile(r"\[[^]]*\]|[*?]")
 
 
 def _image_pattern(v: str) -> str:
     if not v.strip():
         raise ValueError("an empty pattern: give the old stack's image, e.g. \"vllm/vllm-openai*\"")
+    eg = "name the old stack's images, e.g. \"vllm/vllm-openai*\""
+    ids = [i for i in _IMAGE_IDS if fnmatch.fnmatch(i, v)]
+    if ids or v.lower().startswith("sha256"):
+        raise ValueError(f"{_q(v)} is too broad: it can match an image ID ({_q(ids[0] if ids else _IMAGE_IDS[0])}), "
+                         f"and a container whose image lost its tag is listed by ID, whoever runs it; {eg}")
     hits = [i for i in _UNRELATED_IMAGES if fnmatch.fnmatch(i, v)]
     if len(hits) >= 2:
         raise ValueError(f"{_q(v)} is too broad: it also matches unrelated images such as {_q(hits[0])} and "
-                         f"{_q(hits[1])}; name the old stack's images, e.g. \"vllm/vllm-openai*\"")
+                         f"{_q(hits[1])}; {eg}")
+    comps = v.split("/")
+    if (len(comps) >= 2 and ("." in comps[0] or ":" in comps[0] or comps[0] == "localhost")
+            and not re.split(r"[:@]", _WILDCARDS.sub("", comps[-1]))[0]):
+        raise ValueError(f"{_q(v)} is too broad: every image of the registry or namespace {_q('/'.join(comps[:-1]))}; "
+                         f"{eg}")
+    if len(re.sub(r"[/:.@-]", "", _WILDCARDS.sub("", v))) < 3:
+        raise ValueError(f"{_q(v)} is too broad: it is (nearly) all wildcards; {eg}")
     return v
 
 
@@ -351,6 +455,9 @@ def _volume(v: str) -> str:
         raise ValueError(f"{_q(v)}: the destination {_q(dst)} is not an absolute path in the container,{eg}")
     if not dst.strip("/"):
         raise ValueError(f"{_q(v)}: the destination '/' would replace the container's root filesystem")
+    if src.startswith("/") and os.path.normpath(src) in ("/", "//") and "ro" not in (parts[2:] or [""])[0].split(","):
+        raise ValueError(f"{_q(v)} mounts the host's root read-write into a root container: mount what it needs, "
+                         "or add :ro")
     if len(parts) == 3:
         modes = parts[2].split(",")
         if (any(m not in _VOLUME_MODES for m in modes) or len(set(modes)) != len(modes)
@@ -378,6 +485,12 @@ def _ulimit_name(v: str) -> str:
     if v not in _ULIMITS:
         raise ValueError(f"unknown ulimit {_q(v)}: use one of {', '.join(_ULIMITS)}")
     return v
+
+
+# The kernel's own ceilings (fs.nr_open, PID_MAX_LIMIT, nice 0..40, RT priority 0..99): past them the
+# container cannot start, and a value near them is a typo.
+_ULIMIT_MAX = {"nofile": 1073741816, "nproc": 4194304, "nice": 40, "rtprio": 99, "sigpending": 1 << 31,
+               "locks": 1 << 31, "msgqueue": 1 << 40}
 
 
 def _ulimit_value(v: int) -> int:
@@ -413,6 +526,7 @@ def _endpoint(v: str) -> str:
 
 # Flags the supervisor sets itself, and the key to set instead (None: always set, just remove it).
 _SERVE_FLAGS: dict[str, str | None] = {
+    "--model": "deployments.serve.model",
     "--host": "deployments.serve.host", "--port": "deployments.serve.port",
     "--tensor-parallel-size": "deployments.serve.tensor_parallel_size",
     "-tp": "deployments.serve.tensor_parallel_size",
@@ -425,26 +539,62 @@ _SERVE_FLAGS: dict[str, str | None] = {
     "--tool-call-parser": "deployments.serve.tool_call_parser",
     # Refused in extra_args (it would put the key on argv); the key goes through VLLM_API_KEY instead.
     "--api-key": "deployments.readiness.api_key_file or api_key_env",
+    # mp across nodes: each node's rank and the rendezvous (commands.rank_args)
+    "--nnodes": "deployments.nodes", "-n": "deployments.nodes", "--node-rank": "deployments.nodes",
+    "-r": "deployments.nodes", "--headless": None, "--master-addr": "the head's nodes[].fabric_ip",
+    "--master-port": "deployments.serve.master_port",
+    # vLLM reads further flags from this file, past every check here
+    "--config": "the flags themselves in deployments.serve.extra_args",
 }
 _RAY_FLAGS: dict[str, str | None] = {
     "--address": "the head's nodes[].fabric_ip and deployments.ray.port", "--head": "nodes[].role",
     "--block": None, "--node-ip-address": "nodes[].fabric_ip", "--num-gpus": "nodes[].gpus",
     "--port": "deployments.ray.port", "--dashboard-host": "the head's nodes[].fabric_ip",
     "--dashboard-port": "deployments.ray.dashboard_port", "--include-dashboard": None,
+    "--disable-usage-stats": None,
 }
 
 
-def _own_flags(args: list[str], table: dict[str, str | None]) -> list[tuple[str, str]]:
+def _argparse_flag(arg: str, table: dict[str, str | None]) -> str:
+    """The flag of ``table`` that argparse (allow_abbrev, vLLM's `_` for `-`) would read ``arg`` as, or ""
+    when it reads none of them. A `--x` naming a unique prefix of a flag is that flag; one that is a prefix
+    of an own flag and of others is ambiguous, which is refused too (it names ours by one more letter). A
+    short flag takes its value attached (`-n2`, `-tp=2`)."""
+    flag = arg.split("=", 1)[0]
+    if flag.startswith("--"):
+        flag = flag.replace("_", "-")
+        if flag in table:
+            return flag
+        if len(flag) >= 5:
+            return next((f for f in table if f.startswith("--") and f.startswith(flag)), "")
+        return ""
+    shorts = [f for f in table if not f.startswith("--")]
+    if flag in shorts:
+        return flag
+    return next((f for f in shorts if (len(flag) >= 2 and f.startswith(flag)) or (len(f) == 2 and flag.startswith(f))),
+                "")
+
+
+def _exact_flag(arg: str, table: dict[str, str | None]) -> str:
+    flag = arg.split("=", 1)[0]
+    if flag.startswith("--"):
+        flag = flag.replace("_", "-")
+    return flag if flag in table else ""
+
+
+def _own_flags(args: list[str], table: dict[str, str | None], *, prefixes: bool) -> list[tuple[str, str]]:
+    """Extra args that set a flag the supervisor sets, read as the program's parser reads them (vLLM's
+    argparse takes prefixes; Ray's click does not)."""
     out = []
     for i, a in enumerate(args):
-        if not a.startswith("-"):
+        if not a.startswith("-") or a == "-" or a == "--":
             continue
-        flag = a.split("=", 1)[0]
-        if flag.startswith("--"):
-            flag = flag.replace("_", "-")
-        if flag in table:
+        flag = (_argparse_flag if prefixes else _exact_flag)(a, table)
+        if flag:
             instead = table[flag]
-            out.append((f".extra_args[{i}]", f"{flag} is set by the supervisor: "
+            named = a.split("=", 1)[0]
+            what = flag if named.replace("_", "-") == flag else f"{named} (read as {flag})"
+            out.append((f".extra_args[{i}]", f"{what} is set by the supervisor: "
                         + (f"set {instead} instead" if instead else "remove it")))
     return out
 
@@ -482,7 +632,7 @@ class Stale(_Strict):
     container_labels: list[Annotated[str, AfterValidator(_label)]] = []
     image_patterns: list[Annotated[str, AfterValidator(_image_pattern)]] = []
     allowed_gpu_processes: list[str] = ["Xorg", "gnome-shell"]
-    residual_mib: Annotated[int, Field(ge=0)] = 512
+    residual_mib: Annotated[int, Field(ge=0, le=1 << 20)] = 512
     memory_free_timeout: Sec3600 = 120
 
     def allows(self, process: str) -> bool:
@@ -514,7 +664,11 @@ class Ray(_Strict):
 
     @model_validator(mode="after")
     def _checks(self) -> Ray:
-        problems = _own_flags(self.extra_args, _RAY_FLAGS)
+        problems = _own_flags(self.extra_args, _RAY_FLAGS, prefixes=False)
+        for name, value in self.ulimits.items():
+            if name in _ULIMIT_MAX and value > _ULIMIT_MAX[name]:
+                problems.append((f".ulimits.{name}", f"{value} is past the kernel's limit {_ULIMIT_MAX[name]} for "
+                                 f"{name}: a typo? (-1 is unlimited)"))
         # Docker takes one mount per source (the spec is keyed by it) and one per destination; the very
         # same entry twice is harmless (the testbed's Python may live under /usr).
         by_src: dict[str, str] = {}
@@ -533,6 +687,10 @@ class Ray(_Strict):
             by_dst.setdefault(dst, src)
         _raise(problems)
         return self
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+_MEDIA_FLAG = "--allowed-local-media-path"
 
 
 class Serve(_Strict):
@@ -578,7 +736,9 @@ class Serve(_Strict):
     def _cache_dir(cls, v: str) -> str:
         if v and (not v.startswith("/") or v.rstrip("/") == "" or ":" in v):
             raise ValueError(f"{_q(v)} must be an absolute directory other than / (or \"\" for no cache)")
-        return v.rstrip("/")
+        if v and (why := _system_dir(v)):
+            raise ValueError(f"{why} (the cache's prune deletes entries under <cache_dir>/<deployment>)")
+        return os.path.normpath(v) if v else v
 
     @field_validator("log_host_dir")
     @classmethod
@@ -586,6 +746,8 @@ class Serve(_Strict):
         if v and (not v.startswith("/") or v.rstrip("/") == "" or ":" in v or not _no_space(v)):
             raise ValueError(f"{_q(v)} must be an absolute directory other than /, without ':' or whitespace, "
                              "e.g. \"/var/log/spark-supervisor/serve\" (or \"\" to keep the log in the container)")
+        if v and (why := _system_dir(v)):
+            raise ValueError(f"{why} (old serve logs under <log_host_dir>/<deployment> are deleted)")
         return os.path.normpath(v) if v else v
 
     _split = field_validator("extra_args", mode="before", json_schema_input_type=str | list[str])(_split_args)
@@ -597,6 +759,11 @@ class Serve(_Strict):
             raise ValueError("empty: give the model to serve, e.g. \"Qwen/Qwen3.5-122B-A10B-FP8\" or a path")
         if v != v.strip():
             raise ValueError(f"{_q(v)} has leading or trailing whitespace: remove it")
+        if not v.startswith("/") and (v.startswith((".", "~")) or ("/" in v and not _HUB_ID.fullmatch(v))
+                                      or v.split("/")[0] in (".", "..") or ".." in v.split("/")):
+            raise ValueError(f"{_q(v)} is a relative path (resolved in the container's working directory, not yours): "
+                             "give the model's absolute path as the container sees it, or a hub id such as "
+                             "\"Qwen/Qwen3.5-122B-A10B-FP8\"")
         return v
 
     @field_validator("served_model_name")
@@ -605,11 +772,24 @@ class Serve(_Strict):
         if not _no_space(v):
             raise ValueError(f"{_q(v)} contains whitespace or control characters: clients send this name in "
                              "requests; use e.g. \"Qwen3.5-122B-A10B-FP8\"")
+        if not v.isascii():
+            raise ValueError(f"{_q(v)} has non-ASCII characters (a look-alike of another name?): clients send "
+                             "this name in requests; use ASCII, e.g. \"Qwen3.5-122B-A10B-FP8\"")
         return v
 
     @model_validator(mode="after")
     def _checks(self) -> Serve:
-        _raise(_own_flags(self.extra_args, _SERVE_FLAGS))
+        problems = _own_flags(self.extra_args, _SERVE_FLAGS, prefixes=True)
+        for i, a in enumerate(self.extra_args):
+            flag, eq, value = a.partition("=")
+            flag = flag.replace("_", "-")
+            if len(flag) >= len("--allowed-l") and _MEDIA_FLAG.startswith(flag):
+                if not eq:
+                    value = self.extra_args[i + 1] if i + 1 < len(self.extra_args) else ""
+                if value.startswith("/") and (os.path.normpath(value) in ("/", "//") or _system_dir(value)):
+                    problems.append((f".extra_args[{i}]", f"{_MEDIA_FLAG} {_q(value)} lets any client read files "
+                                     "there through the API: give the directory of the media only"))
+        _raise(problems)
         return self
 
     @property
@@ -712,6 +892,8 @@ class Supervisor(_Strict):
         problems = []
         if os.path.normpath(self.state_dir) == "/":
             problems.append((".state_dir", "must not be '/': use e.g. /var/lib/spark-supervisor"))
+        elif why := _system_dir(self.state_dir):
+            problems.append((".state_dir", why))
         if self.backoff_max < self.backoff_base:
             problems.append((".backoff_max", f"{self.backoff_max:g} is less than backoff_base "
                              f"{self.backoff_base:g}: the cap must be at least the first delay"))
@@ -725,7 +907,7 @@ class Healing(_Strict):
     deep_probe_timeout: Sec3600 = 30
     deep_failure_threshold: Annotated[int, Field(ge=1, le=100)] = 2
     quick_check_interval: Sec60 = 1  # Ray nodes and /health between ticks while serving
-    repair_budget: Annotated[int, Field(ge=0)] = 3
+    repair_budget: Annotated[int, Field(ge=0, le=100)] = 3
     repair_window: SecMonth = 6 * 3600
     node_patience: SecDay = 300  # an unreachable peer: wait this long before tearing down the rest
     unknown_patience: SecDay = 60  # an observation "unknown" this long: DEGRADED (never destructive)
@@ -835,6 +1017,170 @@ def _after_cycle(deps: list[Deployment]) -> list[str]:
     return []
 
 
+def _engine(node: Node) -> str:
+    """The Docker engine a node's URL reaches, the same string for the same engine."""
+    url = node.docker
+    if url == "local":
+        url = "unix:///var/run/docker.sock"
+    if url.startswith("unix://"):
+        path = os.path.normpath(url[len("unix://"):])
+        return "unix://" + ("/run" + path[len("/var/run"):] if _inside(path, "/var/run") else path)
+    m = (_SSH_URL if url.startswith("ssh://") else _TCP_URL).fullmatch(url)
+    if not m:
+        return url
+    host = "localhost" if _loopback(m.group("host")) else m.group("host").lower()
+    return f"{url[:3]}://{host}:{m.group('port') or ('22' if url.startswith('ssh') else '2375')}"
+
+
+def _machine_keys(i: int, n: Node) -> list[tuple[str, str]]:
+    """(key, what) naming the machine a node is: two nodes sharing one are one machine."""
+    keys = [(f"nodes[{i}].docker", "engine " + _engine(n))]
+    if n.ssh:
+        host = n.ssh.rpartition("@")[2].lower()
+        keys.append((f"nodes[{i}].ssh", "host " + ("localhost" if _loopback(host) else host)))
+    elif n.role == "head":  # the daemon's own machine
+        keys.append((f"nodes[{i}].ssh", "host localhost"))
+    if n.docker.startswith(("ssh://", "tcp://")):
+        m = (_SSH_URL if n.docker.startswith("ssh://") else _TCP_URL).fullmatch(n.docker)
+        if m:
+            host = m.group("host").lower()
+            keys.append((f"nodes[{i}].docker", "host " + ("localhost" if _loopback(host) else host)))
+    keys.append((f"nodes[{i}].fabric_ip", "host " + n.fabric_ip))
+    return keys
+
+
+def _same_machine(nodes: list[Node]) -> list[tuple[str, str]]:
+    """Two nodes that are one machine (the same engine, SSH host or address): the planner would see one
+    node's containers as the other's and restart the deployment on every tick."""
+    out: list[tuple[str, str]] = []
+    seen: dict[str, tuple[int, str]] = {}
+    for i, n in enumerate(nodes):
+        clashed = False
+        for key, what in _machine_keys(i, n):
+            j, other_key = seen.setdefault(what, (i, key))
+            if j != i and not clashed and not (what.startswith("host ") and key.endswith("fabric_ip")
+                                               and other_key.endswith("fabric_ip")):  # said by "duplicate fabric IP"
+                out.append((key, f"{nodes[i].name} and {nodes[j].name} ({other_key}) are the same machine: both reach "
+                                 f"{what}; each node needs its own engine and SSH target"))
+                clashed = True
+    return out
+
+
+def _host_dirs(cfg: Config) -> list[tuple[str, str]]:
+    """A compile cache is pruned: it must be nobody else's directory on any node it is used on."""
+    out: list[tuple[str, str]] = []
+    for d, dep in enumerate(cfg.deployments):
+        cache = dep.serve.cache_dir
+        if not cache:
+            continue
+        key = f"deployments[{d}].serve.cache_dir"
+        mine = {n.name for n in cfg.members(dep)}
+        for e, other in enumerate(cfg.deployments):
+            logs = other.serve.log_host_dir
+            if logs and _overlap(cache, logs):
+                out.append((key, f"{_q(cache)} overlaps deployments[{e}].serve.log_host_dir {_q(logs)}: the cache's "
+                                 "prune and the logs' would delete each other's files; give each its own directory"))
+            if not mine & {n.name for n in cfg.members(other)}:
+                continue
+            for v, vol in enumerate(other.ray.volumes):
+                src = vol.split(":")[0]
+                # "/" (read-only: read-write is refused) holds everything: the host, not a data directory
+                if src.startswith("/") and os.path.normpath(src) not in ("/", "//") and _overlap(cache, os.path.normpath(src)):
+                    out.append((key, f"{_q(cache)} overlaps the volume source {_q(src)} "
+                                     f"(deployments[{e}].ray.volumes[{v}]): the cache's prune would delete what is "
+                                     "mounted there (models, data); give the cache a directory of its own"))
+        state = os.path.normpath(cfg.supervisor.state_dir)
+        if _inside(state, cache) or _inside(cache, os.path.join(state, "deployments")):
+            out.append((key, f"{_q(cache)} overlaps supervisor.state_dir {_q(state)}'s own files: give the cache a "
+                             "directory of its own"))
+    return out
+
+
+# Ray's own listeners on every node it runs on (ray start's defaults): the GCS, the dashboard, the client
+# server and the dashboard agent. Ours (ray.port, dashboard_port) are checked among the deployment's ports.
+_RAY_PORTS = {6379: "Ray's GCS", 8265: "Ray's dashboard", 10001: "Ray's client server",
+              52365: "Ray's dashboard agent"}
+
+
+def _ports_and_endpoints(cfg: Config) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    ray_nodes = {n.name for dep in cfg.deployments if dep.uses_ray for n in cfg.members(dep)}
+    serves: dict[tuple[str, int], int] = {}  # (address, port) -> the deployment serving there
+    for d, dep in enumerate(cfg.deployments):
+        members = cfg.members(dep)
+        if not members:
+            continue
+        head = members[0]
+        mine = [(f"deployments[{d}].serve.port", dep.serve.port)]
+        if not dep.uses_ray and len(members) > 1:
+            mine.append((f"deployments[{d}].serve.master_port", dep.serve.master_port))
+        for key, port in mine:
+            if port in _RAY_PORTS and ray_nodes & {n.name for n in members}:
+                out.append((key, f"port {port} is {_RAY_PORTS[port]} on {sorted(ray_nodes & {n.name for n in members})[0]}: "
+                                 "give it a port Ray does not take"))
+        for ip in {head.fabric_ip, dep.serve.host}:
+            serves[(ip, dep.serve.port)] = d
+    if cfg.metrics.listen and cfg.metrics.port in _RAY_PORTS and any(n.role == "head" and n.name in ray_nodes
+                                                                      for n in cfg.nodes):
+        out.append(("metrics.listen", f"port {cfg.metrics.port} is {_RAY_PORTS[cfg.metrics.port]} on the head: give "
+                                      "the metrics a port Ray does not take"))
+    for d, dep in enumerate(cfg.deployments):
+        u = urlsplit(dep.readiness.endpoint) if dep.readiness.endpoint else None
+        if u is None:
+            continue
+        key = f"deployments[{d}].readiness.endpoint"
+        if u.username is not None or u.password is not None:
+            out.append((key, "carries user:password@, and the endpoint is shown in status.json (world-readable): "
+                             "give the API key in api_key_file or api_key_env instead"))
+        port = u.port or (443 if u.scheme == "https" else 80)
+        other = next((e for (ip, p), e in serves.items() if p == port and e != d
+                      and (ip == u.hostname or ip == "0.0.0.0")
+                      and (ip != "0.0.0.0" or u.hostname in {n.fabric_ip for n in cfg.members(cfg.deployments[e])})),
+                     None)
+        if other is not None:
+            out.append((key, f"{u.hostname}:{port} is deployments[{other}] ({cfg.deployments[other].name})'s serve, "
+                             "not this deployment's: probe this deployment's own port"))
+    return out
+
+
+def _program_problem(program: str) -> str:
+    if not program.startswith("/"):
+        return ""  # a name looked up on PATH where it runs
+    try:
+        st = os.stat(program)
+    except OSError as e:
+        return f"{_q(program)}: {e.strerror or type(e).__name__}: give the program's absolute path"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{_q(program)} is not a regular file: give the program's absolute path"
+    if not os.access(program, os.X_OK):
+        return f"{_q(program)} is not executable: chmod +x it, or give the program's absolute path"
+    return ""
+
+
+def _local_programs(cfg: Config) -> list[tuple[str, str]]:
+    """Programs run here, on the daemon's machine: each must be an executable file, or it raises on every
+    tick instead of observing."""
+    out: list[tuple[str, str]] = []
+    for i, n in enumerate(cfg.nodes):
+        argvs = {"oob": n.oob}
+        if not n.remote:
+            argvs.update(nvidia_smi=n.nvidia_smi, meminfo=n.meminfo, ip=n.ip, drop_caches=n.drop_caches)
+        for name, argv in argvs.items():
+            if argv and "/" in argv[0] and not argv[0].startswith("/"):
+                out.append((f"nodes[{i}].{name}[0]", f"{_q(argv[0])} is a relative path: give an absolute path or a "
+                                                     "name on PATH (the daemon's working directory is not yours)"))
+            elif argv and (why := _program_problem(argv[0])):
+                out.append((f"nodes[{i}].{name}[0]", why))
+    if cfg.alerts.command:
+        program = cfg.alerts.command[0]
+        if not program.startswith("/"):
+            out.append(("alerts.command[0]", f"{_q(program)} is not an absolute path: the daemon's PATH and working "
+                                             "directory are not yours; give e.g. \"/usr/local/bin/page-oncall\""))
+        elif why := _program_problem(program):
+            out.append(("alerts.command[0]", why))
+    return out
+
+
 class Config(_Strict):
     supervisor: Supervisor = Supervisor()
     healing: Healing = Healing()
@@ -846,6 +1192,12 @@ class Config(_Strict):
     stale: Stale = Stale()
     deployments: list[Deployment]
     _owners: frozenset[str] = PrivateAttr(default=frozenset())
+    # What `check` reports but accepts: "<file>: <key>: <why>" lines, set by parse().
+    _warnings: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self._warnings
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:
@@ -889,6 +1241,8 @@ class Config(_Strict):
             for j, nn in enumerate(dep.nodes):
                 if nn not in names:
                     problems.append((f"deployments[{d}].nodes[{j}]", f"unknown node {nn!r}"))
+                elif nn in dep.nodes[:j]:
+                    problems.append((f"deployments[{d}].nodes[{j}]", f"{nn!r} is listed twice: list each node once"))
             members = self.members(dep)
             gpus = sum(n.gpus for n in members)
             want = dep.serve.tensor_parallel_size * dep.serve.pipeline_parallel_size
@@ -944,6 +1298,10 @@ class Config(_Strict):
             if c in own_containers:
                 problems.append((f"stale.containers[{i}]", f"{c!r} is the supervisor's own Ray container on "
                                                            f"{own_containers[c]}: remove it from the list"))
+        problems += _same_machine(self.nodes)
+        problems += _host_dirs(self)
+        problems += _ports_and_endpoints(self)
+        problems += _local_programs(self)
         _raise(problems)
         return self
 
@@ -1014,22 +1372,27 @@ def _expand(value: Any, path: str, problems: list[str], env: dict[str, str]) -> 
 
 
 def _control(s: str) -> str:
-    """The first control character of ``s`` other than tab, as U+XXXX, or ""."""
+    """The first control character of ``s`` other than tab, or invisible format character (bidi overrides,
+    zero-width joiners: text that reads otherwise than it is), as U+XXXX, or ""."""
     for c in s:
-        if c != "\t" and unicodedata.category(c) == "Cc":
+        if c != "\t" and unicodedata.category(c) in ("Cc", "Cf"):
             return f"U+{ord(c):04X}"
     return ""
+
+
+def _kind(code: str) -> str:
+    return "invisible format" if unicodedata.category(chr(int(code[2:], 16))) == "Cf" else "control"
 
 
 def _controls(value: Any, path: str, problems: list[str]) -> None:
     if isinstance(value, str):
         if c := _control(value):
-            problems.append(f"{path or '(top level)'}: contains the control character {c}: remove it (tab "
-                            "is the only one allowed)")
+            problems.append(f"{path or '(top level)'}: contains the {_kind(c)} character {c}: remove it (tab "
+                            "is the only control character allowed)")
     elif isinstance(value, dict):
         for k, v in value.items():
             if c := _control(str(k)):
-                problems.append(f"{_join(path, str(k))}: the key contains the control character {c}: rename it")
+                problems.append(f"{_join(path, str(k))}: the key contains the {_kind(c)} character {c}: rename it")
             else:
                 _controls(v, _join(path, str(k)), problems)
     elif isinstance(value, list):
@@ -1107,31 +1470,67 @@ def _format(err: ValidationError) -> list[str]:
     return lines
 
 
-def _read(path: Path, limit: int, *, regular: bool = False) -> tuple[bytes, str]:
-    """The bytes of a small file, or a problem saying why not (never raises).
+_SPECIAL_TREES = ("/dev", "/proc", "/sys")
 
-    ``regular``: only a regular file (a FIFO would block the caller, a device is never a key)."""
+
+def _special_link(path: str) -> str:
+    """The first step of ``path``'s resolution into /dev, /proc or /sys (e.g. /dev/stdin, a link to
+    /proc/self/fd/0), or "": those are never a config or a key, whatever they point at now."""
+    todo, done, hops = [c for c in os.path.abspath(path).split("/") if c], "/", 0
+    while todo:
+        part = todo.pop(0)
+        nxt = os.path.normpath(os.path.join(done, part))
+        if any(_inside(nxt, t) for t in _SPECIAL_TREES):
+            return os.path.join(nxt, *todo)
+        try:
+            target = os.readlink(nxt)
+        except OSError:
+            done = nxt
+            continue
+        hops += 1
+        if hops > 40:
+            return ""  # a loop: the open reports it
+        base = "/" if target.startswith("/") else done
+        todo = [c for c in target.split("/") if c] + todo
+        done = base
+    return ""
+
+
+def _read(path: Path, limit: int) -> tuple[bytes, str]:
+    """The bytes of a small regular file, or a problem saying why not (never raises, never blocks)."""
     try:
-        st = os.stat(path)
-        if stat.S_ISDIR(st.st_mode):
+        if special := _special_link(str(path)):
+            return b"", f"is not a regular file (it leads to {special}): give the path of a file"
+        if os.path.isdir(path):
             return b"", "is a directory: give the path of a file"
-        if regular and not stat.S_ISREG(st.st_mode):
-            return b"", "is not a regular file"
-        with open(path, "rb") as f:
-            raw = f.read(limit + 1)
+        return files.read_bytes(path, limit), ""
+    except files.Refused as e:
+        return b"", e.why
     except OSError as e:
         return b"", e.strerror or type(e).__name__
     except ValueError as e:  # e.g. a NUL in the path
         return b"", str(e)
-    if len(raw) > limit:
-        return b"", f"larger than {limit} bytes: not the file you meant?"
-    return raw, ""
+
+
+def _key_file_mode(path: str) -> str:
+    """Why a key file is not private to the daemon ("" when it is)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    if st.st_uid != os.geteuid():
+        return (f"is owned by uid {st.st_uid}, not by the supervisor (uid {os.geteuid()}): chown it to "
+                f"{'root' if os.geteuid() == 0 else 'the supervisor'} and chmod 600")
+    if st.st_mode & 0o077:
+        return (f"has mode {stat.S_IMODE(st.st_mode):04o}: anyone but its owner could read or change the key; "
+                "chmod 600 it")
+    return ""
 
 
 def _resolve_key(r: Readiness, env: dict[str, str]) -> tuple[str, str, str]:
     """(key, problem, field) for one readiness table; the key itself never goes into a problem."""
     if r.api_key_file:
-        raw, why = _read(Path(r.api_key_file), MAX_KEY_BYTES, regular=True)
+        raw, why = _read(Path(r.api_key_file), MAX_KEY_BYTES)
         if why:
             return "", (f"cannot read {r.api_key_file}: {why}: it must be a file holding the API key, readable "
                         "by the supervisor (root)"), "api_key_file"
@@ -1161,6 +1560,49 @@ def _source(path: str | Path) -> str:
     return _q(s) if _control(s) else s
 
 
+def _env_tables(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(key, table) of every env table in the file as written."""
+    out: list[tuple[str, dict[str, Any]]] = []
+
+    def add(key: str, t: Any) -> None:
+        if isinstance(t, dict):
+            out.append((key, t))
+    for i, n in enumerate(data.get("nodes") or []):
+        if isinstance(n, dict):
+            add(f"nodes[{i}].env", n.get("env"))
+    for d, dep in enumerate(data.get("deployments") or []):
+        if isinstance(dep, dict):
+            for table, name in (("ray", "env"), ("ray", "head_env"), ("serve", "env")):
+                if isinstance(dep.get(table), dict):
+                    add(f"deployments[{d}].{table}.{name}", dep[table].get(name))
+    return out
+
+
+def _warnings(raw: dict[str, Any], cfg: Config) -> list[str]:
+    """What the config may well mean but should not be: reported by `check`, accepted."""
+    out = []
+    for key, table in _env_tables(raw):
+        for name, value in table.items():
+            k = _join(key, str(name))
+            secret = secret_env(str(name)) and "TOKENIZER" not in str(name).upper()
+            if secret and isinstance(value, str) and value and "${" not in value:
+                out.append(f"{k}: a secret written in the config file (readable by whoever reads the config, "
+                           f"kept in backups): put it in the unit's EnvironmentFile= (mode 600) and write "
+                           f"\"${{{name}}}\" here")
+            elif str(name).upper() in _SEARCH_PATH_ENV:
+                out.append(f"{k}: {name} changes where every process in the container loads code from: "
+                           "prefer building it into the image")
+    for d, dep in enumerate(cfg.deployments):
+        if dep.readiness.api_key_file and (why := _key_file_mode(dep.readiness.api_key_file)):
+            out.append(f"deployments[{d}].readiness.api_key_file: {dep.readiness.api_key_file} {why}")
+        for i, a in enumerate(dep.serve.extra_args):
+            flag = a.split("=", 1)[0].replace("_", "-")
+            if flag.startswith("--") and len(flag) >= 5 and "--hf-token".startswith(flag):
+                out.append(f"deployments[{d}].serve.extra_args[{i}]: a token on the command line is seen by every "
+                           "user in `ps`: set HF_TOKEN through the unit's EnvironmentFile= and serve.env instead")
+    return out
+
+
 def _parse(data: Any, source: str, env: dict[str, str]) -> Config:
     if not isinstance(data, dict):
         raise ConfigError([f"{source}: (top level): expected a table of keys, got {type(data).__name__}"])
@@ -1168,6 +1610,7 @@ def _parse(data: Any, source: str, env: dict[str, str]) -> Config:
         raise ConfigError([f"{source}: (top level): the config is empty: it needs at least [[nodes]] and "
                            "[[deployments]] (see etc/spark-supervisor.toml)"])
     problems: list[str] = []
+    raw = data
     data = _expand(data, "", problems, env)
     _controls(data, "", problems)  # as written, or brought in by an environment variable
     if problems:
@@ -1183,6 +1626,7 @@ def _parse(data: Any, source: str, env: dict[str, str]) -> Config:
         dep.readiness._api_key = key
     if problems:
         raise ConfigError(problems)
+    cfg._warnings = tuple(f"{source}: {w}" for w in _warnings(raw, cfg))
     return cfg
 
 
@@ -1250,7 +1694,5 @@ def serve_hash(cfg: Config, dep: Deployment) -> str:
 
 
 def file_hash(path: str | Path) -> str:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
-    except OSError:
-        return ""
+    raw, why = _read(Path(path), MAX_CONFIG_BYTES)
+    return "" if why else hashlib.sha256(raw).hexdigest()[:12]

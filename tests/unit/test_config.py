@@ -24,10 +24,11 @@ def test_story_config_is_valid_and_describes_the_two_sparks() -> None:
 
 
 def test_testbed_config_expands_environment_variables() -> None:
-    env = {"SPARK_TESTBED_DIR": "/tb", "SPARK_TESTBED_SRC": "/src", "SPARK_TESTBED_PYTHON": "/py"}
+    # SRC is this checkout: the head's observation programs run here and must exist
+    env = {"SPARK_TESTBED_DIR": "/srv/tb", "SPARK_TESTBED_SRC": str(ROOT), "SPARK_TESTBED_PYTHON": "/py"}
     c = config.load(ROOT / "etc" / "testbed.toml", env=env)
-    assert c.supervisor.state_dir == "/tb/supervisor"
-    assert c.deployment.ray.command[0] == "/src/.venv/bin/ray"
+    assert c.supervisor.state_dir == "/srv/tb/supervisor"
+    assert c.deployment.ray.command[0] == f"{ROOT}/.venv/bin/ray"
 
 
 def test_missing_environment_variable_names_file_and_key() -> None:
@@ -36,8 +37,8 @@ def test_missing_environment_variable_names_file_and_key() -> None:
 
 
 def test_dollar_dollar_is_a_literal_dollar() -> None:
-    d = data(supervisor={"state_dir": "/a$$b"})
-    assert config.parse(d, "t", env={}).supervisor.state_dir == "/a$b"
+    d = data(supervisor={"state_dir": "/var/lib/a$$b"})
+    assert config.parse(d, "t", env={}).supervisor.state_dir == "/var/lib/a$b"
 
 
 @pytest.mark.parametrize("mutate, expected", [
