@@ -417,3 +417,15 @@ def test_warnings_do_not_change_what_the_config_is() -> None:
     a = config.parse(d, SRC, env={})
     assert a.warnings and a.view(a.deployment).deployment == a.deployment
     assert stat.S_IMODE(0o600) == 0o600
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the file away")
+def test_an_api_key_file_owned_by_someone_else_is_a_warning(tmp_path: Path) -> None:
+    f = tmp_path / "key"
+    f.write_text("k3y-value\n")
+    f.chmod(0o600)
+    os.chown(f, 65534, 65534)
+    d = data()
+    d["deployments"][0]["readiness"] = {"api_key_file": str(f)}
+    (w,) = config.parse(d, SRC, env={}).warnings
+    assert w.startswith(f"{SRC}: {Q}.api_key_file: ") and "is owned by uid 65534" in w
