@@ -17,7 +17,8 @@ _SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTI
 
 
 def secret_env(name: str) -> bool:
-    return bool(_SECRET_ENV.search(name))
+    # TOKENIZERS_PARALLELISM and the like name a tokenizer, not a token.
+    return bool(_SECRET_ENV.search(re.sub(r"TOKENIZERS?", "", name, flags=re.I)))
 
 
 def url(u: str) -> str:
