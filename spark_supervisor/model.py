@@ -128,10 +128,12 @@ class NodeObservation:
 
 @dataclass(frozen=True)
 class RayNode:
+    """One row of Ray's node table. A field Ray left out or garbled is unknown, never a verdict."""
+
     node_id: str
-    ip: str
-    alive: bool
-    gpus: float
+    ip: str  # "": not reported or not an address (the row may be any node)
+    alive: bool | None  # True ALIVE, False DEAD, None: no state or one that is neither
+    gpus: float | None  # None: no usable GPU figure (unknown, not zero)
     is_head: bool = False
 
 
@@ -142,14 +144,15 @@ class RayObservation:
     version: str = ""
     nodes: tuple[RayNode, ...] = ()
     via: str = "dashboard"  # "dashboard" (its REST API) or "gcs" (asked in the head container: no dashboard)
+    incomplete: str = ""  # why the table may lack rows (truncated, rows that were not readable): "" for whole
 
     @property
     def alive(self) -> tuple[RayNode, ...]:
-        return tuple(n for n in self.nodes if n.alive)
+        return tuple(n for n in self.nodes if n.alive is True)
 
     @property
     def gpus(self) -> float:
-        return sum(n.gpus for n in self.alive)
+        return sum(n.gpus or 0.0 for n in self.alive)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ not running, a probe failing past its threshold.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from .model import (
     NodeObservation,
     Observation,
     Phase,
+    RayObservation,
     PrefetchModel,
     RemoveContainers,
     StartContainer,
@@ -101,6 +103,10 @@ def unknowns(obs: Observation, cfg: Config, phase: Phase | None = None) -> dict[
     if (dep.uses_ray and head_up and phase != Phase.STARTING_RAY
             and (obs.ray is None or not obs.ray.reachable)):
         out[f"ray {obs.ray.via if obs.ray else 'dashboard'}"] = (obs.ray.error if obs.ray else "") or "no answer"
+    if dep.uses_ray and obs.ray is not None and obs.ray.reachable:
+        gaps = ray_view(obs.ray, cfg.members(dep)).gaps
+        if gaps:
+            out["ray nodes"] = "; ".join(gaps)[:300]
     if obs.serve is not None and obs.serve.error:
         out["serve state"] = obs.serve.error
     for node, f in obs.followers.items():
@@ -129,6 +135,46 @@ def _images(st: Status, cfg: Config, dep: Deployment) -> Decision | None:
 
 def _owned(o: NodeObservation, dep: Deployment) -> list[Container]:
     return [c for c in o.containers if c.labels.get(OWNER_LABEL) == dep.name and c.labels.get(ROLE_LABEL) != PREFETCH_ROLE]
+
+
+@dataclass(frozen=True)
+class RayView:
+    """Ray's answer read for one deployment's members. ``state``: member -> "alive", "dead" (listed DEAD
+    and not alive), "unlisted" or "unknown" (the answer cannot tell: a row without an address or a state
+    that may be it, a truncated table). Only "dead" and "unlisted" say anything about a loss."""
+
+    state: dict[str, str]
+    gpus: dict[str, float | None]  # alive members: the GPUs Ray gives it (None: no figure)
+    strays: tuple[str, ...]  # addresses alive in Ray that are no member's: someone else's, never ours to act on
+    gaps: tuple[str, ...]  # what the answer left out that matters here (unknowns)
+
+
+def ray_view(r: RayObservation, members: list[Node]) -> RayView:
+    ours = {n.fabric_ip for n in members}
+    anyone = [x for x in r.nodes if not x.ip and x.alive is not False]
+    gaps = [f"{len(anyone)} node{'s' if len(anyone) > 1 else ''} without an address"] if anyone else []
+    if r.incomplete:
+        gaps.append(r.incomplete)
+    hidden = bool(anyone or r.incomplete)
+    state: dict[str, str] = {}
+    gpus: dict[str, float | None] = {}
+    for n in members:
+        rows = [x for x in r.nodes if x.ip == n.fabric_ip]
+        alive = [x for x in rows if x.alive is True]
+        if alive:
+            state[n.name] = "alive"
+            figures = [x.gpus for x in alive if x.gpus is not None]
+            gpus[n.name] = max(figures) if figures else None
+            if not figures:
+                gaps.append(f"{n.name}: no GPU figure")
+        elif hidden or any(x.alive is None for x in rows):
+            state[n.name] = "unknown"
+            if not hidden:
+                gaps.append(f"{n.name}: no state")
+        else:
+            state[n.name] = "dead" if rows else "unlisted"
+    strays = tuple(sorted({x.ip for x in r.alive if x.ip and x.ip not in ours}))
+    return RayView(state, gpus, strays, tuple(gaps))
 
 
 def _model(f: Facts, phase: Phase) -> Decision | None:
@@ -173,7 +219,21 @@ def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
         return Decision(Phase.FAILED, st.why)
     if st.phase == Phase.BACKOFF and now < st.backoff_until:
         return Decision(Phase.BACKOFF, st.why)
-    return _with_unknowns(_plan(obs, st, cfg, now), obs, st, cfg, now)
+    return _with_strays(_with_unknowns(_plan(obs, st, cfg, now), obs, st, cfg, now), obs, cfg)
+
+
+def _with_strays(d: Decision, obs: Observation, cfg: Config) -> Decision:
+    """A node alive in the head's Ray that is none of the deployment's: a warning in a reason that has
+    nothing else to say, never a teardown (it may be another cluster's, and nothing of ours is wrong)."""
+    r, dep = obs.ray, cfg.deployment
+    if d.why.kind or d.phase == Phase.STARTING_RAY or not dep.uses_ray or r is None or not r.reachable:
+        return d
+    strays = ray_view(r, cfg.members(dep)).strays
+    if not strays:
+        return d
+    note = f"{', '.join(strays)} joined the head's Ray but {'is' if len(strays) == 1 else 'are'} no node of " \
+           f"{dep.name} (ignored)"
+    return dataclasses.replace(d, why=Reason("RayStrayNode", f"{note}; {d.why.detail}" if d.why.detail else note))
 
 
 def _hold(st: Status) -> Phase:
@@ -256,10 +316,8 @@ def nodes_seen(f: Facts) -> Decision | None:
     deployed = any(_owned(o, f.dep) for o in obs.nodes.values()) or st.phase in _DEPLOYED
     if not deployed:
         return Decision(Phase.BACKOFF, Reason("NodeUnreachable", why), failure=True)
-    ray = obs.ray
-    alive = {n.ip for n in ray.alive} if ray is not None and ray.reachable else None
-    ips = {n.name: n.fabric_ip for n in f.members}
-    gone = [o.name for o in down if alive is not None and ips[o.name] not in alive]
+    view = ray_view(obs.ray, f.members) if obs.ray is not None and obs.ray.reachable else None
+    gone = [o.name for o in down if view is not None and view.state[o.name] in ("dead", "unlisted")]
     if gone:  # Ray, which can still be asked, confirms the loss: wait for the node to come back
         return Decision(Phase.DEGRADED, Reason("NodeLost", f"{', '.join(gone)} unreachable and not alive in Ray "
                         f"({why}); waiting for it to return"))
@@ -376,30 +434,44 @@ def ray(f: Facts) -> Decision | None:
             return Decision(Phase.STARTING_RAY, Reason(detail=f"0/{len(members)} nodes (dashboard not answering yet)"))
         return Decision(_hold(st), Reason("ObservationUnknown", f"ray {r.via if r else 'dashboard'}: "
                         f"{(r.error if r else '') or 'no answer'}"))
-    want_ips = {n.fabric_ip for n in members}
+    view = ray_view(r, members)
     want_gpus = float(sum(n.gpus for n in members))
-    alive_ips = {n.ip for n in r.alive}
+    up = [n for n in members if view.state[n.name] == "alive"]
+    short = [n.name for n in up if (g := view.gpus[n.name]) is not None and g < n.gpus]
+    gpus = sum(g for n in up if (g := view.gpus[n.name]) is not None)
     serve_seen = s is not None and s.present and (s.running or bool(s.error))
-    wrong = sorted(alive_ips - want_ips)
-    if wrong:
-        return Decision(Phase.FAILED, Reason("RayNodeWrongIp", f"a node registered with {', '.join(wrong)}, expected the "
-                        f"fabric IPs {', '.join(sorted(want_ips))}: set fabric_ip/VLLM_HOST_IP per node"),
-                        f.teardown("wrong ip"), fatal=True)
-    if want_ips <= alive_ips and r.gpus >= want_gpus:
-        return None
-    missing = [n for n in members if n.fabric_ip not in alive_ips]
-    lost = sorted(n.name for n in missing)
-    status = f"{len(alive_ips)}/{len(members)} nodes, {r.gpus:.1f}/{want_gpus:.1f} GPUs"
+    if len(up) == len(members) and not short:
+        return None  # GPU figures Ray left out are unknowns (``unknowns``), not a shortage
+    missing = [n.name for n in members if view.state[n.name] != "alive"]
+    status = f"{len(up)}/{len(members)} nodes, {gpus:.1f}/{want_gpus:.1f} GPUs"
+    if view.strays:
+        status += f"; {', '.join(view.strays)} registered too, not a fabric IP"
     if serve_seen or st.phase in (Phase.SERVING, Phase.VERIFYING, Phase.LOADING):
-        # Evidence is Ray marking the node DEAD (or alive nodes short of GPUs); a node merely not in the
-        # list is held, not torn down for.
-        dead = {n.ip for n in r.nodes if not n.alive}
-        if not missing or any(n.fabric_ip in dead for n in missing):
-            return f.repair("gang", Reason("RayNodeLost", f"{', '.join(lost) or 'GPUs'} ({status})"), f.teardown("ray node lost"))
-        return Decision(_hold(st), Reason("RayNodeNotListed", f"{', '.join(lost)} not in Ray's node list ({status})"))
+        # Evidence is Ray marking the node DEAD (and no row that could be it alive or unknown), or an alive
+        # node short of GPUs by Ray's own figure; a node merely not listed, or one the answer cannot place,
+        # is held, not torn down for.
+        dead = [n for n in missing if view.state[n] == "dead"]
+        if dead or (short and not missing):
+            return f.repair("gang", Reason("RayNodeLost", f"{', '.join(dead or short)} ({status})"),
+                            f.teardown("ray node lost"))
+        unknown = [n for n in missing if view.state[n] == "unknown"]
+        if unknown:
+            return Decision(_hold(st), Reason("ObservationUnknown", f"ray nodes: {', '.join(unknown)} not placed in "
+                            f"Ray's answer ({'; '.join(view.gaps) or status})"))
+        return Decision(_hold(st), Reason("RayNodeNotListed", f"{', '.join(missing or short)} not in Ray's node list "
+                        f"({status})"))
     if st.phase == Phase.STARTING_RAY and st.in_phase(f.now) > dep.ray.join_timeout:
+        unknown = [n for n in missing if view.state[n] == "unknown"]
+        if unknown:  # the join may well be complete: Ray's answer cannot say, and a deadline is no evidence
+            return Decision(Phase.DEGRADED, Reason("ObservationUnknown", f"ray nodes: {', '.join(unknown)} not placed "
+                            f"in Ray's answer after {dep.ray.join_timeout:.0f}s ({'; '.join(view.gaps)})"))
+        unlisted = [n for n in missing if view.state[n] == "unlisted"]
+        if view.strays and unlisted:  # ours never came on its fabric IP, and others did: a config problem
+            return Decision(Phase.FAILED, Reason("RayNodeWrongIp", f"{', '.join(unlisted)} never registered on its "
+                            f"fabric IP while {', '.join(view.strays)} registered ({status}): set fabric_ip/VLLM_HOST_IP "
+                            "per node"), f.teardown("wrong ip"), fatal=True)
         return f.repair("gang", Reason("RayJoinTimeout", f"{status} after {dep.ray.join_timeout:.0f}s "
-                        f"(waiting for {', '.join(lost)})"), f.teardown("join timeout"))
+                        f"(waiting for {', '.join(missing or short)})"), f.teardown("join timeout"))
     return Decision(Phase.STARTING_RAY, Reason(detail=status))
 
 

@@ -13,7 +13,7 @@ import urllib.parse
 import tenacity
 
 from ..model import EndpointObservation, RayObservation
-from .ray import parse_nodes
+from .ray import parse
 
 
 class KeptAlive:
@@ -51,8 +51,8 @@ class QuickProbe:
             status, body = self.ray.get("/api/v0/nodes?limit=100")
             if status != 200:
                 return RayObservation(False, f"HTTP {status}")
-            return RayObservation(True, nodes=parse_nodes(json.loads(body)))
-        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError, AttributeError) as e:
+            return parse(json.loads(body))
+        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
             return RayObservation(False, type(e).__name__)
 
     def health(self) -> EndpointObservation:

@@ -1,26 +1,76 @@
-"""Ray's state through its dashboard REST API: no `import ray` in the daemon (it costs ~100 MB)."""
+"""Ray's state through its dashboard REST API: no `import ray` in the daemon (it costs ~100 MB).
+
+Every field the planner reads is checked here: one that is missing or malformed becomes unknown (an
+empty address, no state, no GPU figure), never a default that reads as evidence (``False``, ``0.0``)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import math
+from typing import Any
 
 import httpx
 
 from ..model import RayNode, RayObservation
 
+_STATES = {"ALIVE": True, "DEAD": False}
 
-def parse_nodes(doc: dict) -> tuple[RayNode, ...]:  # type: ignore[type-arg]
-    rows = doc["data"]["result"]["result"]
-    return tuple(RayNode(node_id=r.get("node_id", ""), ip=r.get("node_ip", ""), alive=r.get("state") == "ALIVE",
-                         gpus=float((r.get("resources_total") or {}).get("GPU", 0.0)),
-                         is_head=bool(r.get("is_head_node"))) for r in rows)
+
+def _ip(v: Any) -> str:
+    if not isinstance(v, str):
+        return ""
+    try:
+        return str(ipaddress.ip_address(v.strip()))
+    except ValueError:
+        return ""
+
+
+def _gpus(resources: Any) -> float | None:
+    v = resources.get("GPU") if isinstance(resources, dict) else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        return None
+    return float(v)
+
+
+def _node(r: dict[str, Any]) -> RayNode:
+    node_id = r.get("node_id")
+    state = r.get("state")
+    return RayNode(node_id=node_id if isinstance(node_id, str) else "", ip=_ip(r.get("node_ip")),
+                   alive=_STATES.get(state) if isinstance(state, str) else None,
+                   gpus=_gpus(r.get("resources_total")), is_head=r.get("is_head_node") is True)
+
+
+def _count(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def parse(doc: Any, via: str = "dashboard") -> RayObservation:
+    """The dashboard's /api/v0/nodes envelope. Raises KeyError/TypeError when it is not one at all (the
+    answer says nothing); rows that are not objects and a truncated list make it incomplete."""
+    result = doc["data"]["result"]
+    rows = result["result"]
+    if not isinstance(rows, list):
+        raise TypeError(f"the node list is a {type(rows).__name__}")
+    nodes = tuple(_node(r) for r in rows if isinstance(r, dict))
+    gaps = []
+    if len(nodes) < len(rows):
+        gaps.append(f"{len(rows) - len(nodes)} unreadable row{'s' if len(rows) - len(nodes) > 1 else ''}")
+    total = _count(result.get("total")) if isinstance(result, dict) else None
+    kept = _count(result.get("num_after_truncation")) if isinstance(result, dict) else None
+    if (total is not None and total > len(rows)) or (kept is not None and kept > len(rows)):
+        gaps.append(f"truncated: {len(rows)} of {max(total or 0, kept or 0)} rows")
+    warning = result.get("partial_failure_warning") if isinstance(result, dict) else None
+    if warning:
+        gaps.append(f"partial: {str(warning)[:120]}")
+    return RayObservation(True, nodes=nodes, via=via, incomplete="; ".join(gaps))
 
 
 def read_nodes(text: str, via: str) -> RayObservation:
     """The node table as JSON in the dashboard's envelope (from the dashboard or commands.RAY_NODES)."""
     try:
-        return RayObservation(True, nodes=parse_nodes(json.loads(text)), via=via)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return parse(json.loads(text), via)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
         return RayObservation(False, f"RayStateUnreadable: {type(e).__name__} {e}"[:200], via=via)
 
 
@@ -32,9 +82,8 @@ class RayDashboard:
         try:
             r = self.http.get(f"{self.url}/api/v0/nodes", params={"limit": 100}, timeout=self.timeout)
             r.raise_for_status()
-            nodes = parse_nodes(r.json())
+            return parse(r.json())
         except httpx.HTTPError as e:
             return RayObservation(False, f"RayDashboardUnreachable: {type(e).__name__} {e}"[:200])
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            return RayObservation(False, f"RayDashboardUnreadable: {e}"[:200])
-        return RayObservation(True, nodes=nodes)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+            return RayObservation(False, f"RayDashboardUnreadable: {type(e).__name__} {e}"[:200])

@@ -145,9 +145,12 @@ def test_a_dead_node_entry_does_not_count_and_a_wrong_ip_is_named() -> None:
     dead = RayObservation(True, nodes=(RayNode("a", "192.168.200.12", True, 1.0), RayNode("b", "192.168.200.13", False, 1.0)))
     assert plan(obs(C, deployed=True, ray=dead), status(Phase.STARTING_RAY), C, 1).reason == "1/2 nodes, 1.0/2.0 GPUs"
     wrong = RayObservation(True, nodes=(RayNode("a", "192.168.200.12", True, 1.0), RayNode("b", "10.0.0.13", True, 1.0)))
-    d = plan(obs(C, deployed=True, ray=wrong), status(Phase.STARTING_RAY), C, 1)
+    d = plan(obs(C, deployed=True, ray=wrong), status(Phase.STARTING_RAY, since=0), C, 1)
+    assert d.phase == Phase.STARTING_RAY and not d.actions  # a stray joining meanwhile looks the same: wait
+    assert d.reason == "1/2 nodes, 1.0/2.0 GPUs; 10.0.0.13 registered too, not a fabric IP"
+    d = plan(obs(C, deployed=True, ray=wrong), status(Phase.STARTING_RAY, since=0), C, C.deployment.ray.join_timeout + 1)
     assert d.fatal and d.phase == Phase.FAILED  # a config problem: retrying cannot help
-    assert d.reason.startswith("RayNodeWrongIp: a node registered with 10.0.0.13")
+    assert d.reason.startswith("RayNodeWrongIp: spark-2 never registered on its fabric IP while 10.0.0.13 registered")
 
 
 def test_half_a_deployment_is_torn_down_whole() -> None:
