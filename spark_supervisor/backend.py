@@ -14,7 +14,7 @@ from .adapters import AdapterError
 from .adapters.quick import QuickProbe
 from .adapters.shell import control_dir
 from .config import Config
-from .model import Action, EndpointObservation, ImageReport, Observation, RayObservation, Verdict
+from .model import Action, Container, EndpointObservation, ImageReport, Observation, RayObservation, Verdict
 from .observe import Observer, World
 
 Fingerprint = tuple[frozenset[str] | None, str]
@@ -71,6 +71,13 @@ class RealBackend:
         self.world.close()
 
 
+def _ours(c: Container, deployment: str, name: str) -> bool:
+    """Its owner label names the deployment; without one, its name is the deployment's container on the node
+    (never a container another deployment or supervisor owns, whatever it is called)."""
+    owner = c.labels.get(config_mod.OWNER_LABEL)
+    return owner == deployment if owner is not None else c.name == name
+
+
 def teardown(world: World, log: Any) -> list[str]:
     """Remove every container this deployment owns, on every node, workers first."""
     from .commands import node_container_name
@@ -80,8 +87,7 @@ def teardown(world: World, log: Any) -> list[str]:
     for node in reversed(cfg.members(dep)):
         a = world.nodes[node.name]
         try:
-            names = [c.name for c in a.docker.containers()
-                     if c.labels.get(config_mod.OWNER_LABEL) == dep.name or c.name == node_container_name(dep, node)]
+            names = [c.name for c in a.docker.containers() if _ours(c, dep.name, node_container_name(dep, node))]
             for name in names:
                 if a.docker.remove(name):
                     removed.append(f"{node.name}/{name}")

@@ -55,8 +55,14 @@ _ACTIVE = {"active", "activating", "reloading", "deactivating"}
 _DEPLOYED = {Phase.STARTING_VLLM, Phase.LOADING, Phase.VERIFYING, Phase.SERVING, Phase.DEGRADED}
 
 
+LABEL_PREFIX = OWNER_LABEL.split(".", 1)[0] + "."  # "spark-supervisor."
+
+
 def is_stale(c: Container, cfg: Config) -> bool:
-    if OWNER_LABEL in c.labels:
+    """A container the stale rules name. One carrying any label of ours (a deployment's, a helper's, this
+    daemon's or another supervisor's, a concurrent `check --preflight`'s) is never stale, whatever its name
+    or image: only the owner rules (``is_orphan``, teardown) may remove it, by its deployment's name."""
+    if any(k.startswith(LABEL_PREFIX) for k in c.labels):
         return False
     st = cfg.stale
     if c.name in st.containers or any(fnmatch.fnmatch(c.image, p) for p in st.image_patterns):
