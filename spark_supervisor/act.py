@@ -10,7 +10,7 @@ from typing import Any
 
 from collections.abc import Callable
 
-from . import commands, modelcheck, statefile
+from . import commands, modelcheck, redaction, statefile
 from . import retry as retry_mod
 from .adapters import AdapterError, NotFoundError
 from .config import Node, ray_hash, serve_hash
@@ -96,7 +96,8 @@ class Actor:
                     w.nodes[rank.name].docker.exec(container, commands.serve_launch(cfg, dep, sh, rank),
                                                    env=commands.serve_env(cfg, dep, sh, rank), detach=True)
                     self.log.info("serve.launched", node=rank.name, container=container,
-                                  argv=commands.serve_argv(dep, commands.rank_args(cfg, dep, rank)),
+                                  argv=redaction.argv(commands.serve_argv(dep, commands.rank_args(cfg, dep, rank)),
+                                                      self._secrets()),
                                   log=f"{commands.serve_log_dir(dep, rank) or commands.serve_dir(dep)}/"
                                       + ("current" if dep.serve.log_host_dir else "log"))
             case DropPageCache(node=node, why=why):
@@ -116,6 +117,18 @@ class Actor:
                     event, why=v.why, finish_reason=v.finish_reason, field=v.field, latency_s=v.latency_s, ran=v.ran)
                 return v
         return None
+
+    def _secrets(self) -> list[str]:
+        """What must never reach a log line: the API key and every secret-named variable's value the
+        deployment's containers get (HF_TOKEN in an env table)."""
+        cfg = self.world.cfg
+        dep = cfg.deployment
+        tables = [dep.serve.env, dep.ray.env, dep.ray.head_env, *(n.env for n in cfg.members(dep))]
+        return [dep.api_key, *(v for t in tables for k, v in t.items() if redaction.secret_env(k))]
+
+    def _redact(self, out: str) -> str:
+        """A helper's output (the image could echo its environment) fit for a reason or a log line."""
+        return redaction.text(out, self._secrets())
 
     IMAGES = "images.json"  # image checks by node, kept for as long as the image's ID and the spec stay the same
 
@@ -138,7 +151,7 @@ class Actor:
                 pass  # another shape (an older version): check again
         code, out = a.docker.run_once(spec)
         if code != 0:  # the probe itself always exits 0: the image could not even run sh
-            raise ActionFailed("ImageCheckFailed", f"{node}: {spec.image} exited {code}: {out.strip()[-200:]}",
+            raise ActionFailed("ImageCheckFailed", f"{node}: {spec.image} exited {code}: {self._redact(out.strip()[-200:])}",
                                deterministic=code in (126, 127))
         report = parse_image_probe(node, spec.image, key, out)
         self.log.info("image.checked", node=node, image=spec.image, ray=report.ray_version or None,
@@ -175,7 +188,7 @@ class Actor:
                                        prefetch="running", prefetched=True, files_done=n["files_done"],
                                        files_total=n["files_total"], bytes_done=n["bytes_done"],
                                        bytes_total=n["bytes_total"])
-            detail = (p.get("error") or f"{p.get('files_done', 0)} files, {int(p.get('bytes_done') or 0):,} bytes "
+            detail = self._redact(p.get("error") or f"{p.get('files_done', 0)} files, {int(p.get('bytes_done') or 0):,} bytes "
                       f"from {p.get('source')}" if p else f"its container {found.state} without a result")
             (self.log.warning if p.get("error") or not p else self.log.info)(
                 "model.prefetch_ended", node=node.name, state=p.get("state"), detail=detail)
@@ -183,7 +196,7 @@ class Actor:
         spec = commands.model_probe(cfg, dep, node)
         code, out = a.docker.run_once(spec)
         if code != 0:  # the probe exits 0 whatever it finds: the image could not run it (unknown, not missing)
-            raise ActionFailed("ModelCheckFailed", f"{node.name}: {spec.image} exited {code}: {out.strip()[-200:]}")
+            raise ActionFailed("ModelCheckFailed", f"{node.name}: {spec.image} exited {code}: {self._redact(out.strip()[-200:])}")
         try:
             report = modelcheck.judge(node.name, dep.serve.model, key, modelcheck.parse(out))
         except modelcheck.ProbeError as e:
@@ -229,7 +242,7 @@ class Actor:
         self._ensure_image(a, image)
         code, out = a.docker.run_once(commands.drop_caches_container(image))
         if code != 0:  # the image cannot do it (no sh, no sync, no write): the same again on retry
-            raise ActionFailed("PageCacheDropFailed", f"{a.node.name}: helper container exited {code}: {out[-200:]} "
+            raise ActionFailed("PageCacheDropFailed", f"{a.node.name}: helper container exited {code}: {self._redact(out[-200:])} "
                                "(set nodes.drop_caches, or [memory] page_cache = \"never\")", deterministic=True)
 
     def _systemctl(self, a: Any, verb: str, unit: str) -> None:
