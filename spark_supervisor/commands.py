@@ -191,63 +191,166 @@ def serve_log_dir(dep: Deployment, node: Node) -> str:
 
 LOG_CHECK_S = 10  # how often the wrapper looks at the log's size (log_max_mib)
 
+CACHE_MARK = ".spark-supervisor-cache"  # in <cache_dir>/<deployment> and in each spec's cache the wrapper made
+SPEC_HASH_LEN = 12  # config.serve_hash: this many lowercase hex digits, the only names the prune removes
+NOT_OURS_EXIT = 78  # sysexits' EX_CONFIG (75, EX_TEMPFAIL, is "a serve still runs"): the cache is not ours
+NOT_OURS = "CacheDirNotOurs"  # the wrapper's line in the serve log: spark-serve: CacheDirNotOurs: <why>
+
+# Shell functions shared by the scripts below: the serve a directory records is a pid AND its start time
+# (field 22 of /proc/<pid>/stat), so a pid reused by another process since is never taken for it (nor
+# signalled). A directory written by an earlier wrapper holds a pid alone: that serve leads its own session.
+_RECORD = r'''
+stat_field() {  # field $1 of /proc/$2/stat (the command name, field 2, may hold spaces and ")")
+  _n=$1; _s=$(cat "/proc/$2/stat" 2>/dev/null) || return 1
+  set -- ${_s##*) }
+  [ "$#" -ge $((_n - 2)) ] && shift $((_n - 3)) && echo "$1"
+}
+recorded() {  # sets p (the recorded pid, "" for none) and t (its start time; "ended" once exit is written)
+  p= t=
+  [ -f pid ] && read -r p <pid
+  if [ -f exit ]; then t=ended
+  elif [ -f process ]; then read -r p t <process
+  else t=legacy
+  fi
+  case $p in ''|*[!0-9]*) p= ;; esac
+}
+runs() {
+  [ -n "$p" ] || return 1
+  case $t in
+    legacy) [ "$(stat_field 6 "$p")" = "$p" ] ;;
+    ended|'') return 1 ;;
+    *) [ "$(stat_field 22 "$p")" = "$t" ] ;;
+  esac
+}
+claim() { echo "$1 $(stat_field 22 "$1")" >process.new && mv -f process.new process && echo "$1" >pid; }
+ended() { echo "$1" >exit; rm -f process; }
+'''
+
+# The compile caches: <cache_dir>/<deployment> (marked CACHE_MARK when the wrapper made it, or found it empty)
+# holds one directory per spec hash. Only a directory the wrapper made (a spec-hash name, not a link, its own
+# CACHE_MARK) is ever removed; anything else there is left alone. A directory not marked that holds anything
+# but spec-hash directories (an earlier version's caches: kept, never pruned) was not made by us: the launch
+# stops with NOT_OURS_EXIT and one line naming it, and nothing is deleted. The container is root: no link
+# is followed (rm -rf removes a link, never what it points to).
+_CACHE = r'''
+spec_hash() { case $1 in *[!0-9a-f]*) return 1 ;; HASH_GLOB) return 0 ;; *) return 1 ;; esac; }
+made() {
+  spec_hash "${1##*/}" && [ -d "$1" ] && [ ! -L "$1" ] && [ -f "$1/$M" ] && [ ! -L "$1/$M" ]
+}
+others() {  # the other specs' caches the wrapper made, the most recently launched first
+  (cd "$c" && ls -1t -- */"$M" 2>/dev/null) | while IFS= read -r x; do
+    x=${x%/*}; [ "$x" != "$h" ] && made "$c/$x" && echo "$x"
+  done
+}
+size() { (cd "$c" && du -smc -- "$h" $(others) 2>/dev/null) | tail -n 1 | cut -f1; }
+not_ours() {
+  x="spark-serve: NOT_OURS: $1; set deployments.serve.cache_dir to a directory of its own, or empty this one"
+  echo "$x" >>"$f"; echo "$x" >&2; ended NOT_OURS_EXIT; exit NOT_OURS_EXIT
+}
+cache() {
+  M=CACHE_MARK
+  spec_hash "$h" || { echo "spark-serve: not a spec hash: $h" | tee -a "$f" >&2; ended 2; exit 2; }
+  [ -L "$c" ] && not_ours "$c is a symbolic link"
+  mkdir -p "$c" || return 0
+  if [ ! -f "$c/$M" ] || [ -L "$c/$M" ]; then
+    for x in "$c"/* "$c"/.[!.]* "$c"/..?*; do
+      [ -e "$x" ] || [ -L "$x" ] || continue
+      spec_hash "${x##*/}" && [ -d "$x" ] && [ ! -L "$x" ] && continue
+      not_ours "$c holds files spark-supervisor did not create (${x##*/})"
+    done
+    : >"$c/$M"
+  fi
+  e=$c/$h
+  if mkdir "$e" 2>/dev/null; then : >"$e/$M"
+  elif [ -L "$e" ] || [ ! -d "$e" ]; then not_ours "$e is not a directory spark-supervisor made"
+  fi
+  mkdir -p "$e/tmp"; made "$e" && touch "$e/$M"
+  others | tail -n +"$k" | while IFS= read -r x; do rm -rf -- "$c/$x"; done
+  while [ "$(size)" -gt "$m" ] 2>/dev/null; do
+    x=$(others | tail -n 1); [ -n "$x" ] && rm -rf -- "$c/$x" && [ ! -e "$c/$x" ] || break
+  done
+}
+'''.replace("HASH_GLOB", "?" * SPEC_HASH_LEN).replace("NOT_OURS_EXIT", str(NOT_OURS_EXIT)).replace(
+    "NOT_OURS", NOT_OURS).replace("CACHE_MARK", CACHE_MARK)
 
 # Runs the serve in the background inside the node's container and records, in directory $1:
-# pid, spec (hash), started (UTC), log (stdout+stderr) and, once it ends, exit (its exit code).
-# $2 is the spec hash; $3 the deployment's compile-cache parent ("" for none), $4 how many spec caches to
-# keep and $5 their size cap in MiB (the oldest go first); $6 the node's serve-log directory on the host
-# ("" for none), $7 the node's name, $8 how many launches' logs to keep there, $9 a log's size cap in MiB
-# and $10 how often (s) to look at it; the rest is the serve's argv. Nothing from config is interpolated
-# into it. With a log directory the launch's log is <UTC start>-<node>-<spec>.log there (a second launch in
-# the same second gets "_<n>" after the time, one more than the highest there), `log` in $1 and `current` beside it point to it, and only the
-# newest $8 launches stay. A log past its cap is copied to <file>.1 and emptied in place (copytruncate: the
-# serve writes with O_APPEND, so it goes on at the start; it never waits on a pipe or a logger that could
-# die). A log directory that cannot be written falls back to `log` in $1: logging never stops a serve.
-# It refuses to start while the serve it recorded still runs: two serves on one GPU wedge both, and the
-# supervisor may have launched on a stale view (defence in depth behind the planner's own rule). The slot
-# is claimed (the wrapper's own pid recorded) before the cache is pruned, so a look in between sees a serve
-# starting, never "no serve". The serve runs in its own process group (setsid) so a stop reaches its
-# engine core and workers too.
-SERVE_WRAPPER = (
-    'd=$1; h=$2; c=$3; k=$4; m=$5; L=$6; n=$7; lk=$8; lm=$9; shift 9; li=$1; shift; '
-    'mkdir -p "$d" && cd "$d" || exit 1; '
-    'p=$(cat pid 2>/dev/null); if [ -n "$p" ] && [ ! -f exit ] && kill -0 "$p" 2>/dev/null; then '
-    'echo "spark-serve: pid $p still runs, not starting a second serve" >&2; exit 75; fi; '
-    'rm -f exit; [ -f log ] && mv -f log log.prev; rm -f log; echo "$h" >spec; s=$(date -u +%FT%TZ); '
-    'echo "$s" >started; echo $$ >pid; '
-    'if [ -n "$c" ]; then mkdir -p "$c/$h/tmp" && touch "$c/$h"; '
-    'ls -1t "$c" | tail -n +$((k+1)) | while read -r x; do rm -rf "$c/$x"; done; '
-    'while [ "$(du -sm "$c" | cut -f1)" -gt "$m" ] && [ "$(ls -1 "$c" | wc -l)" -gt 1 ]; do '
-    'rm -rf "$c/$(ls -1t "$c" | tail -n 1)"; done; fi; '
-    'f=log; if [ -n "$L" ] && mkdir -p "$L" 2>/dev/null; then t=$(echo "$s" | tr -d :-); u=$t; '
-    'i=$(ls -1 "$L" | sed -n "s/^$t-.*/0/p; s/^${t}_\\([0-9][0-9]*\\)-.*/\\1/p" | sort -n | tail -n 1); '
-    '[ -n "$i" ] && u=${t}_$((i+1)); g="$L/$u-$n-$h.log"; '
-    'if : >>"$g" 2>/dev/null; then f=$g; ln -sfn "$g" log; ln -sfn "${g##*/}" "$L/current"; '
-    'LC_ALL=C ls -1r "$L" | grep \'\\.log$\' | tail -n +$((lk+1)) | while read -r x; do '
-    '[ "$L/$x" = "$g" ] || rm -f "$L/$x" "$L/$x.1"; done; fi; fi; '
-    'setsid "$@" >>"$f" 2>&1 </dev/null & q=$!; echo $q >pid; '
-    '( while kill -0 $q 2>/dev/null; do sleep "$li"; '
-    '[ "$(wc -c <"$f" 2>/dev/null || echo 0)" -gt $((lm*1048576)) ] && cp -f "$f" "$f.1" && : >"$f"; done '
-    ') >/dev/null 2>&1 </dev/null & w=$!; wait $q; e=$?; kill $w 2>/dev/null; echo $e >exit'
-)
+# process (pid and start time) and pid, spec (hash), started (UTC), log (stdout+stderr) and, once it ends,
+# exit (its exit code). $2 is the spec hash; $3 the deployment's compile-cache parent ("" for none), $4 how
+# many spec caches to keep and $5 their size cap in MiB (the oldest go first; _CACHE); $6 the node's
+# serve-log directory on the host ("" for none), $7 the node's name, $8 how many launches' logs to keep
+# there, $9 a log's size cap in MiB and $10 how often (s) to look at it; the rest is the serve's argv.
+# Nothing from config is interpolated into it. With a log directory the launch's log is
+# <UTC start>-<node>-<spec>.log there (a second launch in the same second gets "_<n>" after the time, one
+# more than the highest there), `log` in $1 and `current` beside it point to it, and only the newest $8
+# launches stay (only files of that name: nothing else there is removed). A log past its cap is copied to
+# <file>.1 and emptied in place (copytruncate: the serve writes with O_APPEND, so it goes on at the start;
+# it never waits on a pipe or a logger that could die). A log directory that cannot be written falls back
+# to `log` in $1: logging never stops a serve. It refuses to start while the serve it recorded still runs:
+# two serves on one GPU wedge both, and the supervisor may have launched on a stale view (defence in depth
+# behind the planner's own rule). The slot is claimed (the wrapper's own pid recorded) before the cache is
+# pruned, so a look in between sees a serve starting, never "no serve"; the log is opened before it, so a
+# refusal of the cache is in the launch's log. The serve runs in its own process group (setsid) so a stop
+# reaches its engine core and workers too.
+SERVE_WRAPPER = _RECORD + _CACHE + r'''
+d=$1 h=$2 c=$3 k=$4 m=$5 L=$6 n=$7 lk=$8 lm=$9; shift 9; li=$1; shift
+mkdir -p "$d" && cd "$d" || exit 1
+recorded
+if [ ! -f exit ] && runs; then
+  echo "spark-serve: pid $p still runs, not starting a second serve" >&2; exit 75
+fi
+rm -f exit; [ -f log ] && mv -f log log.prev; rm -f log
+echo "$h" >spec; s=$(date -u +%FT%TZ); echo "$s" >started; claim $$
+f=log
+if [ -n "$L" ] && mkdir -p "$L" 2>/dev/null; then
+  t=$(echo "$s" | tr -d :-); u=$t
+  i=$(ls -1 "$L" | sed -n "s/^$t-.*/0/p; s/^${t}_\([0-9][0-9]*\)-.*/\1/p" | sort -n | tail -n 1)
+  [ -n "$i" ] && u=${t}_$((i + 1))
+  g="$L/$u-$n-$h.log"
+  if : >>"$g" 2>/dev/null; then
+    f=$g; ln -sfn "$g" log; ln -sfn "${g##*/}" "$L/current"
+    LC_ALL=C ls -1r "$L" | grep -E '^[0-9]{8}T[0-9]{6}Z(_[0-9]+)?-.+-[0-9A-Za-z]+\.log$' |
+      tail -n +$((lk + 1)) | while IFS= read -r x; do
+        [ "$L/$x" != "$g" ] && [ -f "$L/$x" ] && [ ! -L "$L/$x" ] && rm -f -- "$L/$x" "$L/$x.1"
+      done
+  fi
+fi
+[ -z "$c" ] || cache
+setsid "$@" >>"$f" 2>&1 </dev/null & q=$!; claim $q
+(
+  while kill -0 $q 2>/dev/null; do
+    sleep "$li"
+    [ "$(wc -c <"$f" 2>/dev/null || echo 0)" -gt $((lm * 1048576)) ] && cp -f "$f" "$f.1" && : >"$f"
+  done
+) >/dev/null 2>&1 </dev/null & w=$!
+wait $q; e=$?; kill $w 2>/dev/null; ended $e
+'''
 
 # Prints the state the wrapper recorded: "pid spec started running exit", then the log tail.
-SERVE_STATE = (
-    'cd "$1" 2>/dev/null || exit 3; p=$(cat pid 2>/dev/null); r=0; '
-    '[ -n "$p" ] && [ ! -f exit ] && kill -0 "$p" 2>/dev/null && r=1; '
-    'echo "${p:-0} $(cat spec 2>/dev/null) $(cat started 2>/dev/null) $r $(cat exit 2>/dev/null)"; '
-    'tail -c "$2" log 2>/dev/null; exit 0'
-)
+SERVE_STATE = _RECORD + r'''
+cd "$1" 2>/dev/null || exit 3
+recorded; r=0
+[ ! -f exit ] && runs && r=1
+echo "${p:-0} $(cat spec 2>/dev/null) $(cat started 2>/dev/null) $r $(cat exit 2>/dev/null)"
+tail -c "$2" log 2>/dev/null; exit 0
+'''
 
 # Signals the serve's process group (TERM, then KILL after $2 seconds) and forgets it, keeping its log as
-# log.prev (with a host log directory, both are links to the launches' files there).
-SERVE_STOP = (
-    'cd "$1" 2>/dev/null || exit 0; p=$(cat pid 2>/dev/null); '
-    'if [ -n "$p" ] && { kill -TERM -"$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null; }; then i=0; '
-    'while kill -0 "$p" 2>/dev/null && [ $i -lt $(($2*10)) ]; do sleep 0.1; i=$((i+1)); done; '
-    'kill -KILL -"$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; fi; '
-    'rm -f pid exit spec started; [ -f log ] && mv -f log log.prev; exit 0'
-)
+# log.prev (with a host log directory, both are links to the launches' files there). Only the serve it
+# recorded (runs), or that serve's group once its leader is gone (`group`: a pid is not reused while a group
+# bears its number); a pid that is some other process by now is never signalled.
+SERVE_STOP = _RECORD + r'''
+cd "$1" 2>/dev/null || exit 0
+recorded
+group() { [ -n "$p" ] && [ ! -e "/proc/$p" ] && kill -0 -"$p" 2>/dev/null; }
+if runs || group; then
+  kill -TERM -"$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
+  i=0
+  while { runs || group; } && [ "$i" -lt $(($2 * 10)) ]; do sleep 0.1; i=$((i + 1)); done
+  { runs || group; } && kill -KILL -"$p" 2>/dev/null
+  runs && kill -KILL "$p" 2>/dev/null
+fi
+rm -f pid process exit spec started; [ -f log ] && mv -f log log.prev; exit 0
+'''
 
 
 def serve_launch(cfg: Config, dep: Deployment, spec_hash: str, node: Node | None = None) -> list[str]:

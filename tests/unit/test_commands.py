@@ -70,7 +70,7 @@ def _wait(cond, what: str) -> None:
 def test_the_wrapper_records_the_serve_refuses_a_second_one_and_stop_ends_its_process_group(tmp_path) -> None:
     d = str(tmp_path / "serve")
     cache = tmp_path / "cache"
-    wrapper = ["sh", "-c", commands.SERVE_WRAPPER, "spark-serve", d, "h1", str(cache), "2", "1000", "", "n", "5", "1", "1"]
+    wrapper = ["sh", "-c", commands.SERVE_WRAPPER, "spark-serve", d, "0123456789ab", str(cache), "2", "1000", "", "n", "5", "1", "1"]
     first = subprocess.Popen([*wrapper, "sh", "-c", "echo started; sleep 60 & sleep 60"])
     try:
         _wait(lambda: os.path.exists(f"{d}/pid") and os.path.exists(f"{d}/log")
@@ -78,7 +78,7 @@ def test_the_wrapper_records_the_serve_refuses_a_second_one_and_stop_ends_its_pr
         state = _sh(["sh", "-c", commands.SERVE_STATE, "spark-serve", d, "1000"]).stdout
         head, _, log = state.partition("\n")
         pid, spec, _started, running = head.split()[:4]
-        assert (spec, running, log) == ("h1", "1", "started\n")
+        assert (spec, running, log) == ("0123456789ab", "1", "started\n")
         second = _sh([*wrapper, "sh", "-c", "echo second"])
         assert second.returncode == 75 and "still runs" in second.stderr
         assert Path(d, "pid").read_text().strip() == pid  # untouched
@@ -87,21 +87,24 @@ def test_the_wrapper_records_the_serve_refuses_a_second_one_and_stop_ends_its_pr
         # The whole group is gone, not just its leader (zombies wait for a reaper this sandbox may lack).
         _wait(lambda: set(_sh(["ps", "-o", "stat=", "-g", pid]).stdout.split()) <= {"Z"}, "the group ended")
         assert not os.path.exists(f"{d}/pid") and os.path.exists(f"{d}/log.prev")
-        assert (cache / "h1").is_dir()
+        assert (cache / "0123456789ab").is_dir()
     finally:
         first.kill()
 
 
 def test_the_wrapper_keeps_the_newest_spec_caches(tmp_path) -> None:
     cache = tmp_path / "cache"
-    for i, name in enumerate(["old1", "old2", "old3"]):
-        (cache / name).mkdir(parents=True)
-        os.utime(cache / name, (1000 + i, 1000 + i))
+    cache.mkdir()
+    (cache / commands.CACHE_MARK).touch()
+    for i, name in enumerate(["aaaaaaaaaaa1", "aaaaaaaaaaa2", "aaaaaaaaaaa3"]):
+        (cache / name).mkdir()
+        (cache / name / commands.CACHE_MARK).touch()
+        os.utime(cache / name / commands.CACHE_MARK, (1000 + i, 1000 + i))
     d = str(tmp_path / "serve")
-    r = _sh(["sh", "-c", commands.SERVE_WRAPPER, "spark-serve", d, "new", str(cache), "2", "1000", "", "n", "5", "1", "1",
-             "true"])
+    r = _sh(["sh", "-c", commands.SERVE_WRAPPER, "spark-serve", d, "bbbbbbbbbbbb", str(cache), "2", "1000", "", "n", "5",
+             "1", "1", "true"])
     assert r.returncode == 0
-    assert sorted(p.name for p in cache.iterdir()) == ["new", "old3"]
+    assert sorted(p.name for p in cache.iterdir()) == [commands.CACHE_MARK, "aaaaaaaaaaa3", "bbbbbbbbbbbb"]
 
 
 def test_the_api_key_reaches_vllm_through_its_environment_never_argv(tmp_path) -> None:
