@@ -110,13 +110,28 @@ def node_container(cfg: Config, dep: Deployment, node: Node, *, dashboard: bool 
     return ContainerSpec(node_container_name(dep, node), ray.image, command, env, labels, options)
 
 
+# On every short-lived container this code creates (value: its role), so that no daemon, nor a concurrent
+# `check --preflight`, takes another's for stale. The deployment's owner label only where the planner knows
+# the role (the prefetch): any other container owned by a deployment counts as one of its node containers.
+HELPER_LABEL = "spark-supervisor.helper"
+
+
+def helper_labels(role: str, dep: Deployment | None = None, node: Node | None = None) -> dict[str, str]:
+    labels = {ROLE_LABEL: role, HELPER_LABEL: role}
+    if node is not None:
+        labels[NODE_LABEL] = node.name
+    if dep is not None:
+        labels[OWNER_LABEL] = dep.name
+    return labels
+
+
 DROP_CACHES = ["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"]
 
 
 def drop_caches_container(image: str) -> ContainerSpec:
     """A short-lived container that drops the head's page cache for a daemon that may not write /proc/sys."""
     return ContainerSpec("", image, ["sh", "-c", "sync; echo 3 > /host-vm/drop_caches"], {},
-                         {ROLE_LABEL: "drop-caches"},
+                         helper_labels("drop-caches"),
                          {"cap_add": ["SYS_ADMIN"], "volumes": {"/proc/sys/vm": {"bind": "/host-vm", "mode": "rw"}},
                           "network_mode": "none"})
 
@@ -473,7 +488,7 @@ def image_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
     options = {k: v for k, v in base.options.items() if k in ("volumes", "init")}
     return ContainerSpec("", base.image, ["sh", "-c", IMAGE_PROBE, "spark-image-probe", ray_cmd,
                                           dep.serve.command[0], IMAGE_PROBE_PY],
-                         {**base.environment, **dep.serve.env}, {ROLE_LABEL: "image-check"},
+                         {**base.environment, **dep.serve.env}, helper_labels("image-check", node=node),
                          {**options, "network_mode": "none"})
 
 
@@ -492,7 +507,7 @@ def model_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
     options = {k: v for k, v in base.options.items() if k in ("volumes", "init")}
     return ContainerSpec("", base.image, ["sh", "-c", modelcheck.RUN_PY, "spark-model-probe", dep.serve.command[0],
                                           modelcheck.PROBE_PY, *modelcheck.probe_args(dep)],
-                         {**base.environment, **dep.serve.env}, {ROLE_LABEL: "model-check"},
+                         {**base.environment, **dep.serve.env}, helper_labels("model-check", node=node),
                          {**options, "network_mode": "none"})
 
 
@@ -508,7 +523,7 @@ def model_prefetch(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
                           modelcheck.PREFETCH_PY, *modelcheck.probe_args(dep), m.prefetch_from,
                           f"{m.prefetch_timeout:g}", str(modelcheck.PREFETCH_KEEP_S), modelcheck.PROGRESS],
                          {**base.environment, **dep.serve.env},
-                         {OWNER_LABEL: dep.name, NODE_LABEL: node.name, ROLE_LABEL: PREFETCH_ROLE},
+                         helper_labels(PREFETCH_ROLE, dep, node),
                          {**options, "network_mode": "host"})
 
 

@@ -140,3 +140,17 @@ def test_several_probes_run_in_one_shell_each_with_its_own_arguments_and_exit_co
     assert commands.parse_probes(r.stdout, 5) == [(0, "a b"), (3, ""), (0, "it's \"q\" $HOME `x` ;|&"), (1, ""),
                                                   (0, "no newline")]
     assert commands.parse_probes("::spark-probe:: begin 0\npartial\n", 1) == [None]  # cut off: did not end
+
+
+def test_every_helper_container_says_it_is_a_spark_supervisor_helper_and_its_role() -> None:
+    node = C.nodes[0]
+    helpers = {"image-check": commands.image_probe(C, DEP, node), "model-check": commands.model_probe(C, DEP, node),
+               commands.PREFETCH_ROLE: commands.model_prefetch(C, DEP, node),
+               "drop-caches": commands.drop_caches_container("img")}
+    for role, spec in helpers.items():
+        assert spec.labels[commands.HELPER_LABEL] == role and spec.labels["spark-supervisor.role"] == role
+    for role in ("image-check", "model-check", commands.PREFETCH_ROLE):
+        assert helpers[role].labels["spark-supervisor.node"] == node.name
+    # The owner label only where the planner tells the container from a node container by its role.
+    assert helpers[commands.PREFETCH_ROLE].labels[OWNER_LABEL] == DEP.name
+    assert not any(OWNER_LABEL in helpers[r].labels for r in ("image-check", "model-check", "drop-caches"))
