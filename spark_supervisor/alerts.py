@@ -25,10 +25,14 @@ from urllib.parse import urlsplit
 import httpx
 import tenacity
 
+from . import redaction
 from .config import Alerts
 
 # Queued alerts beyond this are dropped (and logged): a receiver down for hours must not grow us.
 QUEUE_MAX = 64
+# All the alert command gets of the daemon's environment (which holds HF_TOKEN, the API key's variable, ...).
+COMMAND_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+COMMAND_PASSED = ("HOME", "TZ")
 
 
 @dataclass
@@ -50,10 +54,21 @@ class RateLimit:
         return True, self.held.pop(key, 0)
 
 
-def webhook_label(url: str) -> str:
-    """The webhook for logs and errors: scheme and host only (its path may carry a token)."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}"
+webhook_label = redaction.url_origin  # the webhook in logs and errors: never its credentials, path or query
+
+
+def url_secrets(url: str) -> list[str]:
+    """What of a URL must not appear in a log line, in whatever form an exception's text may quote it."""
+    try:
+        parts = urlsplit(url)
+        userinfo = parts.netloc.rpartition("@")[0]
+        password = parts.password or ""
+    except ValueError:
+        parts, userinfo, password = None, url.partition("://")[2].rpartition("@")[0], ""
+    path = (f"{parts.path}?{parts.query}" if parts.query else parts.path) if parts else ""
+    found = [url, url.partition("://")[2], userinfo, *userinfo.split(":"), password, path,
+             path.rstrip("/").rpartition("/")[2]]
+    return sorted({s for s in found if len(s) >= 4}, key=len, reverse=True)
 
 
 class _Rejected(Exception):
@@ -127,8 +142,9 @@ class Alerter:
         try:
             retrying(send, doc)
         except Exception as e:  # whatever a receiver does, the loop goes on; the operator sees it in the log
+            error = redaction.text(f"{type(e).__name__}: {e}", url_secrets(self.cfg.webhook))
             self.log.error("alert.failed", alert=doc["event"], via=via, attempts=self.cfg.attempts,
-                           error=f"{type(e).__name__}: {e}"[:300])
+                           error=error[:300])
             self.on_sent(doc["deployment"], doc["event"], via, False)
             return
         self.log.info("alert.sent", alert=doc["event"], via=via)
@@ -137,18 +153,24 @@ class Alerter:
     def _post(self, doc: dict[str, Any]) -> None:
         try:
             r = httpx.post(self.cfg.webhook, json=doc, timeout=self.cfg.timeout)
-        except httpx.HTTPError as e:  # the URL (and any token in it) stays out of the message
-            raise _Rejected(f"{webhook_label(self.cfg.webhook)}: {type(e).__name__}") from None
+        except Exception as e:  # httpx quotes the URL in some errors: only the kind, the cause without the URL
+            why = redaction.text(str(e), url_secrets(self.cfg.webhook))[:200]
+            raise _Rejected(f"{webhook_label(self.cfg.webhook)}: {type(e).__name__}"
+                            + (f": {why}" if why else "")) from None
         if not r.is_success:
             raise _Rejected(f"{webhook_label(self.cfg.webhook)} answered HTTP {r.status_code}")
 
     def _run(self, doc: dict[str, Any]) -> None:
-        env = {**os.environ, "SPARK_ALERT_EVENT": doc["event"], "SPARK_ALERT_DEPLOYMENT": doc["deployment"],
+        env = {"PATH": COMMAND_PATH, "LANG": "C.UTF-8",
+               **{k: os.environ[k] for k in COMMAND_PASSED if k in os.environ},
+               "SPARK_ALERT_EVENT": doc["event"], "SPARK_ALERT_DEPLOYMENT": doc["deployment"],
                "SPARK_ALERT_SUMMARY": doc["summary"]}
         try:
             done = subprocess.run(self.cfg.command, input=json.dumps(doc) + "\n", text=True, capture_output=True,
                                   timeout=self.cfg.timeout, env=env, check=False)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise _Rejected(f"{self.cfg.command[0]}: {type(e).__name__}: {e}") from None
+        except subprocess.TimeoutExpired:  # its str() quotes the whole argv, which may hold a token
+            raise _Rejected(f"{self.cfg.command[0]}: timed out after {self.cfg.timeout:g}s") from None
+        except OSError as e:
+            raise _Rejected(f"{self.cfg.command[0]}: {type(e).__name__}: {e.strerror or e.errno}") from None
         if done.returncode != 0:
             raise _Rejected(f"{self.cfg.command[0]} exited {done.returncode}: {done.stderr.strip()[-200:]}")

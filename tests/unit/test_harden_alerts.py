@@ -1,0 +1,110 @@
+"""Alerts keep secrets in (issue 19, item 6): a webhook's credentials never reach a log line, whatever the
+failure; the alert command runs with a minimal environment, not the daemon's (HF_TOKEN, the API key)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+from spark_supervisor.alerts import Alerter
+from spark_supervisor.config import Alerts
+
+
+class Failing:
+    """A real HTTP server on loopback that answers every POST with HTTP 500."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers["Content-Length"]))
+                outer.requests += 1
+                self.send_response(500)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def failing() -> Iterator[Failing]:
+    f = Failing()
+    yield f
+    f.close()
+
+
+def send(alerts: Alerts) -> list[dict]:
+    logs = structlog.testing.LogCapture()
+    structlog.configure(processors=[structlog.processors.format_exc_info, logs])
+    try:
+        a = Alerter(alerts, log=structlog.get_logger())
+        a.emit("testbed", "failed", phase="FAILED", reason="ImageLacksRay: no ray")
+        a.close(timeout=30)
+    finally:
+        structlog.reset_defaults()
+    return logs.entries
+
+
+@pytest.mark.parametrize("where", [
+    "http://alice:hunter2-pass@127.0.0.1:{port}/hook/tok-path-secret",  # answers HTTP 500
+    "http://alice:hunter2-pass@127.0.0.1:9/hook/tok-path-secret",  # refused
+    "http://alice:hunter2-pass@[::1/hook/tok-path-secret",  # httpx cannot even parse it
+    "ftp://alice:hunter2-pass@127.0.0.1:9/hook/tok-path-secret",  # not a protocol httpx speaks
+])
+def test_a_failed_webhook_never_logs_its_credentials_or_path(failing: Failing, where: str) -> None:
+    url = where.format(port=failing.port)
+    entries = send(Alerts.model_construct(webhook=url, command=[], events=["failed"], min_interval=1, timeout=5,
+                                          attempts=2))
+    failed = [e for e in entries if e["event"] == "alert.failed"]
+    assert len(failed) == 1, entries
+    text = json.dumps(entries)
+    for secret in ("hunter2-pass", "alice", "tok-path-secret"):
+        assert secret not in text, text
+    assert failed[0]["error"], failed
+
+
+def test_the_command_gets_a_minimal_environment_and_its_own_variables(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_leaked_token")
+    monkeypatch.setenv("VLLM_API_KEY", "sk-leaked-key")
+    monkeypatch.setenv("SOME_OTHER", "x")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    out = tmp_path / "env"
+    entries = send(Alerts(command=["/bin/sh", "-c", f"env > {out}"], events=["failed"], min_interval=1))
+    assert [e["event"] for e in entries] == ["alert.sent"], entries
+    env = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+    assert "hf_leaked_token" not in out.read_text() and "sk-leaked-key" not in out.read_text()
+    assert env["SPARK_ALERT_EVENT"] == "failed" and env["SPARK_ALERT_DEPLOYMENT"] == "testbed"
+    assert env["SPARK_ALERT_SUMMARY"].endswith("testbed: failed: ImageLacksRay: no ray")
+    assert env["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert env.get("LANG") == "C.UTF-8"
+    # sh itself adds PWD (and dash OLDPWD): nothing else of the daemon's gets through
+    assert set(env) - {"PWD", "OLDPWD", "SHLVL", "_"} <= {
+        "PATH", "LANG", "HOME", "TZ", "SPARK_ALERT_EVENT", "SPARK_ALERT_DEPLOYMENT", "SPARK_ALERT_SUMMARY"}, env
+
+
+def test_a_command_that_fails_or_hangs_never_logs_its_arguments(tmp_path: Path) -> None:
+    hang = [sys.executable, "-c", "import time; time.sleep(60)", "--token", "cmd-secret-arg"]
+    entries = send(Alerts(command=hang, events=["failed"], min_interval=1, timeout=1, attempts=1))
+    failed = [e for e in entries if e["event"] == "alert.failed"]
+    assert len(failed) == 1 and "timed out after 1" in failed[0]["error"], entries
+    assert "cmd-secret-arg" not in json.dumps(entries)
