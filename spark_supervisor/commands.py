@@ -11,6 +11,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import redaction
 from .config import (
     HASH_LABEL,
     NODE_LABEL,
@@ -175,6 +176,18 @@ def serve_argv(dep: Deployment, ranks: list[str] | None = None) -> list[str]:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
     # the API key goes through the environment: argv is public (ps)
     return argv + list(ranks or []) + list(s.extra_args)
+
+
+def secrets(cfg: Config, dep: Deployment) -> list[str]:
+    """What never goes into a log line or status: the API key, and every secret-named variable's value the
+    deployment's containers get."""
+    envs = [dep.serve.env, dep.ray.env, dep.ray.head_env, *(n.env for n in cfg.members(dep))]
+    return [x for x in (dep.api_key, *(v for e in envs for k, v in e.items() if redaction.secret_env(k))) if x]
+
+
+def shown_argv(cfg: Config, dep: Deployment, argv: list[str]) -> list[str]:
+    """An argv fit for a log line or status (secret flags by any prefix, secret NAME=value, known secrets)."""
+    return redaction.argv(argv, secrets(cfg, dep))
 
 
 def serve_env(cfg: Config, dep: Deployment, spec_hash: str = "", node: Node | None = None) -> dict[str, str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from dataclasses import dataclass
 
-from . import commands
+from . import commands, redaction
 from .adapters import AdapterError
 from .adapters.shell import run_local
 from .observe import NodeAdapters, World
@@ -51,32 +51,37 @@ def _layers(world: World, a: NodeAdapters, timeout: float) -> list[Layer]:
     cfg = world.cfg
     dep = cfg.deployment
     container = commands.node_container_name(dep, a.node)
+    secrets = commands.secrets(cfg, dep)
+
+    def shown(e: Exception) -> str:
+        return redaction.text(str(e), secrets)
     out: list[Layer] = []
     if a.node.role == "head":
         ep = world.api.observe_health()
         out.append(Layer("serve API", ep.state == "up" and ep.health == 200,
-                         f"{cfg.endpoint(dep)}/health: {ep.state} {ep.health or ''}".strip()))
+                         f"{redaction.url(cfg.endpoint(dep))}/health: {ep.state} {ep.health or ''}".strip()))
         if out[-1].ok:
             return out
     try:
         state = next((c.state for c in a.docker.containers() if c.name == container), "absent")
         out.append(Layer("container", state == "running", f"{container}: {state}"))
-        out.append(Layer("Docker engine", True, f"{a.node.docker}: version {a.docker.version()}"))
+        out.append(Layer("Docker engine", True, f"{redaction.url(a.node.docker)}: version {a.docker.version()}"))
     except AdapterError as e:
         out.append(Layer("container", False, "unknown (the engine does not answer)"))
-        out.append(Layer("Docker engine", False, str(e)))
+        out.append(Layer("Docker engine", False, shown(e)))
     if a.node.remote:
         try:
             a.shell.check()
             out.append(Layer("SSH", True, f"ssh {a.node.ssh}: answers"))
         except AdapterError as e:
-            out.append(Layer("SSH", False, str(e)))
+            out.append(Layer("SSH", False, shown(e)))
     if a.node.oob:
         try:
             r = run_local(a.node.oob, timeout)
-            out.append(Layer("out-of-band", r.rc == 0, f"{' '.join(a.node.oob)}: exit {r.rc}"))
+            out.append(Layer("out-of-band", r.rc == 0,
+                             f"{' '.join(commands.shown_argv(cfg, dep, list(a.node.oob)))}: exit {r.rc}"))
         except AdapterError as e:
-            out.append(Layer("out-of-band", False, str(e)))
+            out.append(Layer("out-of-band", False, shown(e)))
     # Report top-down, but the verdict reads bottom-up: stop at the first layer that answers.
     return out
 

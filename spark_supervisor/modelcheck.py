@@ -21,6 +21,7 @@ import json
 import posixpath
 from typing import Any
 
+from . import redaction
 from .config import Config, Deployment, ray_hash
 from .model import ModelReport
 
@@ -404,7 +405,8 @@ def describe(cfg: Config, dep: Deployment, reports: dict[str, ModelReport]) -> s
     failed = [f"{m.node}: {m.detail}" for m in bad if m.prefetched and m.detail]
     if failed:
         text += f"; the prefetch did not complete it ({'; '.join(failed)})"
-    return f"{text}. Hint: {hint(cfg, dep, bad, good)}"
+    from .commands import secrets  # a prefetch's error may quote what it was given
+    return redaction.text(f"{text}. Hint: {hint(cfg, dep, bad, good)}", secrets(cfg, dep))
 
 
 def hint(cfg: Config, dep: Deployment, bad: list[ModelReport], good: list[ModelReport]) -> str:
