@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -14,6 +15,8 @@ from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, TextIO
 
 import structlog
+
+from . import redaction
 
 IDENTIFIER = "spark-supervisor"
 SOCKET = "/run/systemd/journal/socket"
@@ -30,6 +33,59 @@ MAX_TRACEBACK = 64 * 1024
 SEND_TIMEOUT_S = 0.5  # a journald that does not drain its socket must not stall a reconcile tick
 RETRY_SOCKET_S = 30.0  # after a failed send, stderr (with a <N> prefix) for this long before trying again
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-/:@,+%")
+
+
+# ------------------------------------------------------------------------------------------- secrets
+# Whatever a caller forgot, no log line carries a secret: the values registered here (the API keys, secret
+# environment values) and a URL's credentials are replaced in every string of every event.
+MAX_SECRETS = 256  # keys rotated by reloads stay hidden; a bound all the same
+_secrets: tuple[str, ...] = ()
+_secrets_lock = threading.Lock()
+# user:password@ in any scheme (ssh://root@spark-2 names a user, not a secret); any userinfo in http(s).
+_URL_CREDENTIALS = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^\s/@:]*:[^\s/@]*@|\b(https?://)[^\s/@]+@")
+
+
+def register_secret(*values: str) -> None:
+    """Never log these values (too short to be a secret, under 4 characters: ignored)."""
+    global _secrets
+    with _secrets_lock:
+        new = [v for v in (str(x).strip() for x in values) if len(v) >= 4 and v not in _secrets]
+        if new:  # longest first: a secret holding another is replaced whole
+            _secrets = tuple(sorted({*_secrets, *new}, key=len, reverse=True)[:MAX_SECRETS])
+
+
+def register_environment(env: Mapping[str, str]) -> None:
+    """The values of the secret-named variables (HF_TOKEN, *_API_KEY, ...) of an environment."""
+    register_secret(*(v for k, v in env.items() if redaction.secret_env(k)))
+
+
+def register_config(cfg: Any) -> None:
+    """Every deployment's API key and every secret-named value in the config's env tables."""
+    for node in getattr(cfg, "nodes", ()):
+        register_environment(getattr(node, "env", {}))
+    for dep in getattr(cfg, "deployments", ()):
+        register_secret(getattr(dep, "api_key", ""))
+        for table in (dep.ray.env, dep.ray.head_env, dep.serve.env):
+            register_environment(table)
+
+
+def _scrub(v: Any) -> Any:
+    if isinstance(v, str):
+        if "://" in v and "@" in v:
+            v = _URL_CREDENTIALS.sub(lambda m: f"{m.group(1) or m.group(2)}{redaction.MARK}@", v)
+        return redaction.text(v, _secrets)
+    if isinstance(v, dict):
+        return {k: _scrub(x) for k, x in v.items()}
+    if type(v) in (list, tuple, set, frozenset):
+        return type(v)(_scrub(x) for x in v)
+    return v
+
+
+def redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """The structlog processor: after format_exc_info, so that a traceback is scrubbed too."""
+    for k, v in event.items():
+        event[k] = _scrub(v)
+    return event
 
 
 def priority(level: str | None) -> int:
@@ -176,9 +232,10 @@ def setup(json: bool | None = None, journal: bool | None = None) -> None:
         journal = json is None and under_journald()
     if json is None:
         json = not sys.stderr.isatty()
+    register_environment(os.environ)
     common: list[Any] = [structlog.processors.add_log_level,
                          structlog.processors.TimeStamper(fmt="iso", utc=True),
-                         structlog.processors.format_exc_info]
+                         structlog.processors.format_exc_info, redact]
     global sink
     if sink is not None:
         sink.close()
