@@ -30,7 +30,7 @@ from .model import (
     Verdict,
     Verify,
 )
-from .observe import World
+from .observe import World, secrets
 from .preflight import parse_image_probe
 
 
@@ -119,12 +119,7 @@ class Actor:
         return None
 
     def _secrets(self) -> list[str]:
-        """What must never reach a log line: the API key and every secret-named variable's value the
-        deployment's containers get (HF_TOKEN in an env table)."""
-        cfg = self.world.cfg
-        dep = cfg.deployment
-        tables = [dep.serve.env, dep.ray.env, dep.ray.head_env, *(n.env for n in cfg.members(dep))]
-        return [dep.api_key, *(v for t in tables for k, v in t.items() if redaction.secret_env(k))]
+        return secrets(self.world.cfg)
 
     def _redact(self, out: str) -> str:
         """A helper's output (the image could echo its environment) fit for a reason or a log line."""

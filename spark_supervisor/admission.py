@@ -109,3 +109,56 @@ def free_memory_failure(obs: Observation, st: Status, cfg: Config, line: str) ->
     return Decision(Phase.STARTING_VLLM, Reason("FreeMemoryBelowUtilization", f"{figures}: dropping the page cache, "
                     "then one more launch"), (StopServe("free memory"), *(
                         DropPageCache(n.name, "vLLM refused on free memory") for n in cfg.members(dep))))
+
+
+RAY_CLIENT_PORT = 10001  # `ray start --head` serves Ray Client here unless --ray-client-server-port says otherwise
+
+
+def _flag(args: tuple[str, ...] | list[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def ports_needed(cfg: Config, dep: Deployment, dashboard: bool = True) -> dict[str, dict[int, str]]:
+    """node -> port -> what binds it there once the deployment starts, as the config says."""
+    from .commands import serve_nodes  # commands imports config only; kept local like the planner's helpers
+    head = cfg.serve_node(dep)
+    out: dict[str, dict[int, str]] = {n.name: {} for n in cfg.members(dep)}
+    if dep.uses_ray:
+        ray = dep.ray
+        out[head.name][ray.port] = "Ray's GCS"
+        if dashboard:
+            out[head.name][ray.dashboard_port] = "Ray's dashboard"
+        client = _flag(list(ray.extra_args), "--ray-client-server-port")
+        port = int(client) if client is not None and client.isdigit() else RAY_CLIENT_PORT
+        out[head.name].setdefault(port, "Ray's client server")
+    rank0 = serve_nodes(cfg, dep)[0]
+    out[rank0.name].setdefault(dep.serve.port, f"the serve ({dep.serve.name})")
+    if not dep.uses_ray and len(cfg.members(dep)) > 1:
+        out[rank0.name].setdefault(dep.serve.master_port, "the serve's rank 0 (master_port)")
+    return out
+
+
+def port_holders(obs: Observation, cfg: Config, dep: Deployment, dashboard: bool = True) -> tuple[list[str], list[str]]:
+    """Before the deployment's containers start: (ports held by something that is not a configured
+    deployment's container on a member's fabric IP or every address, unknown: nodes whose listeners could
+    not be read, or whose holder may be ours but cannot be told)."""
+    held: list[str] = []
+    unseen: list[str] = []
+    for node in cfg.members(dep):
+        o, want = obs.nodes[node.name], ports_needed(cfg, dep, dashboard)[node.name]
+        if o.listening is None:
+            unseen.append(f"{node.name}: listening ports not read")
+            continue
+        for ln in o.listening:
+            if ln.port not in want or not (ln.everywhere or ln.address in (node.fabric_ip, f"::ffff:{node.fabric_ip}")):
+                continue
+            if ln.pid is not None and o.owned_pids is not None and ln.pid in o.owned_pids:
+                continue  # another configured deployment's (its own config problem, not a stranger)
+            who = f"{ln.process} (pid {ln.pid})" if ln.process and ln.pid is not None else ln.process or "a process the node does not name"
+            held.append(f"{node.name}: {ln.port} ({want[ln.port]}) held by {who} on {ln.address or '*'}")
+    return sorted(set(held)), unseen

@@ -49,6 +49,17 @@ class Failure:
         return f"{self.reason}: {self.line}" if self.line else self.reason
 
 
+# Something else listens where a component must bind: Ray's GCS (its grpc server prints the port, and the
+# words `Address already in use` even as advice, so its line is read first), uvicorn, torch, any bind().
+PORT_PATTERNS = (r"Failed to start the grpc server\. The specified port is \d+", r"(?i)address already in use",
+                 r"EADDRINUSE", r"(?i)\bport \d+ is (?:already )?in use", r"(?i)failed to bind",
+                 r"\[Errno 98\]", r"(?i)could not bind")
+PORT_HINT = ("another process holds the port on the node: stop it or give the deployment another port, "
+             "then `spark-supervisor reset`")
+_PORTS = tuple(re.compile(p) for p in PORT_PATTERNS)
+_PORT_NUMBER = (re.compile(r"specified port is (\d+)"), re.compile(r"(?i)\bport[ =:]*(\d{1,5})\b"),
+                re.compile(r"\(\s*'[^']*',\s*(\d{1,5})\)"), re.compile(r"[\w.\]*]:(\d{1,5})\b"))
+
 # (reason, deterministic, hint, patterns): first match wins, so the more specific come first.
 FAILURES: tuple[tuple[str, bool, str, tuple[str, ...]], ...] = (
     ("FreeMemoryBelowUtilization", True,
@@ -91,6 +102,7 @@ FAILURES: tuple[tuple[str, bool, str, tuple[str, ...]], ...] = (
     ("MasterPortInUse", False, "something on the head already listens on deployments.serve.master_port: stop it "
      "or choose another port",
      (r"failed to listen on any local network address.*EADDRINUSE",)),
+    ("PortInUse", True, PORT_HINT, PORT_PATTERNS),
     ("RanksNeverJoined", False, "a headless rank did not reach rank 0: read that rank's serve log on its node, "
      "and check that the head's fabric IP answers on master_port",
      # (not "The client socket has failed to connect": torch prints that warning on every retry)
@@ -190,6 +202,24 @@ def classify(text: str) -> Failure | None:
                     shown = next((ln for ln in all_lines if _ROOT_CAUSE.search(ln) and not _GENERIC.search(ln)
                                   and not _CHATTER.search(ln)), line)
                 return Failure(reason, det, hint, shown.strip()[-300:])
+    return None
+
+
+@dataclass(frozen=True)
+class PortInUse:
+    port: int | None  # None: the line does not say
+    line: str
+
+
+def port_in_use(text: str) -> PortInUse | None:
+    """A bind that failed because the port was taken, in a container's or a serve's log: the port and the
+    line that says so (the first such line: later ones are the consequences)."""
+    for line in lines(text):
+        hit = next((m for p in _PORTS if (m := p.search(line))), None)
+        if hit is not None:  # Ray's line is long: the part that says it, not its tail
+            port = next((int(m.group(1)) for rx in _PORT_NUMBER if (m := rx.search(line))), None)
+            shown = line[max(0, hit.start() - 100):hit.start() + 200].strip()
+            return PortInUse(port if port is not None and 0 < port < 65536 else None, shown)
     return None
 
 

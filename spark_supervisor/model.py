@@ -66,6 +66,9 @@ class Container:
     image: str
     state: str  # docker's State.Status: created, running, exited, ...
     labels: dict[str, str] = field(default_factory=dict)
+    # An exited container of the deployment's: why, as its engine tells (None / "": not read)
+    exit_code: int | None = None
+    log_tail: str = ""
 
     @property
     def running(self) -> bool:
@@ -76,6 +79,20 @@ class Container:
         """Positive evidence that it no longer runs: its engine says it exited, died or never started.
         paused, restarting and removing are in between: not evidence of anything yet."""
         return self.state in ("exited", "dead", "created")
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A TCP socket listening on a node (ss -ltnp, or /proc/net/tcp without the process)."""
+
+    address: str  # "0.0.0.0", "::" or "*": every address
+    port: int
+    process: str = ""  # "": the node could not tell
+    pid: int | None = None
+
+    @property
+    def everywhere(self) -> bool:
+        return self.address in ("0.0.0.0", "::", "*", "")
 
 
 @dataclass(frozen=True)
@@ -124,6 +141,8 @@ class NodeObservation:
     # Host PIDs in the running containers of the configured deployments (any of them): GPU processes that are
     # ours, not foreign. Read only when the GPU lists a process that is not allowed; None: not read.
     owned_pids: frozenset[int] | None = None
+    # TCP listeners on the node (a full observation); None: could not be read (unknown: neither free nor busy)
+    listening: tuple[Listener, ...] | None = ()
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import ipaddress
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,19 +13,20 @@ from dataclasses import dataclass
 
 import httpx
 
-from . import commands
+from . import commands, redaction
 from .adapters import AdapterError, Unreachable
 from .adapters.docker import DockerEngine
 from .adapters.nvidia import parse_meminfo, parse_smi_xml
 from .adapters.ray import RayDashboard, read_nodes
 from .adapters.shell import NodeShell, Result
 from .adapters.vllm import VllmApi
-from .config import OWNER_LABEL, RAY_STATE_LABEL, Config, Node
+from .config import OWNER_LABEL, RAY_STATE_LABEL, ROLE_LABEL, Config, Node
 from .preflight import parse_ip_addr
 from .model import (
     Container,
     EndpointObservation,
     Gpu,
+    Listener,
     Memory,
     NodeObservation,
     Observation,
@@ -109,6 +112,63 @@ def _interfaces(r: Result) -> dict[str, tuple[str, ...]]:
     return parse_ip_addr(r.out)
 
 
+# TCP listeners with their processes (iproute2's ss, as root it names them); without ss the kernel's tables
+# (no process). A constant script: nothing from the config is in it.
+LISTENING = ["sh", "-c", "if command -v ss >/dev/null 2>&1 && ss -Hltnp 2>/dev/null; then exit 0; fi; "
+             "cat /proc/net/tcp || exit 1; cat /proc/net/tcp6 2>/dev/null; exit 0"]
+_SS_USER = re.compile(r'\("((?:[^"\\]|\\.)*)",pid=(\d+)')
+
+
+def _hex_addr(h: str) -> str:
+    raw = bytes.fromhex(h)
+    if len(raw) == 4:
+        return str(ipaddress.IPv4Address(raw[::-1]))
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))  # four host-order 32-bit words
+    a = ipaddress.IPv6Address(words)
+    return str(a.ipv4_mapped) if a.ipv4_mapped else str(a)
+
+
+def parse_listening(out: str) -> tuple[Listener, ...]:
+    """`ss -Hltnp` lines or /proc/net/tcp{,6} tables -> the listening sockets. A line that cannot be read
+    makes the whole reading unusable (AdapterError): a listener missed would read as a free port."""
+    found: list[Listener] = []
+    for line in out.splitlines():
+        f = line.split()
+        if not f or f[0] == "sl":
+            continue
+        try:
+            if f[0] == "LISTEN":
+                host, _, port = f[3].rpartition(":")
+                host = host.strip("[]").split("%", 1)[0]
+                m = _SS_USER.search(line)
+                found.append(Listener(host if host != "*" else "*", int(port), m.group(1) if m else "",
+                                      int(m.group(2)) if m else None))
+            elif f[0].endswith(":") and len(f) > 3:
+                if f[3] != "0A":  # TCP_LISTEN
+                    continue
+                host, port = f[1].split(":")
+                found.append(Listener(_hex_addr(host), int(port, 16)))
+            else:
+                raise ValueError(line[:80])
+        except (ValueError, IndexError) as e:
+            raise AdapterError("ListeningUnreadable", f"{type(e).__name__}: {e}"[:200]) from None
+    return tuple(found)
+
+
+def _listening(r: Result) -> tuple[Listener, ...]:
+    if r.rc != 0:
+        raise AdapterError("ListeningFailed", (r.err.strip() or f"exit {r.rc}")[-200:])
+    return parse_listening(r.out)
+
+
+def secrets(cfg: Config) -> list[str]:
+    """What must never reach a log line or a reason: the API key and every secret-named variable's value
+    the deployment's containers get (HF_TOKEN in an env table)."""
+    dep = cfg.deployment
+    tables = [dep.serve.env, dep.ray.env, dep.ray.head_env, *(n.env for n in cfg.members(dep))]
+    return [dep.api_key, *(v for t in tables for k, v in t.items() if redaction.secret_env(k))]
+
+
 def _probes(a: NodeAdapters, cfg: Config) -> dict[str, tuple[list[str], Callable[[Result], Any]]]:
     """The slow facts of a full observation: name -> (argv on the node, reader of its result)."""
     out: dict[str, tuple[list[str], Callable[[Result], Any]]] = {}
@@ -117,7 +177,24 @@ def _probes(a: NodeAdapters, cfg: Config) -> dict[str, tuple[list[str], Callable
     out["nvidia-smi"] = ([*a.node.nvidia_smi, "-q", "-x"], _nvidia)
     out["meminfo"] = (list(a.node.meminfo), _meminfo)
     out["ip"] = (list(a.node.ip), _interfaces)
+    out["listening"] = (list(LISTENING), _listening)
     return out
+
+
+def _ended(a: NodeAdapters, cfg: Config, containers: tuple[Container, ...]) -> tuple[Container, ...]:
+    """The deployment's exited containers with their exit code and last lines (why they ended); one that
+    cannot be read stays as listed (unknown why, still exited)."""
+    dep = cfg.deployment
+    out = []
+    for c in containers:
+        if c.lost and c.labels.get(OWNER_LABEL) == dep.name and c.labels.get(ROLE_LABEL) != commands.PREFETCH_ROLE:
+            try:
+                code, tail = a.docker.ended(c.name)
+                c = dataclasses.replace(c, exit_code=code, log_tail=redaction.text(tail, secrets(cfg)))
+            except AdapterError:
+                pass
+        out.append(c)
+    return tuple(out)
 
 
 def _run_batch(a: NodeAdapters, argvs: list[list[str]]) -> list[Result | None]:
@@ -145,6 +222,7 @@ def observe_node(a: NodeAdapters, cfg: Config, full: bool, probes: cf.Executor |
         containers = tuple(a.docker.containers())
     except AdapterError as e:
         return NodeObservation(name, error=str(e))
+    containers = _ended(a, cfg, containers)
     if not full:
         return NodeObservation(name, containers=containers)
     errors: list[str] = []
@@ -185,7 +263,7 @@ def observe_node(a: NodeAdapters, cfg: Config, full: bool, probes: cf.Executor |
     owned = _owned_pids(a, cfg, containers, gpu, errors) if gpu is not None else None
     return NodeObservation(name, containers=containers, docker_version=version, units=got.get("units"),
                            gpu=gpu, memory=got.get("meminfo"), interfaces=got.get("ip"),
-                           probe_errors=tuple(errors), owned_pids=owned)
+                           probe_errors=tuple(errors), owned_pids=owned, listening=got.get("listening"))
 
 
 def _owned_pids(a: NodeAdapters, cfg: Config, containers: tuple[Container, ...], gpu: Gpu,

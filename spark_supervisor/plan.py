@@ -27,7 +27,7 @@ from functools import cached_property
 
 from . import logscan, modelcheck
 from .commands import PREFETCH_ROLE, node_container_name, serve_nodes
-from .admission import admit, free_memory_failure, gpu_blockers, gpu_unknown
+from .admission import admit, free_memory_failure, gpu_blockers, gpu_unknown, port_holders
 from .preflight import image_problem
 from .config import HASH_LABEL, OWNER_LABEL, ROLE_LABEL, Config, Deployment, Node, ray_hash, serve_hash
 from .model import (
@@ -373,7 +373,12 @@ def containers(f: Facts) -> Decision | None:
         elif any(c.labels.get(HASH_LABEL) != rh for c in cs):
             problems.append(f"{node.name}: spec changed")
         elif any(c.lost for c in cs) or len(cs) > 1:
-            problems.append(f"{node.name}: {f.kind} container {cs[0].state}")
+            problems.append(f"{node.name}: {f.kind} container {cs[0].state}{_why_ended(cs[0])}")
+            bind = next((b for c in cs if c.lost and (b := logscan.port_in_use(c.log_tail)) is not None), None)
+            if bind is not None:  # the same again on every restart: say who holds it, restart nothing
+                return Decision(Phase.FAILED, Reason("PortInUse", f"{node.name}: {f.kind} container exited: "
+                                f"{_holder(f.obs.nodes[node.name], node, bind.port)}: {logscan.PORT_HINT} ({bind.line})"),
+                                f.teardown("port in use"), fatal=True)
         else:  # paused, restarting, removing: neither running nor gone
             between.append(f"{node.name}: {f.kind} container {cs[0].state}")
     if f.any_owned and problems:
@@ -385,6 +390,20 @@ def containers(f: Facts) -> Decision | None:
     if not f.any_owned and st.phase in _DEPLOYED:  # all we ran vanished (a power cut, `docker rm -f` everywhere)
         return f.repair("gang", Reason("DeploymentLost", f"no {f.kind} container on any node"), ())
     return None
+
+
+def _why_ended(c: Container) -> str:
+    last = logscan.lines(c.log_tail)[-1:] if c.log_tail else []
+    parts = ([f"exit code {c.exit_code}"] if c.exit_code is not None else []) + [ln.strip()[-200:] for ln in last]
+    return f" ({': '.join(parts)})" if parts else ""
+
+
+def _holder(o: NodeObservation, node: Node, port: int | None) -> str:
+    if port is None:
+        return "a port it needs is in use"
+    who = sorted({ln.process + (f" (pid {ln.pid})" if ln.pid is not None else "") for ln in o.listening or ()
+                  if ln.port == port and ln.process and (ln.everywhere or ln.address == node.fabric_ip)})
+    return f"{port} held by {', '.join(who)}" if who else f"{port} in use"
 
 
 def placement(f: Facts) -> Decision | None:
@@ -401,12 +420,17 @@ def placement(f: Facts) -> Decision | None:
                                               else Phase.DETECTING)
     if checked is not None:
         return checked
-    unseen = gpu_unknown(obs, cfg, dep)
+    head_report = st.images.get(f.members[0].name)
+    dashboard = head_report is None or head_report.dashboard
+    busy, ports_unseen = port_holders(obs, cfg, dep, dashboard)
+    if busy:  # before any container starts and any budget is spent: what would only exit, named
+        return Decision(Phase.FAILED, Reason("PortInUse", "; ".join(busy) + f": {logscan.PORT_HINT}"), fatal=True)
+    unseen = ports_unseen + gpu_unknown(obs, cfg, dep)
     if unseen:  # nothing starts on a guess; DEGRADED once it lasts
         late = st.phase == Phase.DEGRADED or (st.phase == Phase.CLEANING
                                               and st.in_phase(f.now) > cfg.healing.unknown_patience)
         return Decision(Phase.DEGRADED if late else Phase.CLEANING,
-                        Reason("ObservationUnknown", "GPU memory: " + "; ".join(unseen)))
+                        Reason("ObservationUnknown", ("GPU memory: " if not ports_unseen else "") + "; ".join(unseen)))
     held = gpu_blockers(obs, cfg, dep)
     if held:
         if st.phase == Phase.CLEANING and st.in_phase(f.now) > cfg.stale.memory_free_timeout:
@@ -416,8 +440,6 @@ def placement(f: Facts) -> Decision | None:
     admitted = admit(obs, st, cfg, Phase.CLEANING)
     if admitted is not None:
         return admitted
-    head_report = st.images.get(f.members[0].name)
-    dashboard = head_report is None or head_report.dashboard
     return Decision(Phase.STARTING_RAY, Reason(detail=f"0/{len(f.members)} nodes"),
                     tuple(StartContainer(n.name, dashboard) for n in f.members))
 

@@ -122,6 +122,19 @@ class DockerEngine:
         LISTINGS.put(self.url, found, at)
         return found
 
+    LOG_LINES, LOG_CHARS = 40, 8000
+
+    def ended(self, name: str) -> tuple[int | None, str]:
+        """An exited container's exit code (None: not told) and the end of its output, bounded in lines,
+        characters and time: why it ended, for the reason."""
+        def go() -> tuple[int | None, str]:
+            api = self.client().api
+            code = ((api.inspect_container(name) or {}).get("State") or {}).get("ExitCode")
+            out = api.logs(name, stdout=True, stderr=True, tail=self.LOG_LINES) or b""
+            text = out.decode(errors="replace") if isinstance(out, bytes) else str(out)
+            return (code if isinstance(code, int) and not isinstance(code, bool) else None), text[-self.LOG_CHARS:]
+        return self._call(go, what="exited container")  # type: ignore[no-any-return]
+
     def pids(self, name: str) -> list[int]:
         """The host PIDs of a running container's processes (the engine's top): what nvidia-smi lists."""
         raw = self._call(lambda: self.client().api.top(name))
