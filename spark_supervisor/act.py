@@ -30,7 +30,7 @@ from .model import (
     Verdict,
     Verify,
 )
-from .observe import World, secrets
+from .observe import World
 from .preflight import parse_image_probe
 
 
@@ -96,8 +96,7 @@ class Actor:
                     w.nodes[rank.name].docker.exec(container, commands.serve_launch(cfg, dep, sh, rank),
                                                    env=commands.serve_env(cfg, dep, sh, rank), detach=True)
                     self.log.info("serve.launched", node=rank.name, container=container,
-                                  argv=redaction.argv(commands.serve_argv(dep, commands.rank_args(cfg, dep, rank)),
-                                                      self._secrets()),
+                                  argv=commands.shown_argv(cfg, dep, commands.serve_argv(dep, commands.rank_args(cfg, dep, rank))),
                                   log=f"{commands.serve_log_dir(dep, rank) or commands.serve_dir(dep)}/"
                                       + ("current" if dep.serve.log_host_dir else "log"))
             case DropPageCache(node=node, why=why):
@@ -118,12 +117,9 @@ class Actor:
                 return v
         return None
 
-    def _secrets(self) -> list[str]:
-        return secrets(self.world.cfg)
-
     def _redact(self, out: str) -> str:
         """A helper's output (the image could echo its environment) fit for a reason or a log line."""
-        return redaction.text(out, self._secrets())
+        return redaction.text(out, commands.secrets(self.world.cfg, self.world.cfg.deployment))
 
     IMAGES = "images.json"  # image checks by node, kept for as long as the image's ID and the spec stay the same
 

@@ -161,14 +161,6 @@ def _listening(r: Result) -> tuple[Listener, ...]:
     return parse_listening(r.out)
 
 
-def secrets(cfg: Config) -> list[str]:
-    """What must never reach a log line or a reason: the API key and every secret-named variable's value
-    the deployment's containers get (HF_TOKEN in an env table)."""
-    dep = cfg.deployment
-    tables = [dep.serve.env, dep.ray.env, dep.ray.head_env, *(n.env for n in cfg.members(dep))]
-    return [dep.api_key, *(v for t in tables for k, v in t.items() if redaction.secret_env(k))]
-
-
 def _probes(a: NodeAdapters, cfg: Config) -> dict[str, tuple[list[str], Callable[[Result], Any]]]:
     """The slow facts of a full observation: name -> (argv on the node, reader of its result)."""
     out: dict[str, tuple[list[str], Callable[[Result], Any]]] = {}
@@ -190,7 +182,7 @@ def _ended(a: NodeAdapters, cfg: Config, containers: tuple[Container, ...]) -> t
         if c.lost and c.labels.get(OWNER_LABEL) == dep.name and c.labels.get(ROLE_LABEL) != commands.PREFETCH_ROLE:
             try:
                 code, tail = a.docker.ended(c.name)
-                c = dataclasses.replace(c, exit_code=code, log_tail=redaction.text(tail, secrets(cfg)))
+                c = dataclasses.replace(c, exit_code=code, log_tail=redaction.text(tail, commands.secrets(cfg, dep)))
             except AdapterError:
                 pass
         out.append(c)
