@@ -4,13 +4,17 @@ State file (JSON, written by the tests): {"name": "NVIDIA GB10", "driver": "580.
 "total_mib": null, "processes": [{"pid": 123, "name": "/usr/bin/python3", "used_mib": 19135}],
 "meminfo": {"total_mib": 122880, "free_mib": 24576, "cached_mib": 90112, "available_mib": 114688}}.
 ``total_mib: null`` is GB10's unified memory (totals N/A). Only processes that are alive are listed, as the
-driver does. ``meminfo`` is the node's /proc/meminfo in MiB; the older {"total_mib", "available_mib"} still
-reads (then MemFree = MemAvailable and Cached = 0).
+driver does; a process with a ``start`` (its /proc/<pid>/stat start time, which testbed.write_gpu records)
+is listed only while that PID is still that process, never a later one the kernel gave the same number.
 
-``--meminfo`` prints /proc/meminfo (the state's figures when given, the real file otherwise).
-``--drop-caches`` does to the state what ``sync; echo 3 > /proc/sys/vm/drop_caches`` does to a node: the
-page cache shrinks to a small residue, MemFree grows by what left it, MemAvailable stays. Without meminfo
-in the state it does nothing (and exits 0).
+Each node's memory is its own: ``meminfo`` is the node's /proc/meminfo in MiB (the older {"total_mib",
+"available_mib"} still reads: then MemFree = MemAvailable and Cached = 0); a state without it, or no state
+file, is a node with DEFAULT_MEMINFO. The host's real /proc/meminfo is read only when the state says
+``"meminfo": "host"``, and then never dropped.
+
+``--meminfo`` prints the node's /proc/meminfo. ``--drop-caches`` does to the state what
+``sync; echo 3 > /proc/sys/vm/drop_caches`` does to a node: the page cache shrinks to a small residue,
+MemFree grows by what left it, MemAvailable stays; the figures it leaves are what the next read reports.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -60,16 +65,46 @@ XML_TAIL = """\t\t</processes>
 """
 
 
-def load_state(path: str) -> dict[str, Any]:
+class BadState(ValueError):
+    pass
+
+
+def read_state(path: str) -> dict[str, Any]:
+    """The state file as written (nothing filtered or added); a missing file is an empty state."""
     try:
         with open(path) as f:
-            state: dict[str, Any] = json.load(f)
+            state = json.loads(f.read(STATE_LIMIT))
     except FileNotFoundError:
-        state = {}
+        return {}
+    if not isinstance(state, dict):
+        raise BadState(f"{path}: not a JSON object")
+    return state
+
+
+def proc_start(pid: object) -> int | None:
+    """When the process started (clock ticks after boot, field 22 of /proc/<pid>/stat): with its PID it
+    names one process. None when there is no such process."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat_line = f.read(4096)
+        return int(stat_line.rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _alive(p: dict[str, Any]) -> bool:
+    start = proc_start(p.get("pid"))
+    return start is not None and p.get("start", start) == start
+
+
+def load_state(path: str) -> dict[str, Any]:
+    state = read_state(path)
     state.setdefault("name", "NVIDIA GB10")
     state.setdefault("driver", "580.95.05")
     state.setdefault("total_mib", None)
-    state["processes"] = [p for p in state.get("processes", []) if os.path.exists(f"/proc/{p['pid']}")]
+    state["processes"] = [p for p in state.get("processes", []) if isinstance(p, dict) and _alive(p)]
     return state
 
 
@@ -92,6 +127,10 @@ def compute_apps_csv(state: dict[str, Any], units: bool) -> str:
 
 
 CACHE_RESIDUE_MIB = 200  # what drop_caches leaves in the page cache (dirty, mapped, in-use pages)
+STATE_LIMIT = 1 << 20
+HOST_MEMINFO = "/proc/meminfo"  # read only for a state that says "meminfo": "host"
+# A node whose state gives no figures: a GB10 (120 GiB) with 8 GiB in use and a little page cache.
+DEFAULT_MEMINFO = {"total_mib": 122880, "free_mib": 110592, "cached_mib": 4096, "available_mib": 114688}
 
 
 def mem_figures(m: dict[str, Any]) -> dict[str, int]:
@@ -102,16 +141,41 @@ def mem_figures(m: dict[str, Any]) -> dict[str, int]:
             "available_mib": available}
 
 
+def _host_text() -> str:
+    with open(HOST_MEMINFO) as f:
+        return f.read(STATE_LIMIT)
+
+
+def _host_figures() -> dict[str, int]:
+    kb = {k: int(v) for k, v in re.findall(r"^(\w+):\s+(\d+) kB$", _host_text(), re.M)}
+    return {"total_mib": kb["MemTotal"] // 1024, "free_mib": kb["MemFree"] // 1024,
+            "cached_mib": kb.get("Cached", 0) // 1024, "available_mib": kb["MemAvailable"] // 1024}
+
+
+def node_memory(path: str, state: dict[str, Any]) -> dict[str, int]:
+    """The node's memory in MiB: its state's figures, the defaults without them, the host's by opt-in."""
+    m = state.get("meminfo")
+    if m == "host":
+        return _host_figures()
+    if not m:
+        return dict(DEFAULT_MEMINFO)
+    try:
+        if not isinstance(m, dict):
+            raise TypeError(type(m).__name__)
+        return mem_figures(m)
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadState(f'{path}: meminfo must be {{"total_mib", "available_mib"[, "free_mib", "cached_mib"]}} in '
+                       f'MiB or "host", not {json.dumps(m)[:200]} ({type(e).__name__}: {e})') from None
+
+
 def _kb_line(name: str, mib: int) -> str:
     return f"{name + ':':<16}{mib * 1024:>8} kB\n"  # the kernel's "%-16s%8lu kB"
 
 
-def meminfo(state: dict[str, Any]) -> str:
-    m = state.get("meminfo")
-    if not m:
-        with open("/proc/meminfo") as f:
-            return f.read()
-    fig = mem_figures(m)
+def meminfo(path: str, state: dict[str, Any]) -> str:
+    if state.get("meminfo") == "host":
+        return _host_text()
+    fig = node_memory(path, state)
     return (_kb_line("MemTotal", fig["total_mib"]) + _kb_line("MemFree", fig["free_mib"])
             + _kb_line("MemAvailable", fig["available_mib"]) + _kb_line("Buffers", 0)
             + _kb_line("Cached", fig["cached_mib"]))
@@ -137,14 +201,10 @@ def _write_atomic(path: str, state: dict[str, Any]) -> None:
 
 def drop_caches(path: str) -> str:
     """`sync; echo 3 > /proc/sys/vm/drop_caches` on the stand-in's memory. Returns the line to print."""
-    try:
-        with open(path) as f:
-            raw: dict[str, Any] = json.load(f)  # as written: processes not filtered, nothing added
-    except FileNotFoundError:
-        raw = {}
-    if not raw.get("meminfo"):
-        return f"drop_caches: no meminfo in {path}: nothing to drop"
-    m = mem_figures(raw["meminfo"])
+    raw = read_state(path)  # as written: processes not filtered, nothing added
+    if raw.get("meminfo") == "host":
+        return f"drop_caches: {path} reads the host's memory, whose page cache the testbed never drops: nothing dropped"
+    m = node_memory(path, raw)
     freed = max(0, m["cached_mib"] - CACHE_RESIDUE_MIB)
     if freed:
         before = dict(m)
@@ -167,12 +227,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--meminfo", action="store_true")
     p.add_argument("--drop-caches", action="store_true")
     a = p.parse_args(argv)
-    if a.drop_caches:
-        print(drop_caches(a.state))
-        return 0
-    state = load_state(a.state)
+    try:
+        if a.drop_caches:
+            print(drop_caches(a.state))
+            return 0
+        state = load_state(a.state)
+        text = meminfo(a.state, state) if a.meminfo else ""
+    except (BadState, ValueError) as e:  # a JSONDecodeError is a ValueError too
+        print(f"nvidia-smi stand-in: {e if isinstance(e, BadState) else f'{a.state}: {e}'}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"nvidia-smi stand-in: {a.state}: {e}", file=sys.stderr)
+        return 1
     if a.meminfo:
-        sys.stdout.write(meminfo(state))
+        sys.stdout.write(text)
     elif a.q and a.x:
         sys.stdout.write(xml(state))
     elif a.query_compute_apps:

@@ -22,6 +22,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
+
+from . import nvidia_smi
 
 DIR = Path(os.environ.get("SPARK_TESTBED_DIR", "/var/lib/spark-testbed"))  # not /var/tmp: the unit has PrivateTmp=yes
 SRC = Path(__file__).resolve().parent.parent
@@ -266,12 +269,14 @@ def stop_sshd(sessions: bool = False, node: str = "spark-2") -> None:
 
 
 def write_gpu(node: str, processes: list[dict[str, object]] | None = None,
-              meminfo: dict[str, int] | None = None) -> None:
+              meminfo: dict[str, int] | Literal["host"] | None = None) -> None:
     """The GPU as nvidia-smi will report it: GB10, unified memory, Xorg always present (as on a desktop).
-    meminfo: the node's /proc/meminfo in MiB (page_cache_full(), memory_held(), or {total_mib, free_mib,
-    cached_mib, available_mib}); without it `--meminfo` reports the host's real /proc/meminfo and the vLLM
-    stand-in does not check MemFree."""
-    procs = [{"pid": 1, "name": "/usr/lib/xorg/Xorg", "used_mib": 40, "type": "G"}, *(processes or [])]
+    Each process is recorded with its start time, so it stops being listed when it exits even if its PID
+    is reused. meminfo: the node's /proc/meminfo in MiB (page_cache_full(), memory_held(), or {total_mib,
+    free_mib, cached_mib, available_mib}); without it the node has nvidia_smi.DEFAULT_MEMINFO; "host": the
+    host's real /proc/meminfo, for a test that means to read it (never dropped)."""
+    procs = [{"pid": 1, "name": "/usr/lib/xorg/Xorg", "used_mib": 40, "type": "G"},
+             *({**p, "start": nvidia_smi.proc_start(p["pid"])} for p in processes or [])]
     state: dict[str, object] = {"name": "NVIDIA GB10", "driver": "580.95.05", "total_mib": None, "processes": procs}
     if meminfo:
         state["meminfo"] = meminfo

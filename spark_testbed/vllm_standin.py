@@ -22,8 +22,9 @@ STANDIN_FAULT_FILE     a file read on every request: "hang-completions" (/health
                        hang: a wedged collective) or "health-503" (EngineDeadError's /health)
 STANDIN_GPU_STATES     comma-separated paths of the nodes' gpu.json (spark_testbed/nvidia_smi.py). As real vLLM
                        on unified memory (GB10) does on every rank, the start fails when a node's MemFree
-                       (page cache counts as used) is below --gpu-memory-utilization x MemTotal. A file
-                       without "meminfo" (or missing) is not checked.
+                       (page cache counts as used) is below --gpu-memory-utilization x MemTotal. A node's
+                       MemFree is what `nvidia-smi --meminfo` reports for it (its defaults without figures);
+                       a state that cannot be read is not checked.
 STANDIN_KV_TOKENS      the KV cache the start reports, in tokens (409856); the GiB line scales with it
 STANDIN_FOLLOWER_TIMEOUT  mp multi-node: seconds rank 0 waits for the headless ranks to join, and a headless
                        rank keeps retrying to connect to rank 0 (60; torch's TCPStore timeout)
@@ -46,7 +47,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from spark_testbed.nvidia_smi import mem_figures
+from spark_testbed import nvidia_smi
 
 VERSION = os.environ.get("STANDIN_VLLM_VERSION", "0.33.0")
 V = tuple(int(x) for x in VERSION.split(".")[:2])
@@ -190,13 +191,9 @@ def free_memory_short(utilization: float) -> str:
     """vLLM's start-up check on unified memory, against each node's state file: the error line, or ""."""
     for path in filter(None, (x.strip() for x in os.environ.get("STANDIN_GPU_STATES", "").split(","))):
         try:
-            with open(path) as f:
-                m = json.load(f).get("meminfo")
-        except (OSError, ValueError):
+            fig = nvidia_smi.node_memory(path, nvidia_smi.read_state(path))
+        except (OSError, ValueError, KeyError):
             continue
-        if not m:
-            continue
-        fig = mem_figures(m)
         free, total = fig["free_mib"] / 1024, fig["total_mib"] / 1024
         if free < utilization * total:
             return (f"ValueError: Free memory on device cuda:0 ({free:.2f}/{total:.2f} GiB) on startup is less "
