@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from . import nvidia_smi
 
@@ -327,35 +327,92 @@ def plant_stale(node: str, names: tuple[str, ...] = STALE) -> list[int]:
     return pids
 
 
-def demo() -> int:
+DEMO_TIMEOUT = 600  # seconds `make demo` waits for SERVING
+
+
+class DemoFailed(Exception):
+    pass
+
+
+def demo_outcome(doc: dict[str, Any] | None, waited: float, exit_code: int | None) -> str:
+    """Why the demo stopped short of SERVING, in the daemon's own words: its last status."""
+    if exit_code is not None:
+        head = f"the daemon exited with {exit_code} after {waited:.0f}s"
+    elif doc and doc.get("phase") == "FAILED":
+        head = f"the daemon gave up (FAILED) after {waited:.0f}s"
+    else:
+        head = f"SERVING was not reached within {waited:.0f}s"
+    if not doc:
+        return f"{head}, and the daemon wrote no status: its own output above says why."
+    kind = doc.get("reason_kind") or ""
+    lines = [f"{head}. The daemon's last status:",
+             f"  phase:  {doc.get('phase') or '?'} since {doc.get('since') or '?'}",
+             f"  reason: {doc.get('reason') or '(none given)'}"]
+    if doc.get("progress"):
+        lines.append(f"  load:   {doc['progress']}")
+    history = [h for h in doc.get("history") or [] if isinstance(h, dict)][-5:]
+    if history:
+        lines.append("  last transitions:")
+        lines += [f"    {h.get('at', '?')} {h.get('phase', '?')}" + (f": {h['reason']}" if h.get("reason") else "")
+                  for h in history]
+    cfg = "etc/testbed.toml"
+    if doc.get("phase") == "FAILED":
+        hint = (f"fix the cause{f' ({kind})' if kind else ''}, then `make demo` again, or `spark-supervisor reset "
+                f"--config {cfg}` beside a running daemon")
+    else:
+        hint = f"the daemon's log above shows each attempt; `spark-supervisor status --config {cfg}` shows the nodes"
+    lines.append(f"  hint:   {hint}")
+    return "\n".join(lines)
+
+
+def _stop(daemon: subprocess.Popen[bytes]) -> None:
+    if daemon.poll() is None:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait(timeout=30)
+
+
+def demo(timeout: float = DEMO_TIMEOUT) -> int:
     """`make demo`: plant the post-reboot mess on both nodes, then run the daemon until it serves."""
+    from spark_supervisor import statefile
     up()
     clean_containers()
     for node in NODES:
         plant_stale(node)
         print(f"{node}: planted stale containers {', '.join(STALE)} (vllm_node holds 19135 MiB of GPU memory)")
     cfg = str(SRC / "etc" / "testbed.toml")
-    status = DIR / "supervisor" / "status.json"
-    status.unlink(missing_ok=True)
+    state_dir = DIR / "supervisor"
+    (state_dir / statefile.FILE).unlink(missing_ok=True)
     bindir = Path(sys.executable).parent
     daemon = subprocess.Popen([str(bindir / "spark-supervisor"), "run", "--config", cfg], env={**os.environ, **env()})
     t0 = time.monotonic()
 
-    def serving() -> bool:
-        if daemon.poll() is not None:
-            raise RuntimeError(f"the daemon exited with {daemon.returncode}")
+    def status() -> dict[str, Any] | None:
         try:
-            return json.loads(status.read_text()).get("phase") == "SERVING"
+            doc = statefile.read(str(state_dir))
         except (OSError, ValueError):
-            return False
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def settled() -> bool:
+        doc = status()
+        return daemon.poll() is not None or (doc or {}).get("phase") in ("SERVING", "FAILED")
     try:
-        until(serving, 600, "SERVING", every=0.5)
+        try:
+            until(settled, timeout, "SERVING", every=0.5)
+        except TimeoutError:
+            pass
+        doc = status()
+        if daemon.poll() is not None or (doc or {}).get("phase") != "SERVING":
+            raise DemoFailed(demo_outcome(doc, time.monotonic() - t0, daemon.poll()))
         print(f"\nSERVING after {time.monotonic() - t0:.1f}s. `spark-supervisor status`:\n", flush=True)
         subprocess.run([str(bindir / "spark-supervisor"), "status", "--config", cfg], env={**os.environ, **env()},
                        check=False, timeout=30)
     finally:
-        daemon.terminate()
-        daemon.wait(timeout=60)
+        _stop(daemon)
     print("\nThe daemon stopped with on_stop = \"leave\": the deployment keeps serving at http://127.0.0.2:8000."
           "\n`make demo-down` removes it and stops the testbed.")
     return 0
@@ -477,7 +534,11 @@ def main(argv: list[str] | None = None) -> int:
     elif cmd[0] == "clean":
         clean_containers()
     elif cmd[0] == "demo":
-        return demo()
+        try:
+            return demo()
+        except DemoFailed as e:
+            print(f"\nmake demo: FAILED: {e}", file=sys.stderr)
+            return 1
     else:
         print(__doc__, file=sys.stderr)
         return 2
