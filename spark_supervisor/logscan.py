@@ -82,6 +82,9 @@ FAILURES: tuple[tuple[str, bool, str, tuple[str, ...]], ...] = (
     ("UnsupportedConfiguration", True, "this vLLM build cannot run this model's shape or dtype on this "
      "hardware: change the model, --dtype or the vLLM image",
      (r"Unsupported \w+ attention configuration",)),
+    ("CacheDirNotOurs", True, "deployments.serve.cache_dir/<deployment> holds files spark-supervisor did not "
+     "create: point cache_dir at a directory of its own, or empty that one (nothing was deleted)",
+     (r"^spark-serve: CacheDirNotOurs: ",)),
     ("CommandNotFound", True, "the serve's command (or setsid, which runs it) is not in the image: fix "
      "deployments.serve.command or use an image that has it",
      (r"^(?:sh|setsid|spark-serve): (?:\d+: )?\S+: (?:not found|No such file or directory)",
