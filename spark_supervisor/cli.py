@@ -71,6 +71,8 @@ def _load(path: str, code: int = EXIT_CONFIG) -> Any:
 
 def cmd_check(args: argparse.Namespace) -> int:
     whole = _load(args.config)
+    for w in whole.warnings:  # what may be meant, but should not be: said, and check still passes
+        print(f"warning: {w}", file=sys.stderr)
     from .config import ray_hash, serve_hash
     for dep in whole.deployments:
         print(f"{args.config}: OK: deployment {dep.name!r} ({dep.serve.name}, TP {dep.serve.tensor_parallel_size}) "

@@ -194,6 +194,17 @@ def test_check_takes_the_config_before_the_subcommand(tmp_path: Path, capsys: py
     assert "OK: deployment 'qwen'" in capsys.readouterr().out
 
 
+def test_check_prints_the_configs_warnings_and_still_passes(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    d = data(supervisor={"state_dir": str(tmp_path / "w")})
+    d["deployments"][0]["serve"]["env"] = {"HF_TOKEN": "hf_literal_in_the_file"}
+    p = tmp_path / "w.toml"
+    p.write_text(tomli_w.dumps(d))
+    assert cli.main(["-c", str(p), "check"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: " in err and "HF_TOKEN" in err and "hf_literal_in_the_file" not in err
+
+
 # ---- version, python -m, schema, completion, man page -------------------------------------------
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
