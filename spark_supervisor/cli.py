@@ -160,6 +160,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from . import logs
     cfg = _load(args.config, EX_CONFIG)
     logs.setup()
+    logs.register_config(cfg)  # whatever a log line holds later, the config's secrets are redacted in it
+    for w in cfg.warnings:
+        logs.get().warning("config.warning", problem=w)
     from .daemon import AlreadyRunning, Daemon, lock_state_dir
     try:
         fd = lock_state_dir(cfg.supervisor.state_dir)
