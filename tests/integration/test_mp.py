@@ -77,18 +77,28 @@ def test_a_worker_rank_killed_is_a_serve_repair_of_every_rank(mp: Supervisor) ->
     assert ids() == before  # the containers stayed: only the serves were restarted
 
 
-def test_the_master_port_taken_is_named_and_served_once_it_is_free(supervisor: Callable[..., Supervisor],
-                                                                   tmp_path: Path) -> None:
+def test_the_master_port_taken_is_named_before_anything_starts_and_served_after_reset(
+        supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
     import socket
+    import subprocess
+
+    from spark_testbed.harness import BIN
     squatter = socket.socket()
     squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     squatter.bind(("127.0.0.2", 29501))  # the head's fabric IP and the default master_port
     squatter.listen()
+    config = write_config(tmp_path, PATCH, deployment=DEPLOYMENT)
     try:
-        d = supervisor(write_config(tmp_path, PATCH, deployment=DEPLOYMENT))
-        d.wait(lambda s: any(e["reason"].startswith("ServeFailed: MasterPortInUse") for e in d.repairs()), 120,
-               "the serve's failure named")
+        d = supervisor(config)
+        # The port pre-check names it before any container starts or any budget is spent (issue 19).
+        st = d.wait_phase("FAILED", 180)
+        assert st["reason_kind"] == "PortInUse", st["reason"]
+        assert "spark-1: 29501 (the serve's rank 0 (master_port)) held by" in st["reason"], st["reason"]
+        assert not d.repairs() and all(containers(n) == {} for n in testbed.NODES)
     finally:
         squatter.close()
+    out = subprocess.run([str(BIN / "spark-supervisor"), "reset", "--config", str(config)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out
     verify(d)
-    assert all(e["kind"] == "serve" for e in d.repairs()), d.repairs()  # the containers were never the problem
+    assert not d.repairs(), d.repairs()
