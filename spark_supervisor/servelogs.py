@@ -10,8 +10,10 @@ same SSH path the daemon uses (argument lists, timeouts). Naming and choosing ar
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
+import stat
 import sys
 import threading
 from collections import deque
@@ -19,20 +21,46 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
+from . import files
+
 # The wrapper's names: a start to the second (a second launch within it gets _1, _2, ...), the node (which
 # may hold '-'), the spec hash (never '-' or '_').
 NAME = re.compile(r"^(\d{8}T\d{6}Z)(?:_(\d+))?-(.+)-([0-9A-Za-z]+)\.log$")
 CURRENT = "current"  # the link to the newest launch's file, beside them
 ROTATED = ".1"  # the older part of a launch's log past log_max_mib
 
-# Over SSH (fixed scripts, their inputs as positional parameters). LIST: the node's launch files, exit 3 when
-# it has no directory yet. READ: the last $2 lines ("+1": all) of the files after $1, each part in order.
-# FOLLOW: `tail -F` of a path (a link: it follows a new launch too) until the local side goes away: ssh
-# gives a command no hangup without a terminal, and only GNU tail (8.28+) notices a closed pipe on its own
-# (busybox's waits for its next write), so it waits for the end of its standard input instead.
-LIST = 'cd "$1" 2>/dev/null || exit 3; ls -1'
-READ = 'n=$1; shift; for f in "$@"; do tail -n "$n" "$f"; done | tail -n "$n"'
-FOLLOW = 'tail -F -n "$1" "$2" & t=$!; cat >/dev/null; kill "$t" 2>/dev/null; exit 0'
+# Fixed scripts, their inputs as positional parameters (over SSH; FOLLOW locally too). The directory is the
+# container's to write in, so nothing in it is trusted: the node's directory must not be a link, and only
+# regular files that are not links are listed, read or followed (a file is checked, opened, then checked to
+# be the one opened: a link or FIFO planted in between is not read). LIST: the node's launch files, exit 3
+# when it has no directory yet. READ: the last $1 lines ("+1": all) of the files after it, each in order.
+_SAFE = ('[ ! -L "$1" ] && cd "$1" 2>/dev/null || { [ -L "$1" ] && echo "$1 is a symbolic link: not read" >&2 '
+         '&& exit 4; exit 3; }; shift; ok() { case $1 in */*|.*) return 1;; esac; '
+         '[ -f "$1" ] && [ ! -L "$1" ]; }; ')
+LIST = _SAFE + 'for f in *; do ok "$f" && printf "%s\\n" "$f"; done; exit 0'
+READ = _SAFE + ('n=$1; shift; for f in "$@"; do ok "$f" && { ok "$f" && [ /dev/stdin -ef "$f" ] && tail -n "$n"; } '
+                '<"$f" || echo "$f: not a regular file: not read" >&2; done | tail -n "$n"')
+# FOLLOW: the file `current` names (a plain name beside it), from its last $1 lines, then each newer launch
+# whole, until the local side goes away: ssh gives a command no hangup without a terminal, and only GNU tail
+# (8.28+) notices a closed pipe on its own, so a watcher waits for the end of its standard input (kept as fd 3:
+# an asynchronous list's own stdin is /dev/null) and then stops the loop, which stops its tail.
+FOLLOW = _SAFE + """n=$1 c= p=
+trap '[ -z "$p" ] || kill "$p" 2>/dev/null; exit 0' TERM HUP INT
+exec 3<&0
+{ cat <&3 >/dev/null; kill $$ 2>/dev/null; } >/dev/null 2>&1 &
+exec 3<&-
+while :; do
+  t=$(readlink current 2>/dev/null) || t=
+  if [ "$t" != "$c" ]; then
+    [ -z "$p" ] || kill "$p" 2>/dev/null; p=
+    if [ -n "$t" ] && ok "$t"; then
+      { ok "$t" && [ /dev/stdin -ef "$t" ] && exec tail -n "$n" -f; } <"$t" & p=$!; n=+1
+    elif [ -n "$t" ]; then echo "$t: not a regular file: not followed" >&2; fi
+    c=$t
+  fi
+  sleep 1 & wait $!
+done"""
+LINE_MAX = 1 << 20  # a longer line (a progress bar without newlines) is printed in pieces of this
 
 
 class Problem(Exception):
@@ -158,33 +186,60 @@ def show(cfg: Any, dep: Any, node: Any, *, previous: bool, follow: bool, lines: 
         launch = pick(found)
         print(f"{node.name}: {directory}/{CURRENT}" + (f" ({launch.name})" if launch else " (no launch yet)")
               + ", following (Ctrl-C to stop)", file=sys.stderr)
-        argv = ["tail", "-F", "-n", n, f"{directory}/{CURRENT}"]
-        if shell.target:
-            argv = shell.argv(["sh", "-c", FOLLOW, "spark-logs", n, f"{directory}/{CURRENT}"])
-        return _stream(argv, dep.api_key, timeout=None, hold_stdin=bool(shell.target))
+        argv = ["sh", "-c", FOLLOW, "spark-logs", directory, n]
+        return _stream(shell.argv(argv) if shell.target else argv, dep.api_key, timeout=None, hold_stdin=True)
     launch = pick(found, previous)
     if launch is None:
         raise Problem(f"{dep.name}: no {'previous launch' if previous else 'launch'} of the serve logged on "
                       f"{node.name} in {directory}" + (f" (only {found[0].name})" if found else ""))
-    files = parts(launch, names)
+    chosen = parts(launch, names)
     print(f"{node.name}: {directory}/{launch.name} (launch {launch.started_at}, serve spec {launch.spec_hash}"
-          + (f", its older part {launch.name}{ROTATED} first" if len(files) > 1 else "") + ")", file=sys.stderr)
+          + (f", its older part {launch.name}{ROTATED} first" if len(chosen) > 1 else "") + ")", file=sys.stderr)
     if not shell.target:
         try:
-            out = sys.stdout.buffer
-            for line in last_lines((_lines(os.path.join(directory, f)) for f in files), lines):
-                out.write(redact(line, dep.api_key))
-            out.flush()
+            dirfd = _open_dir(directory)
+            try:
+                out = sys.stdout.buffer
+                for line in last_lines((_lines(dirfd, f) for f in chosen), lines):
+                    out.write(redact(line, dep.api_key))
+                out.flush()
+            finally:
+                os.close(dirfd)
+        except files.Refused as e:
+            raise Problem(f"{directory}/{e}: not read") from None
         except OSError as e:
             raise Problem(f"cannot read {directory}: {e.strerror or e}") from None
         return 0
-    argv = shell.argv(["sh", "-c", READ, "spark-logs", n, *[f"{directory}/{f}" for f in files]])
+    argv = shell.argv(["sh", "-c", READ, "spark-logs", directory, n, *chosen])
     return _stream(argv, dep.api_key, timeout=max(cfg.supervisor.io_timeout, 300), hold_stdin=False)
 
 
-def _lines(path: str) -> Iterator[bytes]:
-    with open(path, "rb") as f:
-        yield from f
+def _open_dir(directory: str) -> int:
+    """The node's log directory, itself not a link (its parent is the container's to write in)."""
+    try:
+        return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            what = "a symbolic link" if os.path.islink(directory) else "not a directory"
+            raise Problem(f"{directory} is {what}: not read") from None
+        raise
+
+
+def _regular(dirfd: int, name: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _lines(dirfd: int, name: str) -> Iterator[bytes]:
+    """A regular file's lines (no link followed), as far as it reached when it was opened."""
+    fd = files.open_regular(name, follow_links=False, dir_fd=dirfd)
+    with os.fdopen(fd, "rb") as f:
+        left = os.fstat(fd).st_size
+        while left > 0 and (line := f.readline(min(LINE_MAX, left))):
+            left -= len(line)
+            yield line
 
 
 def _shell(cfg: Any, node: Any) -> Any:
@@ -197,11 +252,17 @@ def _list(shell: Any, directory: str, node: str) -> list[str]:
     """The names in a node's log directory ([] when it has none yet)."""
     if not shell.target:
         try:
-            return os.listdir(directory)
+            dirfd = _open_dir(directory)
         except FileNotFoundError:
             return []
         except OSError as e:
             raise Problem(f"cannot read {directory}: {e.strerror or e}") from None
+        try:
+            return [n for n in os.listdir(dirfd) if _regular(dirfd, n)]
+        except OSError as e:
+            raise Problem(f"cannot read {directory}: {e.strerror or e}") from None
+        finally:
+            os.close(dirfd)
     from .adapters import AdapterError
     try:
         r = shell.run(["sh", "-c", LIST, "spark-logs", directory])
@@ -209,6 +270,8 @@ def _list(shell: Any, directory: str, node: str) -> list[str]:
         raise Problem(f"{node}: {e}") from None
     if r.rc == 3:
         return []
+    if r.rc == 4:
+        raise Problem(f"{node}: {r.err.strip()[-200:]}")
     if r.rc != 0:
         raise Problem(f"{node}: cannot list {directory}: {(r.err.strip() or f'exit {r.rc}')[-200:]}")
     return r.out.splitlines()
