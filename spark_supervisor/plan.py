@@ -375,6 +375,9 @@ def containers(f: Facts) -> Decision | None:
         elif any(c.lost for c in cs) or len(cs) > 1:
             problems.append(f"{node.name}: {f.kind} container {cs[0].state}{_why_ended(cs[0])}")
             bind = next((b for c in cs if c.lost and (b := logscan.port_in_use(c.log_tail)) is not None), None)
+            if bind is not None and not f.obs.full:  # who holds it is in a full observation: the next tick's
+                return Decision(_hold(st), Reason("PortInUse", f"{node.name}: {f.kind} container exited: "
+                                f"port {bind.port or '?'} in use (looking who holds it)"), look_closer=True)
             if bind is not None:  # the same again on every restart: say who holds it, restart nothing
                 return Decision(Phase.FAILED, Reason("PortInUse", f"{node.name}: {f.kind} container exited: "
                                 f"{_holder(f.obs.nodes[node.name], node, bind.port)}: {logscan.PORT_HINT} ({bind.line})"),

@@ -13,7 +13,7 @@ from spark_supervisor.adapters import AdapterError
 from spark_supervisor.model import Listener, Phase, Reason, StartContainer, Status
 from spark_supervisor.observe import _ended, parse_listening
 from spark_supervisor.plan import plan
-from tests.helpers import cfg, images, node_obs, obs, ray_container
+from tests.helpers import cfg, data, images, node_obs, obs, ray_container
 
 C = cfg()
 HEAD_IP = "192.168.200.12"
@@ -143,6 +143,12 @@ def test_a_ray_head_that_could_not_bind_is_port_in_use_not_a_gang_restart() -> N
     assert "The specified port is 6379" in d.reason
 
 
+def test_a_partial_observation_looks_closer_for_the_holder_before_failing() -> None:
+    o, st = deployed({"state": "exited", "exit_code": 1, "log_tail": RAY_TAIL})
+    d = plan(replace(o, full=False), st, C, 5)
+    assert d.look_closer and not d.fatal and not d.repair and not d.actions and d.why.kind == "PortInUse"
+
+
 def test_a_container_that_exited_otherwise_says_its_code_and_last_line() -> None:
     o, st = deployed({"state": "exited", "exit_code": 137, "log_tail": "starting\nKilled by a signal\n"})
     d = plan(o, st, C, 5)
@@ -171,3 +177,18 @@ def test_the_observation_reads_why_an_owned_container_ended_redacted() -> None:
     assert b == running and s == stranger  # only the deployment's exited containers are asked about
     [a] = _ended(SimpleNamespace(docker=Engine(fail=True)), c, (exited,))
     assert a == exited  # could not be read: still exited, why unknown
+
+
+def test_the_ports_needed_are_read_from_the_config() -> None:
+    from spark_supervisor.admission import ports_needed
+    d = data()
+    d["deployments"][0]["ray"] = {"port": 6380, "dashboard_port": 8266, "extra_args": ["--ray-client-server-port", "10002"]}
+    d["deployments"][0]["serve"]["port"] = 8100
+    assert ports_needed(cfg(d), cfg(d).deployment) == {
+        "spark-1": {6380: "Ray's GCS", 8266: "Ray's dashboard", 10002: "Ray's client server", 8100: "the serve (Qwen3.5)"},
+        "spark-2": {}}
+    assert 8266 not in ports_needed(cfg(d), cfg(d).deployment, dashboard=False)["spark-1"]
+    d["deployments"][0]["serve"].update(distributed_executor_backend="mp", master_port=29600)
+    mp = cfg(d)
+    assert ports_needed(mp, mp.deployment) == {"spark-1": {8100: "the serve (Qwen3.5)",
+                                                           29600: "the serve's rank 0 (master_port)"}, "spark-2": {}}
