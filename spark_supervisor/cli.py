@@ -81,8 +81,12 @@ def cmd_check(args: argparse.Namespace) -> int:
               + (f", after {', '.join(dep.after)}" if dep.after else ""))
     if not args.preflight:
         return 0
+    from .statefile import check_state_dir
+    unfit = check_state_dir(whole.supervisor.state_dir)  # as the daemon judges it when it starts
+    for p in unfit:
+        print(f"preflight: supervisor.state_dir: {p}")
     several = len(whole.deployments) > 1
-    found = sum(_preflight(whole.view(dep), f"{dep.name}: " if several else "") for dep in whole.deployments)
+    found = len(unfit) + sum(_preflight(whole.view(dep), f"{dep.name}: " if several else "") for dep in whole.deployments)
     print("preflight: OK" if not found else f"preflight: {found} problem(s)")
     return 1 if found else 0
 
@@ -163,9 +167,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     logs.register_config(cfg)  # whatever a log line holds later, the config's secrets are redacted in it
     for w in cfg.warnings:
         logs.get().warning("config.warning", problem=w)
-    from .daemon import AlreadyRunning, Daemon, lock_state_dir
+    from .daemon import AlreadyRunning, Daemon, StateDirUnfit, lock_state_dir
     try:
         fd = lock_state_dir(cfg.supervisor.state_dir)
+    except StateDirUnfit as e:  # a restart would find it the same: fix it, then start
+        print(f"spark-supervisor: supervisor.state_dir: {e}", file=sys.stderr)
+        return EX_CONFIG
     except (AlreadyRunning, OSError) as e:
         print(f"spark-supervisor: {e}", file=sys.stderr)
         return 1
@@ -323,6 +330,11 @@ def _print_status(doc: dict[str, Any]) -> None:
                                                           else " (not required)"))
         _print_deployment(one)
     print(f"config: {doc['config']['path']} ({doc['config']['hash']}); updated {doc['daemon']['updated']}")
+    reload = doc.get("reload") or {}
+    if reload.get("error"):
+        print(f"RELOAD FAILED {reload.get('at', '')}: {reload['error']} (running on the previous config)")
+    elif reload.get("staged"):
+        print(f"reload staged {reload.get('at', '')}: {reload['staged']}")
 
 
 def _print_deployment(doc: dict[str, Any]) -> None:
@@ -588,7 +600,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.json and not args.json_ok:
         p.error(f"--json: `{args.command}` has no JSON output")
-    return int(args.fn(args))
+    try:
+        code = int(args.fn(args))
+        sys.stdout.flush()  # here, where a closed pipe can be caught, not at the interpreter's exit
+        return code
+    except BrokenPipeError:  # `check | head -1`: the reader has what it wants; no traceback at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -9,14 +9,18 @@ come to serve.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import errno
 import fcntl
 import math
 import os
 import random
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from . import config as config_mod
@@ -36,6 +40,27 @@ from .retry import backoff_delay
 _ANSWERS = {Phase.VERIFYING, Phase.SERVING}
 
 
+@dataclasses.dataclass
+class _Request:
+    """A control request on its way from the control socket's thread to the loop, and its answer."""
+
+    command: str
+    args: dict[str, Any]
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    state: str = "queued"  # "taken" by the loop, or "cancelled" by the caller that gave up waiting
+    reply: str = ""
+    error: str = ""
+
+
+@dataclasses.dataclass
+class _Staged:
+    """A reload that would remove or replace a deployment, waiting to find the file the same again."""
+
+    file_hash: str  # "" when the file changed while it was read: it must be read again in any case
+    due: float  # the daemon's clock: when the file is read again
+    changes: list[str]
+
+
 class Daemon:
     def __init__(self, config_path: str, cfg: Config, *, log: Any,
                  backend_factory: Callable[[Config], Backend] | None = None,
@@ -51,6 +76,8 @@ class Daemon:
         self.clock, self.wall, self.rng = clock, wall, rng
         self.metrics = self._metrics(cfg)
         self.alerter = self._alerter(cfg)
+        self._pause_problem = ""  # a saved pause that was set aside, or that could not be saved
+        self._pause_deadline: float | None = None  # the daemon's clock: when the pause ends
         self.pause = self._load_pause(cfg)
         self.reconcilers: dict[str, Reconciler] = {}
         for dep in cfg.deployments:
@@ -58,14 +85,17 @@ class Daemon:
         self._last_doc: dict[str, Any] | None = None  # the change key of the last status written
         self._written_at = 0.0
         # Signals and control requests: (command, arguments, set when the loop has carried it out).
-        self._signals: collections.deque[int | str | tuple[str, dict[str, Any], threading.Event]] = collections.deque()
+        self._signals: collections.deque[int | str | _Request] = collections.deque()
+        self._requests_lock = threading.Lock()
         self.control: ControlServer | None = None
         self._wake = threading.Event()
         self._stall_logged = False
         self._last_status = ""
         self._state_write_error = ""
         self.ready_sent = False
-        self.reload_error = ""  # kept in STATUS= until a reload succeeds
+        self.reload_error = ""  # kept in STATUS= and the status file until a reload succeeds
+        self.reload_at = 0.0  # wall clock of the last reload
+        self.staged: _Staged | None = None
         self.stopped = False
 
     def _reconciler(self, view: Config, backend: Backend | None = None) -> Reconciler:
@@ -83,21 +113,34 @@ class Daemon:
 
     # ------------------------------------------------------------------------------ maintenance mode
     def _load_pause(self, cfg: Config) -> Pause | None:
-        """A pause outlives a restart of the daemon (maintenance often includes one); an expired one does not."""
-        p = statefile.read_pause(cfg.supervisor.state_dir)
+        """A pause outlives a restart of the daemon (maintenance often includes one); an expired one does
+        not; a file that is not a valid pause is moved aside (the daemon starts unpaused, and says so)."""
+        p, self._pause_problem = statefile.load_pause(cfg.supervisor.state_dir, self.wall())
+        if self._pause_problem:
+            self.log.error("state.pause_unusable", problem=self._pause_problem)
         if p is not None and p.expired(self.wall()):
             return None
         if p is not None:
+            self._pause_deadline = self._deadline(p)
             self.log.warning("daemon.paused", pause=p.text(), since="before this start")
         return p
+
+    def _deadline(self, pause: Pause) -> float | None:
+        """When the pause ends on the daemon's (monotonic) clock: a wall clock stepped forward or back
+        while it runs neither ends nor stretches it."""
+        return None if pause.until is None else self.clock() + max(0.0, pause.until - self.wall())
 
     def set_pause(self, pause: Pause | None, why: str = "") -> None:
         """Pause (or resume with None) every deployment; kept in the state directory."""
         was, self.pause = self.pause, pause
+        self._pause_deadline = None if pause is None else self._deadline(pause)
         try:
             statefile.write_pause(self.cfg.supervisor.state_dir, pause)
+            self._pause_problem = ""
         except OSError as e:  # still paused (or resumed) in memory; a restart would not know
             self.log.error("state.write_failed", file=statefile.PAUSE, error=str(e))
+            self._pause_problem = (f"cannot save the {'pause' if pause else 'resume'} in {statefile.PAUSE}: "
+                                   f"{e.strerror or e}; a restart of the daemon would not know it")
         if pause is not None:
             self.log.warning("daemon.paused", pause=pause.text())
             for r in self.reconcilers.values():
@@ -146,7 +189,9 @@ class Daemon:
 
     def _tick(self, *, due_only: bool) -> float:
         now = self.clock()
-        if self.pause is not None and self.pause.expired(self.wall()):
+        if self.staged is not None and now >= self.staged.due:
+            self.reload()  # the file read again: applied if it is the same, staged afresh if not
+        if self._pause_deadline is not None and now >= self._pause_deadline:
             self.set_pause(None, "the pause's deadline passed")
         for name, r in list(self.reconcilers.items()):
             if due_only and r.due_at > now:
@@ -169,7 +214,12 @@ class Daemon:
         self._announce()
         self._extend_start(now)
         self._write_status(now)
-        return max(0.0, min(r.due_at for r in self.reconcilers.values()) - self.clock())
+        due = min(r.due_at for r in self.reconcilers.values())
+        if self.staged is not None:
+            due = min(due, self.staged.due)
+        if self._pause_deadline is not None:
+            due = min(due, self._pause_deadline)
+        return max(0.0, due - self.clock())
 
     def _due(self, wait: float) -> float:
         """When a tick `wait` seconds away falls. With several deployments a steady tick (serving, failed,
@@ -227,7 +277,23 @@ class Daemon:
 
     def status_line(self) -> str:
         line = self._phase_line()
-        return f"{line} (reload failed: {self.reload_error})" if self.reload_error else line
+        if self.reload_error:
+            return f"{line} (reload failed: {self.reload_error})"
+        if self.staged is not None:
+            return f"{line} (reload staged: {self._staged_text()})"
+        return line
+
+    def _staged_text(self) -> str:
+        assert self.staged is not None
+        return (f"{', '.join(self.staged.changes)}; applied once the file is read again unchanged "
+                f"{self.SETTLE_S:g}s later")
+
+    def reload_doc(self) -> dict[str, Any] | None:
+        """The last reload, when it failed or waits: the status file's "reload"."""
+        if not self.reload_error and self.staged is None:
+            return None
+        return {"error": self.reload_error or None, "at": statefile.iso(self.reload_at),
+                "staged": self._staged_text() if self.staged is not None and not self.reload_error else None}
 
     def _phase_line(self) -> str:
         rs = list(self.reconcilers.values())
@@ -242,11 +308,11 @@ class Daemon:
         return f"{serving}/{len(rs)} serving; {worst.name} {worst.phase_line()}"
 
     def _write_status(self, now: float) -> None:
-        problems = (self._state_write_error,) if self._state_write_error else ()
+        problems = tuple(p for p in (self._state_write_error, self._pause_problem) if p)
         docs = [r.document(self.config_path, self.config_hash, problems, now) for r in self.reconcilers.values()]
         # The first deployment's document at the top, as with one deployment; every one under "deployments".
         doc = {**docs[0], "summary": self._phase_line(), "deployments": docs,
-               "pause": self.pause.to_json() if self.pause else None}
+               "pause": self.pause.to_json() if self.pause else None, "reload": self.reload_doc()}
         key = _change_key(doc)  # compared as dicts: the documents of deployments that did not tick are the same objects
         if key != self._last_doc or now - self._written_at >= self.STATUS_REFRESH_S:
             self._last_doc, self._written_at = key, now
@@ -272,44 +338,87 @@ class Daemon:
 
     def _on_request(self, command: str, args: dict[str, Any] | None = None) -> str:
         """From the control socket's thread: record and wake, like a signal; the loop acts on it between
-        ticks. pause and resume answer once done, so that what the caller does next runs under them."""
+        ticks. pause and resume answer once done, so that what the caller does next runs under them.
+        A request the loop refuses or fails at is a ValueError with its reason (answered as an error)."""
         if command == "ping":
             return f"spark-supervisor {os.getpid()}: {self.status.phase.value}"
         if command == "reset":
             self._signals.append(command)
             self._wake.set()
             return f"spark-supervisor (pid {os.getpid()}) will re-arm and forget its repair budget"
-        done = threading.Event()
-        self._signals.append((command, dict(args or {}), done))
+        req = _Request(command, dict(args or {}))
+        self._signals.append(req)
         self._wake.set()
-        if not done.wait(self.REQUEST_WAIT_S):
-            raise TimeoutError(f"the daemon's loop did not take the {command} within {self.REQUEST_WAIT_S:.0f}s")
-        if command == "pause" and self.pause is not None:
-            return f"spark-supervisor (pid {os.getpid()}) paused {self.pause.text()}"
-        return f"spark-supervisor (pid {os.getpid()}) resumed"
+        if not req.done.wait(self.REQUEST_WAIT_S):
+            with self._requests_lock:
+                if req.state == "queued":  # never carried out now: the answer can say so
+                    req.state = "cancelled"
+                    raise TimeoutError(f"the daemon's loop did not take the {command} within "
+                                       f"{self.REQUEST_WAIT_S:.0f}s; nothing was changed")
+            if not req.done.wait(self.REQUEST_WAIT_S):
+                raise TimeoutError(f"the daemon's loop took the {command} but has not finished it within "
+                                   f"{2 * self.REQUEST_WAIT_S:.0f}s: see `spark-supervisor status`")
+        if req.error:
+            raise ValueError(req.error)
+        return req.reply
 
-    def _request(self, command: str, args: dict[str, Any]) -> None:
-        """A control request, in the loop."""
+    def _carry_out(self, req: _Request) -> None:
+        """One control request, in the loop: whatever it holds, it is answered and the loop goes on."""
+        with self._requests_lock:
+            if req.state == "cancelled":
+                return
+            req.state = "taken"
+        try:
+            req.reply = self._request(req.command, req.args)
+        except ValueError as e:  # what the request asked for cannot be done: nothing was changed
+            self.log.warning("control.refused", command=req.command, error=str(e))
+            req.error = f"{e}; nothing was changed"
+        except Exception as e:  # a bug: answered and logged, never the end of the daemon
+            self.log.exception("control.failed", command=req.command, error=f"{type(e).__name__}: {e}")
+            req.error = (f"the daemon failed to carry out the {req.command} ({type(e).__name__}: {e}); "
+                         "see its journal and `spark-supervisor status`")
+        finally:
+            req.done.set()
+
+    def _request(self, command: str, args: dict[str, Any]) -> str:
+        """A control request, in the loop: the answer; ValueError when the request is not one to carry out."""
+        me = f"spark-supervisor (pid {os.getpid()})"
         if command == "pause":
-            until = args.get("until")
-            self.set_pause(Pause(by=str(args.get("by") or "?"), reason=str(args.get("reason") or ""),
-                                 at=self.wall(), until=float(until) if until else None))
-        elif command == "resume" and self.pause is not None:
+            pause = Pause(by=str(args.get("by") or "?"), reason=args.get("reason") or "", at=self.wall(),
+                          until=args.get("until"))
+            self.set_pause(pause)
+            return f"{me} paused {pause.text()}" + (f" ({self._pause_problem})" if self._pause_problem else "")
+        if command == "resume":
+            if self.pause is None:
+                return f"{me} was not paused; nothing was changed"
             self.set_pause(None, f"by {args.get('by') or '?'}")
+            return f"{me} resumed" + (f" ({self._pause_problem})" if self._pause_problem else "")
+        raise ValueError(f"unknown request {command[:20]!r}")
+
+    # A reload that would remove or replace a deployment is applied only once the file, read again this much
+    # later, is found byte for byte the same: a file caught while being written must not tear anything down.
+    SETTLE_S = 2.0
 
     def reload(self) -> None:
+        """SIGHUP: read the config again (config.load: bounded, regular files only) and move to it."""
         self.notifier.reloading()
+        self.reload_at = self.wall()
+        try:
+            self._reload()
+        except Exception as e:  # whatever the file holds, a reload must never take the supervisor down
+            self.log.exception("config.unusable", path=self.config_path, kept="previous config")
+            self.reload_error = f"{self.config_path}: cannot set up: {type(e).__name__}: {e}"[:300]
+            self.staged = None
+        self._last_doc = None
+        self._reload_done()
+
+    def _reload(self) -> None:
+        before = config_mod.file_hash(self.config_path)
         try:
             new = config_mod.load(self.config_path)
         except config_mod.ConfigError as e:
             self.log.error("config.invalid", path=self.config_path, problems=e.problems, kept="previous config")
-            self.reload_error = e.problems[0]
-            self._reload_done()
-            return
-        except Exception as e:  # whatever the file holds, a reload must never take the supervisor down
-            self.log.exception("config.unreadable", path=self.config_path, kept="previous config")
-            self.reload_error = f"{self.config_path}: {type(e).__name__}: {e}"[:300]
-            self._reload_done()
+            self.reload_error, self.staged = e.problems[0], None
             return
         if new.supervisor.state_dir != self.cfg.supervisor.state_dir:
             # The lock and the control socket live there: moving it would let a second daemon in.
@@ -317,23 +426,47 @@ class Daemon:
                                  f"(restart the service to move it to {new.supervisor.state_dir})")
             self.log.error("config.invalid", path=self.config_path, problems=[self.reload_error],
                            kept="previous config")
-            self._reload_done()
+            self.staged = None
             return
         self.reload_error = ""
+        read_as = before if before and config_mod.file_hash(self.config_path) == before else ""
+        changes = self._destructive(new)
+        if changes and not self._settled(read_as, changes):
+            return
+        self.staged = None
         changed = new != self.cfg
         self.log.info("config.reloaded", path=self.config_path, changed=changed,
                       deployments={d.name: {"ray_hash": config_mod.ray_hash(new, d),
                                             "serve_hash": config_mod.serve_hash(new, d)} for d in new.deployments})
         if changed:
-            try:
-                self._apply(new)
-            except Exception as e:
-                self.log.exception("config.unusable", path=self.config_path, kept="previous config")
-                self.reload_error = f"{self.config_path}: cannot set up: {type(e).__name__}: {e}"[:300]
-                self._reload_done()
-                return
-            self._last_doc = None
-        self._reload_done()
+            self._apply(new)
+
+    def _settled(self, file_hash: str, changes: list[str]) -> bool:
+        """True when a reload that removes or replaces deployments read the same file SETTLE_S after it was
+        staged; else it is staged (afresh if the file changed) and read again at its time by the loop."""
+        now, st = self.clock(), self.staged
+        if st is not None and file_hash and st.file_hash == file_hash:
+            if now >= st.due:
+                return True
+            return False  # the same file, not settled yet: the loop reads it again at st.due
+        self.staged = _Staged(file_hash, now + self.SETTLE_S, changes)
+        self.log.warning("config.staged", path=self.config_path, changes=changes, read_again_in_s=self.SETTLE_S,
+                         why="a reload that removes or replaces a deployment waits for the file to be the same again")
+        return False
+
+    def _destructive(self, new: Config) -> list[str]:
+        """What a move to ``new`` would tear down: deployments no longer configured, and those whose Ray or
+        serve spec changes (replaced). Additions and other settings are not."""
+        wanted = {d.name: new.view(d) for d in new.deployments}
+        out = []
+        for name, r in self.reconcilers.items():
+            view = wanted.get(name)
+            if view is None:
+                out.append(f"removes {name!r}")
+            elif (config_mod.ray_hash(view, view.deployment), config_mod.serve_hash(view, view.deployment)) != (
+                    config_mod.ray_hash(r.cfg, r.cfg.deployment), config_mod.serve_hash(r.cfg, r.cfg.deployment)):
+                out.append(f"replaces {name!r}")
+        return out
 
     def _apply(self, new: Config) -> None:
         """Move to a new config, deployment by deployment: an unchanged one is not touched, a changed one is
@@ -437,20 +570,24 @@ class Daemon:
             self._wait(wait)
 
     def dispatch(self) -> bool:
-        """Carry out the signals and control requests received, in order; True once it has shut down."""
+        """Carry out the signals and control requests received, in order; True once it has shut down.
+        Nothing carried out here can end the daemon but a stop: each is guarded, logged and answered."""
         while self._signals:
             sig = self._signals.popleft()
-            if isinstance(sig, tuple):
-                try:
-                    self._request(sig[0], sig[1])
-                finally:
-                    sig[2].set()
-            elif sig == signal.SIGHUP:
-                self.reload()
-            elif sig in (signal.SIGUSR1, "reset"):
-                self.rearm("reset")
-            else:
-                self.shutdown()
+            if isinstance(sig, _Request):
+                self._carry_out(sig)
+                continue
+            stop = sig not in (signal.SIGHUP, signal.SIGUSR1, "reset")
+            try:
+                if sig == signal.SIGHUP:
+                    self.reload()
+                elif not stop:
+                    self.rearm("reset")
+                else:
+                    self.shutdown()
+            except Exception as e:
+                self.log.exception("daemon.signal_failed", signal=str(sig), error=f"{type(e).__name__}: {e}")
+            if stop:
                 return True
         return False
 
@@ -509,10 +646,30 @@ class AlreadyRunning(Exception):
     pass
 
 
+class StateDirUnfit(Exception):
+    """The state directory is not the daemon's own (owner, mode, a link, a special file in it)."""
+
+
 def lock_state_dir(state_dir: str) -> int:
-    """Hold an exclusive lock for the process lifetime: two supervisors would fight over one cluster."""
-    os.makedirs(state_dir, exist_ok=True)
-    fd = os.open(os.path.join(state_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    """Hold an exclusive lock for the process lifetime: two supervisors would fight over one cluster.
+    The state directory must be the daemon's own (statefile.check_state_dir), the lock a regular file
+    opened without following a link (a planted link would have it overwrite another file)."""
+    problems = statefile.check_state_dir(state_dir)
+    if not problems:
+        statefile.make_dirs(Path(state_dir))
+        problems = statefile.check_state_dir(state_dir)
+    if problems:
+        raise StateDirUnfit("; ".join(problems))
+    path = os.path.join(state_dir, "lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, 0o644)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):
+            raise StateDirUnfit(f"{path}: is a symbolic link or a special file: remove it") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StateDirUnfit(f"{path}: is not a regular file: remove it")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
-import tempfile
+import secrets
+import stat
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +26,7 @@ from typing import Any
 import tenacity
 
 from .config import OWNER_LABEL, Config, ray_hash, serve_hash
-from . import logscan
+from . import files, logscan
 from .model import Observation, Pause, Status
 
 FILE = "status.json"
@@ -109,25 +111,128 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
 
 def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
     """Write, fsync, rename, fsync the directory: after a crash or power cut the file is the old one or
-    the new one, never half of either."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    the new one, never half of either. Nothing planted is followed: the directory is opened without
+    following a link and must be the daemon's own, the temporary file is created there anew, and the rename
+    replaces whatever has the name (a link is replaced, not written through)."""
+    make_dirs(path.parent)
+    dfd = _open_own_dir(path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
+        tmp = f".{path.name}.{secrets.token_hex(6)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fchmod(f.fileno(), mode)
+                os.fsync(f.fileno())
+            os.rename(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def make_dirs(path: Path, mode: int = 0o755) -> None:
+    """Create the missing directories of ``path`` with ``mode`` whatever the umask (a group-writable
+    state directory would be refused by the daemon itself)."""
+    missing = []
+    p = path
+    while not os.path.lexists(p):
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(d, mode)
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+
+
+def _open_own_dir(path: Path) -> int:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise files.Refused(str(path), "is a symbolic link or not a directory: the state directory "
+                                "must be the daemon's own") from None
+        raise
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise files.Refused(str(path), _dir_problem(st, {os.geteuid()}) or "is not the daemon's own")
+    return fd
+
+
+# The state files the daemon keeps (each state directory: the daemon's and each deployment's).
+STATE_FILES = ("lock", "status.json", "pause.json", "repairs.json", "kv.json", "images.json")
+
+
+def _dir_problem(st: os.stat_result, owners: set[int]) -> str:
+    if st.st_uid not in owners:
+        return f"is owned by uid {st.st_uid}, not by the daemon's user (uid {', '.join(map(str, sorted(owners)))})"
+    if st.st_mode & 0o022:
+        return f"is writable by its group or by others (mode {stat.S_IMODE(st.st_mode):04o}): chmod go-w it"
+    return ""
+
+
+def check_state_dir(path: str, owners: set[int] | None = None) -> list[str]:
+    """Why ``path`` cannot be the daemon's state directory (nothing: it can): it must be the daemon's own
+    (owned by ``owners``, by default this process's effective user; not writable by group or others; not
+    a symbolic link), its state files regular files, and no one else able to replace it (every directory
+    above it owned by root or the daemon's user, and not writable by others unless sticky, as /tmp is).
+    A directory that does not exist yet is judged by where the daemon would create it."""
+    owners = {os.geteuid()} if owners is None else owners
+    p = Path(os.path.abspath(path))
+    problems: list[str] = []
+    here = p
+    while not os.path.lexists(here):  # created by the daemon below its nearest existing ancestor
+        here = here.parent
+    if here == p:
+        problems += _check_own_dir(p, owners)
+        subs = p / "deployments"
+        if not problems and os.path.lexists(subs):
+            problems += _check_own_dir(subs, owners)
+            if not problems:
+                for d in sorted(subs.iterdir()):
+                    problems += _check_own_dir(d, owners)
+        here = p.parent
+    for anc in (here, *here.parents):
+        try:
+            st = os.stat(anc)
+        except OSError as e:
+            problems.append(f"{anc}: cannot be examined: {e.strerror}")
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            problems.append(f"{anc}: is not a directory")
+        elif st.st_uid not in owners | {0}:
+            problems.append(f"{anc}: is owned by uid {st.st_uid}, who could replace the state directory {p} below it")
+        elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            problems.append(f"{anc}: is writable by its group or by others (mode {stat.S_IMODE(st.st_mode):04o}): "
+                            f"they could replace the state directory {p} below it")
+    return problems
+
+
+def _check_own_dir(d: Path, owners: set[int]) -> list[str]:
+    st = os.lstat(d)
+    if stat.S_ISLNK(st.st_mode):
+        return [f"{d}: is a symbolic link (to {os.readlink(d)}): the state directory must be the daemon's own "
+                "directory, not a link"]
+    if not stat.S_ISDIR(st.st_mode):
+        return [f"{d}: is not a directory"]
+    if why := _dir_problem(st, owners):
+        return [f"{d}: {why}"]
+    out = []
+    for name in STATE_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            f = os.lstat(d / name)
+            if not stat.S_ISREG(f.st_mode):
+                out.append(f"{d / name}: is {files._kind(f.st_mode)}, not a regular file: remove it")
+    return out
 
 
 # A state write that fails (disk full, read-only remount) is retried a few times at once, then shown.
@@ -154,10 +259,19 @@ def write(state_dir: str, doc: dict[str, Any]) -> None:
     _write_retry(atomic_write)(Path(state_dir) / FILE, json.dumps(doc, indent=1))
 
 
+# The biggest state file read: a status document with several deployments' histories is far smaller.
+MAX_STATE_BYTES = 16 << 20
+
+
+def read_state(path: Path) -> bytes:
+    """A state file's bytes: a regular file (no link, FIFO or device), at most MAX_STATE_BYTES."""
+    return files.read_bytes(path, MAX_STATE_BYTES, follow_links=False)
+
+
 def read_json(state_dir: str, name: str) -> dict[str, Any]:
     """A small state document; {} when missing or not a JSON object (it is only a record of bests)."""
     try:
-        doc = json.loads((Path(state_dir) / name).read_text())
+        doc = json.loads(read_state(Path(state_dir) / name))
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}
@@ -170,8 +284,27 @@ def write_json(state_dir: str, name: str, doc: dict[str, Any]) -> None:
 PAUSE = "pause.json"  # maintenance mode outlives a restart of the daemon
 
 
+def load_pause(state_dir: str, wall: float | None = None) -> tuple[Pause | None, str]:
+    """The saved pause (None: none), and what was wrong with the file: one that cannot be read or is not a
+    valid pause (a time that is not finite, a deadline too far) is moved aside, as repairs.json is."""
+    path = Path(state_dir) / PAUSE
+    try:
+        raw = read_state(path)
+    except FileNotFoundError:
+        return None, ""
+    except OSError as e:
+        return None, set_aside(path, f"unreadable ({e})", wall, "no pause is kept")
+    try:
+        pause = Pause.from_json(json.loads(raw))
+    except ValueError:
+        pause = None
+    if pause is None:
+        return None, set_aside(path, "not a valid pause {by, reason, at, until}", wall, "no pause is kept")
+    return pause, ""
+
+
 def read_pause(state_dir: str) -> Pause | None:
-    return Pause.from_json(read_json(state_dir, PAUSE))
+    return load_pause(state_dir)[0]
 
 
 def write_pause(state_dir: str, pause: Pause | None) -> None:
@@ -186,8 +319,19 @@ def write_pause(state_dir: str, pause: Pause | None) -> None:
 
 
 def read(state_dir: str) -> dict[str, Any]:
-    with open(Path(state_dir) / FILE) as f:
-        return json.load(f)  # type: ignore[no-any-return]
+    return json.loads(read_state(Path(state_dir) / FILE))  # type: ignore[no-any-return]
+
+
+def set_aside(path: Path, why: str, wall: float | None, then: str) -> str:
+    """Move a state file that cannot be used to ``<name>.bad-<time>`` (kept for a look, never read
+    again); the problem, in words."""
+    stamp = datetime.fromtimestamp(wall if wall is not None else time.time(), UTC).strftime("%Y%m%dT%H%M%SZ")
+    aside = path.with_name(f"{path.name}.bad-{stamp}")
+    try:
+        os.replace(path, aside)
+        return f"{path} was {why}; moved aside to {aside.name}, {then}"
+    except OSError as e:
+        return f"{path} is {why} and cannot be moved aside ({e.strerror}); ignored, {then}"
 
 
 def _valid_entries(raw: Any) -> list[dict[str, Any]] | None:
@@ -217,29 +361,21 @@ class RepairLog:
         self.problem = ""
         self.entries: list[dict[str, Any]] = []
         try:
-            text = self.path.read_text()
+            text = read_state(self.path).decode()
         except FileNotFoundError:
             return
         except (OSError, UnicodeDecodeError) as e:
-            self._set_aside(f"unreadable: {e}", wall)
+            self.problem = set_aside(self.path, f"unreadable ({e})", wall, "the repair budget starts empty")
             return
         try:
             entries = _valid_entries(json.loads(text))
         except ValueError:
             entries = None
         if entries is None:
-            self._set_aside("not a list of {at, kind, reason} entries", wall)
+            self.problem = set_aside(self.path, "not a list of {at, kind, reason} entries", wall,
+                                     "the repair budget starts empty")
         else:
             self.entries = entries
-
-    def _set_aside(self, why: str, wall: float | None) -> None:
-        stamp = datetime.fromtimestamp(wall if wall is not None else time.time(), UTC).strftime("%Y%m%dT%H%M%SZ")
-        aside = self.path.with_name(f"{self.FILE}.bad-{stamp}")
-        try:
-            os.replace(self.path, aside)
-            self.problem = f"{self.path} was {why}; moved aside to {aside.name}, the repair budget starts empty"
-        except OSError as e:
-            self.problem = f"{self.path} is {why} and cannot be moved aside ({e.strerror}); ignored"
 
     def recent(self, now_wall: float, window: float) -> list[dict[str, Any]]:
         # Entries from the future (a clock set back) are not counted: they would block repairs for hours.

@@ -1,0 +1,290 @@
+"""What a request, a saved file or a half-written config can do to the running daemon (issue 19, items 1, 3,
+4, 9 and the runtime LOW items): nothing that ends it, stops it, or tears a deployment down. Fake backend
+and clock; the control socket, the state directory and its files are real."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+
+from spark_supervisor import control, files, statefile
+from spark_supervisor.daemon import StateDirUnfit, lock_state_dir
+from spark_supervisor.maintenance import parse_duration
+from spark_supervisor.maintenance import pause as cli_pause
+from spark_supervisor.model import Pause, Phase
+from tests.helpers import obs
+from tests.unit.test_daemon import make
+
+BAD_UNTIL = [float("nan"), float("inf"), "tomorrow", [1], {"t": 1}, True, 1e30, 1.0]  # 1.0: long past
+
+
+# ------------------------------------------------------------------------------------ 1: the pause
+@pytest.mark.parametrize("until", BAD_UNTIL)
+def test_a_pause_that_cannot_be_shown_is_refused_where_it_is_made(until: Any) -> None:
+    with pytest.raises(ValueError, match="pause until"):
+        Pause(by="ops", reason="", at=1.7e9, until=until)
+    assert Pause.from_json({"by": "ops", "at": 1.7e9, "until": until}) is None
+
+
+@pytest.mark.parametrize("text", ["99999999999999999999", "1e400", "nan", "inf", "9999999 days", "31 days"])
+def test_a_duration_past_any_sane_pause_is_refused_with_its_reason(text: str) -> None:
+    with pytest.raises(ValueError, match="cannot read|longer than the longest pause"):
+        parse_duration(text)
+
+
+def run_request(daemon: Any, command: str, **args: Any) -> tuple[list[str], list[Exception]]:
+    """A control request answered by the loop, as the control thread and the loop meet in the daemon."""
+    replies: list[str] = []
+    errors: list[Exception] = []
+
+    def ask() -> None:
+        try:
+            replies.append(daemon._on_request(command, args))
+        except Exception as e:
+            errors.append(e)
+    t = threading.Thread(target=ask)
+    t.start()
+    while not daemon._signals and t.is_alive():
+        t.join(0.01)
+    assert daemon.dispatch() is False  # the loop goes on
+    t.join(30)
+    return replies, errors
+
+
+@pytest.mark.parametrize("until", BAD_UNTIL)
+def test_a_bad_pause_request_is_answered_as_refused_and_the_daemon_goes_on(tmp_path: Path, until: Any) -> None:
+    daemon, be, clock, notes, _ = make(tmp_path)
+    be.next = obs(daemon.cfg)
+    daemon.tick()
+    replies, errors = run_request(daemon, "pause", until=until, by="ops", reason="x")
+    assert not replies and len(errors) == 1 and isinstance(errors[0], ValueError), (replies, errors)
+    assert "nothing was changed" in str(errors[0])
+    assert daemon.pause is None and not (tmp_path / "state" / statefile.PAUSE).exists()
+    daemon.tick()
+    assert daemon.status.phase != Phase.PAUSED
+
+
+def test_over_the_socket_a_refused_pause_is_heard_as_refused_not_as_no_daemon(tmp_path: Path) -> None:
+    daemon, be, clock, notes, _ = make(tmp_path)
+    be.next = obs(daemon.cfg)
+    daemon.tick()
+    state = str(tmp_path / "state")
+    server = control.ControlServer(state, daemon._on_request)
+    got: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            control.request(state, "pause", timeout=30, until="tomorrow", by="o")
+        except BaseException as e:
+            got.append(e)
+    try:
+        t = threading.Thread(target=ask)
+        t.start()
+        while not daemon._signals and t.is_alive():
+            t.join(0.01)
+        daemon.dispatch()
+        t.join(30)
+    finally:
+        server.close()
+    assert len(got) == 1 and isinstance(got[0], control.Refused) and "pause until" in str(got[0]), got
+
+
+@pytest.mark.parametrize("saved", ['{"by": "ops", "at": 1.7e9, "until": NaN}', '{"by": "ops", "at": Infinity}',
+                                   '{"by": "ops", "at": 1.7e9, "until": 1e300}', '[1, 2]', '{"by": 5, "at": 1}',
+                                   'not json'])
+def test_a_saved_pause_that_is_not_valid_is_set_aside_and_the_daemon_starts(tmp_path: Path, saved: str) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    (state / statefile.PAUSE).write_text(saved)
+    daemon, be, clock, notes, _ = make(tmp_path)
+    assert daemon.pause is None
+    assert not (state / statefile.PAUSE).exists() and len(list(state.glob("pause.json.bad-*"))) == 1
+    be.next = obs(daemon.cfg)
+    daemon.tick()
+    doc = json.loads((state / "status.json").read_text())
+    assert any("pause.json was not a valid pause" in p for p in doc["state_problems"]), doc["state_problems"]
+
+
+def test_the_cli_refuses_a_pause_the_daemon_would_refuse_and_saves_nothing(tmp_path: Path) -> None:
+    done, message = cli_pause(str(tmp_path), "x", 1e30)
+    assert not done and message.startswith("cannot pause: pause until") and not list(tmp_path.iterdir())
+
+
+def test_a_pause_ends_on_the_daemons_clock_not_the_wall_clock(tmp_path: Path) -> None:
+    daemon, be, clock, notes, _ = make(tmp_path)
+    be.next = obs(daemon.cfg)
+    now = daemon.wall()
+    daemon.set_pause(Pause(by="ops", reason="", at=now, until=now + 600))
+    daemon.wall = lambda: 1.7e9 + clock.t + 86400  # the wall clock stepped a day ahead
+    daemon.tick()
+    assert daemon.pause is not None and daemon.status.phase == Phase.PAUSED
+    clock.t += 600
+    daemon.tick()
+    assert daemon.pause is None
+
+
+# --------------------------------------------------------------------------- 4: a file caught mid-write
+def two_deployments() -> dict[str, Any]:
+    from tests.unit.test_stack import EMBED, stack
+    return stack({**EMBED, "after": []})
+
+
+def test_a_config_cut_before_a_deployment_removes_nothing_until_it_reads_the_same_again(tmp_path: Path) -> None:
+    from tests.unit.test_stack import make as make_stack
+    d = two_deployments()
+    daemon, be, clock, notes, path = make_stack(tmp_path, d)
+    whole = path.read_text()
+    cut = whole[:whole.rindex("[[deployments]]")]  # valid TOML: only the first deployment
+    torn: list[str] = []
+    be["embed"].teardown = lambda: torn.append("embed") or []  # type: ignore[method-assign]
+    path.write_text(cut)
+    daemon.reload()
+    assert list(daemon.reconcilers) == ["qwen", "embed"] and not torn
+    assert "reload staged: removes 'embed'" in daemon.status_line()
+    path.write_text(whole)  # the writer finished
+    clock.t += daemon.SETTLE_S
+    be["qwen"].next, be["embed"].next = obs(daemon.reconcilers["qwen"].cfg), obs(daemon.reconcilers["embed"].cfg)
+    daemon.tick()
+    assert list(daemon.reconcilers) == ["qwen", "embed"] and not torn and daemon.staged is None
+    # Cut again, and left so: the same file SETTLE_S later is what the operator meant.
+    path.write_text(cut)
+    daemon.reload()
+    clock.t += daemon.SETTLE_S
+    daemon.tick()
+    assert list(daemon.reconcilers) == ["qwen"] and torn == ["embed"]
+
+
+def test_a_failed_reload_is_in_the_status_file_until_one_succeeds(tmp_path: Path) -> None:
+    daemon, be, clock, notes, path = make(tmp_path)
+    be.next = obs(daemon.cfg)
+    daemon.tick()
+    good = path.read_text()
+    path.write_text("[supervisor\n")
+    daemon.reload()
+    daemon.tick()
+    doc = json.loads((tmp_path / "state" / "status.json").read_text())
+    assert doc["reload"]["error"] and str(path) in doc["reload"]["error"], doc["reload"]
+    path.write_text(good)
+    daemon.reload()
+    daemon.tick()
+    assert json.loads((tmp_path / "state" / "status.json").read_text())["reload"] is None
+
+
+# ---------------------------------------------------------------------------- 9: the state directory
+def test_a_state_dir_others_can_write_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, 0o777)
+    with pytest.raises(StateDirUnfit, match="writable by its group or by others"):
+        lock_state_dir(str(state))
+
+
+def test_a_linked_state_dir_or_lock_is_refused_and_nothing_is_written_through_it(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    (state / "lock").symlink_to(victim)
+    with pytest.raises(StateDirUnfit, match="lock"):
+        lock_state_dir(str(state))
+    assert victim.read_text() == "precious\n"
+    (tmp_path / "elsewhere").mkdir(mode=0o755)
+    (tmp_path / "linked").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(StateDirUnfit, match="symbolic link"):
+        lock_state_dir(str(tmp_path / "linked"))
+
+
+def test_special_state_files_are_refused_not_waited_on(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    os.mkfifo(state / "status.json")
+    (state / statefile.PAUSE).symlink_to("/dev/zero")
+    assert any("status.json: is a FIFO" in p or "status.json: is a named pipe" in p or "status.json" in p
+               for p in statefile.check_state_dir(str(state)))
+    with pytest.raises(files.Refused):
+        statefile.read(str(state))  # returns at once: a FIFO is not opened for a blocking read
+    with pytest.raises(files.Refused):
+        statefile.read_state(state / statefile.PAUSE)
+    with pytest.raises(StateDirUnfit):
+        lock_state_dir(str(state))
+
+
+def test_a_state_dir_is_made_the_daemons_own_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o002)
+    try:
+        fd = lock_state_dir(str(tmp_path / "a" / "state"))
+    finally:
+        os.umask(old)
+    os.close(fd)
+    assert (os.stat(tmp_path / "a" / "state").st_mode & 0o777) == 0o755
+    statefile.atomic_write(tmp_path / "a" / "state" / "x.json", "{}")
+    assert statefile.check_state_dir(str(tmp_path / "a" / "state")) == []
+
+
+# ------------------------------------------------------------------------- LOW: the control socket
+def test_a_client_that_dribbles_bytes_blocks_no_one(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    server = control.ControlServer(str(state), lambda command, args: f"pong {command}")
+    slow = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(3)]
+    try:
+        for s in slow:
+            s.connect(str(state / control.SOCKET))
+            s.sendall(b"pi")  # and never the rest of the line
+        assert control.request(str(state), "ping", timeout=5) == "pong ping"
+        big = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        big.settimeout(10)
+        big.connect(str(state / control.SOCKET))
+        big.sendall(b"x" * (control.ControlServer.MAX_LINE + 10))
+        answer = json.loads(big.makefile().readline())
+        assert answer["ok"] is False and "at most" in answer["message"]
+        big.close()
+    finally:
+        for s in slow:
+            s.close()
+        server.close()
+
+
+# ------------------------------------------------------------------------------------- LOW: the CLI
+def write_config(tmp_path: Path, state: Path) -> Path:
+    from tests.helpers import data
+    d = data()
+    d["supervisor"]["state_dir"] = str(state)
+    path = tmp_path / "c.toml"
+    path.write_text(tomli_w.dumps(d))
+    return path
+
+
+def test_check_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    config = write_config(tmp_path, tmp_path / "state")
+    r, w = os.pipe()
+    os.close(r)  # the reader (`head -1`) is gone before check writes
+    try:
+        out = subprocess.run([sys.executable, "-m", "spark_supervisor", "check", "--config", str(config)],
+                             stdout=w, stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    finally:
+        os.close(w)
+    assert out.returncode == 0 and "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
+
+
+def test_run_on_a_state_dir_others_can_write_is_a_config_error_not_a_traceback(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, 0o777)
+    config = write_config(tmp_path, state)
+    out = subprocess.run([sys.executable, "-m", "spark_supervisor", "run", "--config", str(config)],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 78 and "Traceback" not in out.stderr, out.stderr
+    assert "supervisor.state_dir" in out.stderr and "writable by its group or by others" in out.stderr
+    assert not (state / "lock").exists()
