@@ -222,7 +222,12 @@ try:
 except Exception as e:
     state["state"], state["error"] = "failed", f"{type(e).__name__}: {e}"[:300]
 save(True)
-time.sleep(float(keep))
+# Kept for the daemon to read the result: until it stops the container (SIGTERM, which PID 1 would otherwise
+# ignore until docker's kill) or, at most, `keep` seconds, so that a forgotten one ends on its own.
+import signal
+ends = {signal.SIGTERM, signal.SIGINT}
+signal.pthread_sigmask(signal.SIG_BLOCK, ends)
+signal.sigtimedwait(ends, float(keep))
 '''
 
 # Runs one of the programs above with the image's Python: the interpreter of the serve command (a python

@@ -319,6 +319,26 @@ def test_the_prefetch_copies_a_local_directory_into_the_hub_cache_and_the_probe_
     assert probe(REPO, {"HF_HUB_CACHE": str(tmp_path / "hub2")}).missing == ()
 
 
+def test_a_finished_prefetch_waits_to_be_read_and_ends_at_once_when_stopped(tmp_path) -> None:
+    from spark_testbed.testbed import until
+    progress = tmp_path / "progress.json"
+    p = subprocess.Popen(["sh", "-c", modelcheck.RUN_PY, "p", sys.executable, modelcheck.PREFETCH_PY, "/models/x", "",
+                          "", str(tmp_path / "nope"), "60", "600", str(progress)])
+    try:
+        def failed() -> bool:
+            try:
+                return bool(json.loads(progress.read_text())["state"] == "failed")
+            except (OSError, ValueError):  # not written yet, or caught mid-write
+                return False
+        until(failed, 60, "its result")
+        assert p.poll() is None  # kept for the daemon to read
+        p.terminate()  # what `docker stop` sends
+        assert p.wait(timeout=30) == 0
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_a_prefetch_from_a_directory_that_is_not_there_fails_with_why(tmp_path) -> None:
     progress = tmp_path / "progress.json"
     subprocess.run(["sh", "-c", modelcheck.RUN_PY, "p", sys.executable, modelcheck.PREFETCH_PY, "/models/x", "", "",
