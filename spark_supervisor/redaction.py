@@ -9,9 +9,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 MARK = "[redacted]"
 
-# Flags whose value is a secret, by vLLM's and the hub's names (matched the way argparse matches: a
-# prefix of at least the distinguishing part, `_` for `-`).
-SECRET_FLAGS = ("--api-key", "--hf-token")
+# Options whose value is a secret, by vLLM's and the hub's names without their leading dashes (matched the
+# way argparse matches: a prefix of at least the distinguishing part, `_` for `-`). Recognised here only to
+# be redacted: the daemon itself never puts a secret on a command line (the key goes in VLLM_API_KEY).
+SECRET_OPTIONS = ("api-key", "hf-token")
 # Environment variable names whose value is a secret.
 _SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE_KEY)", re.I)
 
@@ -49,9 +50,12 @@ def url_origin(u: str) -> str:
 
 def _secret_flag(arg: str) -> bool:
     flag = arg.split("=", 1)[0].replace("_", "-")
+    if not flag.startswith("--"):
+        return False
     # argparse takes any unambiguous prefix: `--api-ke` is `--api-key`. Three letters past `--` is where
     # vLLM's own flags stop being ambiguous; anything shorter is refused by its parser anyway.
-    return len(flag) > 4 and any(s.startswith(flag) for s in SECRET_FLAGS)
+    name = flag[2:]
+    return len(name) > 2 and any(s.startswith(name) for s in SECRET_OPTIONS)
 
 
 def argv(args: Sequence[str], secrets: Iterable[str] = ()) -> list[str]:
