@@ -8,12 +8,64 @@ from __future__ import annotations
 
 import contextlib
 import math
+import socket
+import socketserver
+import threading
+from wsgiref.simple_server import WSGIServer
 from typing import TYPE_CHECKING, Any
 
 from .model import Observation, Phase, Status, Verdict
 
 if TYPE_CHECKING:
     from .config import Config
+
+
+def serve(app: Any, host: str, port: int) -> tuple[Any, threading.Thread]:
+    """prometheus_client's WSGI app on a thread per connection, as its start_http_server does, but at most
+    CappedServer.MAX_CONNECTIONS at once (more are closed at once) and each socket with a timeout: scrapers
+    that open connections and never finish cannot grow the daemon's threads or memory without bound."""
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (each scrape is not news)
+            pass
+
+    server_class = CappedServer6 if ":" in host else CappedServer
+    httpd = make_server(host, port, app, server_class, handler_class=Quiet)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True, name="metrics")
+    t.start()
+    return httpd, t
+
+
+class CappedServer(socketserver.ThreadingMixIn, WSGIServer):
+    MAX_CONNECTIONS = 16
+    TIMEOUT_S = 10.0
+    daemon_threads = True
+
+    def server_activate(self) -> None:
+        self._slots = threading.BoundedSemaphore(self.MAX_CONNECTIONS)
+        super().server_activate()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # too many under way: this one is closed, the rest go on
+            return
+        request.settimeout(self.TIMEOUT_S)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class CappedServer6(CappedServer):
+    address_family = socket.AF_INET6
 
 
 class Metrics:
@@ -68,7 +120,7 @@ class Metrics:
                                  [*d, "event", "via", "result"], registry=reg)
         self._unknown_seen: dict[str, set[str]] = {}  # deployment -> every `what` given a series
         self._nodes_seen: dict[str, set[str]] = {}  # deployment -> its nodes given a series
-        self.server, self.thread = pc.start_http_server(int(port), addr=host or "127.0.0.1", registry=reg)
+        self.server, self.thread = serve(pc.make_wsgi_app(reg), host.strip("[]") or "127.0.0.1", int(port))
 
     def bound(self, deployment: str) -> DeploymentMetrics:
         return DeploymentMetrics(self, deployment)

@@ -137,3 +137,31 @@ def test_the_daemon_serves_the_series_the_alert_rules_read(tmp_path) -> None:
                  f'spark_supervisor_node_up{{{q},node="spark-1"}} 1.0',
                  f'spark_supervisor_node_up{{{q},node="spark-2"}} 0.0'):
         assert line in text, line
+
+
+def test_idle_connections_past_the_cap_are_closed_and_a_scrape_answers_once_they_go() -> None:
+    import threading
+
+    from spark_supervisor.metrics import CappedServer
+    from spark_testbed.testbed import until
+    m = Metrics("127.0.0.1:0")
+    port = m.server.server_address[1]
+    before = threading.active_count()
+    idle = []
+    try:
+        for _ in range(CappedServer.MAX_CONNECTIONS):  # each holds a thread: connected, never a request
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            idle.append(s)
+        until(lambda: threading.active_count() >= before + CappedServer.MAX_CONNECTIONS, 30, "their threads")
+        extra = socket.create_connection(("127.0.0.1", port), timeout=10)
+        assert extra.recv(1) == b""  # closed at once: no thread for it
+        extra.close()
+        assert threading.active_count() <= before + CappedServer.MAX_CONNECTIONS
+        for s in idle:
+            s.close()
+        until(lambda: threading.active_count() <= before, 30, "their threads gone")
+        assert "spark_supervisor_phase" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    finally:
+        for s in idle:
+            s.close()
+        m.close()
