@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import config as config_mod
-from . import statefile
+from . import logs, statefile
 from .act import ActionFailed
 from .alerts import Alerter
 from .backend import Backend, RealBackend
@@ -435,6 +435,9 @@ class Daemon:
             return
         self.staged = None
         changed = new != self.cfg
+        logs.register_config(new)  # a key or secret the new file brings is redacted from here on
+        for w in new.warnings:
+            self.log.warning("config.warning", problem=w)
         self.log.info("config.reloaded", path=self.config_path, changed=changed,
                       deployments={d.name: {"ray_hash": config_mod.ray_hash(new, d),
                                             "serve_hash": config_mod.serve_hash(new, d)} for d in new.deployments})

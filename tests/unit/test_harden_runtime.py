@@ -288,3 +288,22 @@ def test_run_on_a_state_dir_others_can_write_is_a_config_error_not_a_traceback(t
     assert out.returncode == 78 and "Traceback" not in out.stderr, out.stderr
     assert "supervisor.state_dir" in out.stderr and "writable by its group or by others" in out.stderr
     assert not (state / "lock").exists()
+
+
+def test_a_key_a_reload_brings_is_redacted_and_its_warnings_logged(tmp_path: Path) -> None:
+    import structlog
+
+    from spark_supervisor import logs
+    from tests.helpers import data
+    daemon, be, clock, notes, path = make(tmp_path)
+    d = data()
+    d["supervisor"]["state_dir"] = str(tmp_path / "state")
+    d["deployments"][0]["serve"]["env"] = {"HF_TOKEN": "hf_reloadedsecretvalue1234"}  # a literal: warned about
+    path.write_text(tomli_w.dumps(d))
+    be.next = obs(daemon.cfg)
+    with structlog.testing.capture_logs() as seen:
+        daemon.reload()  # the serve's env changed: staged, then applied when read the same again
+        clock.t += daemon.SETTLE_S
+        daemon.tick()
+    assert any(e["event"] == "config.warning" and "HF_TOKEN" in e["problem"] for e in seen), seen
+    assert "hf_reloadedsecretvalue1234" not in json.dumps(logs.redact(None, "", {"line": "x hf_reloadedsecretvalue1234"}))
