@@ -89,3 +89,14 @@ def images(c: config.Config, **kw: Any) -> dict[str, ImageReport]:
     fit = {"ray_path": "/usr/local/bin/ray", "ray_version": "2.60.0", "ray_python": "3.12.3", "dashboard": True,
            "vllm_path": "/usr/local/bin/vllm", "vllm_version": "0.33.0", "vllm_python": "3.12.3"}
     return {n.name: ImageReport(n.name, dep.ray.image, ray_hash(c, dep), **{**fit, **kw}) for n in c.members(dep)}
+
+
+CONFIG_SRC = "/etc/spark-supervisor/x.toml"
+
+
+def config_problems(d: dict[str, Any], env: dict[str, str] | None = None) -> list[str]:
+    """What config.parse refuses in ``d`` (read as if from CONFIG_SRC)."""
+    import pytest
+    with pytest.raises(config.ConfigError) as e:
+        config.parse(d, CONFIG_SRC, env=env or {})
+    return e.value.problems

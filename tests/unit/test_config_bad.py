@@ -14,17 +14,12 @@ import pytest
 
 from spark_supervisor import config
 from spark_supervisor.cli import main
+from tests.helpers import CONFIG_SRC as SRC
+from tests.helpers import config_problems as problems
 from tests.helpers import data
 
 ROOT = Path(__file__).resolve().parents[2]
-SRC = "/etc/spark-supervisor/x.toml"
 KEY = "s3cr3t-Key.value_42"
-
-
-def problems(d: dict[str, Any], env: dict[str, str] | None = None) -> list[str]:
-    with pytest.raises(config.ConfigError) as e:
-        config.parse(d, SRC, env=env or {})
-    return e.value.problems
 
 
 def node(i: int) -> Callable[[dict[str, Any]], dict[str, Any]]:

@@ -3,11 +3,9 @@ failure; the alert command runs with a minimal environment, not the daemon's (HF
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,38 +14,12 @@ import structlog
 
 from spark_supervisor.alerts import Alerter
 from spark_supervisor.config import Alerts
-
-
-class Failing:
-    """A real HTTP server on loopback that answers every POST with HTTP 500."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                self.rfile.read(int(self.headers["Content-Length"]))
-                outer.requests += 1
-                self.send_response(500)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+from tests.unit.test_maintenance import Receiver
 
 
 @pytest.fixture
-def failing() -> Iterator[Failing]:
-    f = Failing()
+def failing() -> Iterator[Receiver]:
+    f = Receiver(fail_first=1 << 30)  # a real HTTP server on loopback that answers every POST with HTTP 500
     yield f
     f.close()
 
@@ -70,8 +42,8 @@ def send(alerts: Alerts) -> list[dict]:
     "http://alice:hunter2-pass@[::1/hook/tok-path-secret",  # httpx cannot even parse it
     "ftp://alice:hunter2-pass@127.0.0.1:9/hook/tok-path-secret",  # not a protocol httpx speaks
 ])
-def test_a_failed_webhook_never_logs_its_credentials_or_path(failing: Failing, where: str) -> None:
-    url = where.format(port=failing.port)
+def test_a_failed_webhook_never_logs_its_credentials_or_path(failing: Receiver, where: str) -> None:
+    url = where.format(port=failing.server.server_address[1])
     entries = send(Alerts.model_construct(webhook=url, command=[], events=["failed"], min_interval=1, timeout=5,
                                           attempts=2))
     failed = [e for e in entries if e["event"] == "alert.failed"]

@@ -13,18 +13,13 @@ from typing import Any
 import pytest
 
 from spark_supervisor import config
+from tests.helpers import CONFIG_SRC as SRC
+from tests.helpers import config_problems as problems
 from tests.helpers import data
 
-SRC = "/etc/spark-supervisor/x.toml"
 S = "deployments[0].serve"
 R = "deployments[0].ray"
 Q = "deployments[0].readiness"
-
-
-def problems(d: dict[str, Any], env: dict[str, str] | None = None) -> list[str]:
-    with pytest.raises(config.ConfigError) as e:
-        config.parse(d, SRC, env=env or {})
-    return e.value.problems
 
 
 def refused(d: dict[str, Any], key: str, fragment: str) -> None:
