@@ -14,6 +14,7 @@ from typing import Any
 from . import redaction
 from .config import (
     HASH_LABEL,
+    HELPER_LABEL,
     NODE_LABEL,
     OWNER_LABEL,
     RAY_STATE_LABEL,
@@ -111,12 +112,8 @@ def node_container(cfg: Config, dep: Deployment, node: Node, *, dashboard: bool 
     return ContainerSpec(node_container_name(dep, node), ray.image, command, env, labels, options)
 
 
-# On every short-lived container this code creates (value: its role), so that no daemon, nor a concurrent
-# `check --preflight`, takes another's for stale. The deployment's owner label only where the planner knows
-# the role (the prefetch): any other container owned by a deployment counts as one of its node containers.
-HELPER_LABEL = "spark-supervisor.helper"
-
-
+# The deployment's owner label only where the planner knows the role (the prefetch): any other container
+# owned by a deployment counts as one of its node containers.
 def helper_labels(role: str, dep: Deployment | None = None, node: Node | None = None) -> dict[str, str]:
     labels = {ROLE_LABEL: role, HELPER_LABEL: role}
     if node is not None:

@@ -42,6 +42,9 @@ HASH_LABEL = "spark-supervisor.spec-hash"
 NODE_LABEL = "spark-supervisor.node"
 ROLE_LABEL = "spark-supervisor.role"
 RAY_STATE_LABEL = "spark-supervisor.ray-state"  # on a Ray head: "dashboard" (REST) or "gcs" (no dashboard)
+# On every short-lived container the daemon creates (value: its role), so that no daemon, nor a concurrent
+# `check --preflight`, takes another's for stale.
+HELPER_LABEL = "spark-supervisor.helper"
 LABEL_PREFIX = "spark-supervisor."
 
 # Set per node from nodes[].fabric_ip / fabric_interface (commands.node_env); never shared between nodes.

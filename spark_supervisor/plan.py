@@ -29,7 +29,7 @@ from . import logscan, modelcheck
 from .commands import PREFETCH_ROLE, node_container_name, serve_nodes
 from .admission import admit, free_memory_failure, gpu_blockers, gpu_unknown, port_holders
 from .preflight import image_problem
-from .config import HASH_LABEL, OWNER_LABEL, ROLE_LABEL, Config, Deployment, Node, ray_hash, serve_hash
+from .config import HASH_LABEL, LABEL_PREFIX, OWNER_LABEL, ROLE_LABEL, Config, Deployment, Node, ray_hash, serve_hash
 from .model import (
     Reason,
     Action,
@@ -53,9 +53,6 @@ from .model import (
 _ACTIVE = {"active", "activating", "reloading", "deactivating"}
 # Phases in which a deployment was known to run: losing it there is a fault to repair.
 _DEPLOYED = {Phase.STARTING_VLLM, Phase.LOADING, Phase.VERIFYING, Phase.SERVING, Phase.DEGRADED}
-
-
-LABEL_PREFIX = OWNER_LABEL.split(".", 1)[0] + "."  # "spark-supervisor."
 
 
 def is_stale(c: Container, cfg: Config) -> bool:
