@@ -426,12 +426,17 @@ def cmd_logscan(args: argparse.Namespace) -> int:
     """Any vLLM serve log: how far the load got, how long each step took, and why it failed."""
     import dataclasses
 
-    from . import logscan
-    try:
-        text = sys.stdin.read() if args.file == "-" else open(args.file, errors="replace").read()
+    from . import files, logscan
+    limit = 1 << 30  # a serve log of a few days is a few hundred MiB
+    try:  # a named file must be a regular one (a FIFO or device would wait or never end); `-` reads a pipe
+        raw = sys.stdin.buffer.read(limit + 1) if args.file == "-" else files.read_bytes(args.file, limit)
     except OSError as e:
-        print(f"cannot read {args.file}: {e.strerror}", file=sys.stderr)
+        print(f"cannot read {args.file}: {e.strerror or e}", file=sys.stderr)
         return 2
+    if len(raw) > limit:
+        print(f"cannot read {args.file}: more than {limit} bytes", file=sys.stderr)
+        return 2
+    text = raw.decode("utf-8", errors="replace")
     p = logscan.scan(text)
     steps = logscan.timeline(text)
     if args.json:

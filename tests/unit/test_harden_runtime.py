@@ -307,3 +307,12 @@ def test_a_key_a_reload_brings_is_redacted_and_its_warnings_logged(tmp_path: Pat
         daemon.tick()
     assert any(e["event"] == "config.warning" and "HF_TOKEN" in e["problem"] for e in seen), seen
     assert "hf_reloadedsecretvalue1234" not in json.dumps(logs.redact(None, "", {"line": "x hf_reloadedsecretvalue1234"}))
+
+
+def test_logscan_refuses_a_fifo_at_once(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    os.mkfifo(tmp_path / "log")
+    out = subprocess.run([sys.executable, "-m", "spark_supervisor", "logscan", str(tmp_path / "log")],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 2 and "is a FIFO" in out.stderr, out.stderr
