@@ -136,10 +136,14 @@ class Actor:
         if isinstance(kept, dict) and kept.get("image_id") == image_id and kept.get("key") == key:
             try:
                 report = ImageReport(**kept["report"])
-                self.log.info("image.checked", node=node, image=spec.image, kept=True, summary=report.summary(dep.uses_ray))
+                if not all(isinstance(getattr(report, f.name), type(f.default)) for f in dataclasses.fields(report)
+                           if isinstance(f.default, str | int)):
+                    raise TypeError("a field of another type")
+                summary = report.summary(dep.uses_ray)
+                self.log.info("image.checked", node=node, image=spec.image, kept=True, summary=summary)
                 return report
-            except (TypeError, KeyError):
-                pass  # another shape (an older version): check again
+            except (TypeError, KeyError, ValueError, AttributeError):
+                pass  # another shape (an older version, a damaged file): check again
         code, out = a.docker.run_once(spec)
         if code != 0:  # the probe itself always exits 0: the image could not even run sh
             raise ActionFailed("ImageCheckFailed", f"{node}: {spec.image} exited {code}: {self._redact(out.strip()[-200:])}",

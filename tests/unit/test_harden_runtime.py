@@ -316,3 +316,71 @@ def test_logscan_refuses_a_fifo_at_once(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "spark_supervisor", "logscan", str(tmp_path / "log")],
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 2 and "is a FIFO" in out.stderr, out.stderr
+
+
+class _Engine:
+    """A Docker engine that holds the image and whose image probe prints what a real vLLM image prints."""
+
+    def __init__(self, probe_output: str) -> None:
+        self.probes = 0
+        self.out = probe_output
+
+    def has_image(self, image: str) -> bool:
+        return True
+
+    def image_id(self, image: str) -> str:
+        return "sha256:" + "a" * 64
+
+    def run_once(self, spec: Any) -> tuple[int, str]:
+        self.probes += 1
+        return 0, self.out
+
+
+@pytest.mark.parametrize("kept", [{"report": {"node": "spark-1", "image": "x", "key": "K", "ray_version": 5,
+                                               "ray_path": ["/x"]}},
+                                  {"report": ["x"]}, {"report": {"nope": 1}}, {"report": None}, "text"])
+def test_a_damaged_image_record_is_checked_again_not_a_crash(tmp_path: Path, kept: Any) -> None:
+    from types import SimpleNamespace
+
+    import structlog
+
+    from spark_supervisor.act import Actor
+    from spark_supervisor.config import ray_hash
+    from spark_supervisor.model import ImageReport
+    from tests.helpers import cfg, data
+    d = data()
+    d["supervisor"]["state_dir"] = str(tmp_path / "state")
+    c = cfg(d)
+    node = c.nodes[0]
+    engine = _Engine("")  # what the probe prints matters not here: that it ran does
+    world = SimpleNamespace(cfg=c, nodes={node.name: SimpleNamespace(node=node, docker=engine)})
+    if isinstance(kept, dict):
+        kept = {"image_id": engine.image_id(""), "key": ray_hash(c, c.deployment), **kept}
+    statefile.write_json(str(tmp_path / "state"), Actor.IMAGES, {node.name: kept})
+    r = Actor(world, structlog.get_logger())._check_image(world.nodes[node.name])  # type: ignore[arg-type]
+    assert isinstance(r, ImageReport) and engine.probes == 1  # checked again, from the image itself
+
+
+def test_a_sound_image_record_is_still_used(tmp_path: Path) -> None:
+    import dataclasses
+    from types import SimpleNamespace
+
+    import structlog
+
+    from spark_supervisor.act import Actor
+    from spark_supervisor.config import ray_hash
+    from spark_supervisor.model import ImageReport
+    from tests.helpers import cfg, data
+    d = data()
+    d["supervisor"]["state_dir"] = str(tmp_path / "state")
+    c = cfg(d)
+    node = c.nodes[0]
+    engine = _Engine("")
+    key = ray_hash(c, c.deployment)
+    report = ImageReport(node.name, c.deployment.ray.image, key, ray_path="/usr/bin/ray", ray_version="2.49.0",
+                         vllm_path="/usr/bin/vllm", vllm_version="0.11.0", dashboard=True)
+    statefile.write_json(str(tmp_path / "state"), Actor.IMAGES, {node.name: {
+        "image_id": engine.image_id(""), "key": key, "report": dataclasses.asdict(report)}})
+    world = SimpleNamespace(cfg=c, nodes={node.name: SimpleNamespace(node=node, docker=engine)})
+    assert Actor(world, structlog.get_logger())._check_image(world.nodes[node.name]) == report  # type: ignore[arg-type]
+    assert engine.probes == 0
