@@ -82,7 +82,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not args.preflight:
         return 0
     from .statefile import check_state_dir
-    unfit = check_state_dir(whole.supervisor.state_dir)  # as the daemon judges it when it starts
+    # As the daemon judges it when it starts (the unit runs it as root; a preflight may run as its operator).
+    unfit = check_state_dir(whole.supervisor.state_dir, {os.geteuid(), 0})
     for p in unfit:
         print(f"preflight: supervisor.state_dir: {p}")
     several = len(whole.deployments) > 1
