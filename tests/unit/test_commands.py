@@ -67,14 +67,23 @@ def _wait(cond, what: str) -> None:
     until(cond, 10, what, every=0.02)
 
 
+def _recorded_pid(d: str) -> str:
+    try:
+        return Path(d, "process").read_text().split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 def test_the_wrapper_records_the_serve_refuses_a_second_one_and_stop_ends_its_process_group(tmp_path) -> None:
     d = str(tmp_path / "serve")
     cache = tmp_path / "cache"
     wrapper = ["sh", "-c", commands.SERVE_WRAPPER, "spark-serve", d, "0123456789ab", str(cache), "2", "1000", "", "n", "5", "1", "1"]
     first = subprocess.Popen([*wrapper, "sh", "-c", "echo started; sleep 60 & sleep 60"])
     try:
-        _wait(lambda: os.path.exists(f"{d}/pid") and os.path.exists(f"{d}/log")
-              and "started" in Path(d, "log").read_text(), "the serve's log")
+        # The wrapper claims the slot with its own pid, then with the serve's once it has forked it: the
+        # serve may write its log before that second claim, so wait for the serve's pid as well.
+        _wait(lambda: _recorded_pid(d) not in ("", str(first.pid)) and os.path.exists(f"{d}/log")
+              and "started" in Path(d, "log").read_text(), "the serve's pid and log")
         state = _sh(["sh", "-c", commands.SERVE_STATE, "spark-serve", d, "1000"]).stdout
         head, _, log = state.partition("\n")
         pid, spec, _started, running = head.split()[:4]
