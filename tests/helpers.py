@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 from spark_supervisor import config
@@ -100,3 +101,12 @@ def config_problems(d: dict[str, Any], env: dict[str, str] | None = None) -> lis
     with pytest.raises(config.ConfigError) as e:
         config.parse(d, CONFIG_SRC, env=env or {})
     return e.value.problems
+
+
+def recorded_serve_pid(serve_dir: str | Path) -> str:
+    """The pid the serve wrapper recorded in `process` ("" while there is none). The wrapper claims the slot
+    twice, with its own pid and then with the serve's, so a test waits until it differs from the wrapper's."""
+    try:
+        return Path(serve_dir, "process").read_text().split()[0]
+    except (OSError, IndexError):
+        return ""

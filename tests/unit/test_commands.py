@@ -6,7 +6,7 @@ from pathlib import Path
 from spark_supervisor import commands
 from spark_testbed.testbed import until
 from spark_supervisor.config import OWNER_LABEL
-from tests.helpers import cfg, data
+from tests.helpers import cfg, data, recorded_serve_pid
 
 C = cfg()
 DEP = C.deployment
@@ -67,13 +67,6 @@ def _wait(cond, what: str) -> None:
     until(cond, 10, what, every=0.02)
 
 
-def _recorded_pid(d: str) -> str:
-    try:
-        return Path(d, "process").read_text().split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
 def test_the_wrapper_records_the_serve_refuses_a_second_one_and_stop_ends_its_process_group(tmp_path) -> None:
     d = str(tmp_path / "serve")
     cache = tmp_path / "cache"
@@ -82,7 +75,7 @@ def test_the_wrapper_records_the_serve_refuses_a_second_one_and_stop_ends_its_pr
     try:
         # The wrapper claims the slot with its own pid, then with the serve's once it has forked it: the
         # serve may write its log before that second claim, so wait for the serve's pid as well.
-        _wait(lambda: _recorded_pid(d) not in ("", str(first.pid)) and os.path.exists(f"{d}/log")
+        _wait(lambda: recorded_serve_pid(d) not in ("", str(first.pid)) and os.path.exists(f"{d}/log")
               and "started" in Path(d, "log").read_text(), "the serve's pid and log")
         state = _sh(["sh", "-c", commands.SERVE_STATE, "spark-serve", d, "1000"]).stdout
         head, _, log = state.partition("\n")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from spark_supervisor import commands
 from spark_supervisor.config import serve_hash
-from tests.helpers import cfg
+from spark_testbed.testbed import until
+from tests.helpers import cfg, recorded_serve_pid
 
 CUR = "0123456789ab"
 MARK = commands.CACHE_MARK
@@ -186,9 +187,8 @@ def test_the_recorded_serve_is_its_pid_and_start_time_and_a_stop_ends_it(tmp_pat
     w = subprocess.Popen(["sh", "-c", commands.SERVE_WRAPPER, "spark-serve", str(d), CUR, "", "1", "1", "", "n",
                           "1", "1", "1", "sh", "-c", "echo up; exec sleep 60"])
     try:
-        r = subprocess.run(["sh", "-c", 'while ! grep -q up "$1/log" 2>/dev/null; do sleep 0.02; done', "w", str(d)],
-                           timeout=30, check=False)
-        assert r.returncode == 0
+        until(lambda: recorded_serve_pid(d) not in ("", str(w.pid)) and (d / "pid").read_text().strip()
+              == recorded_serve_pid(d) and "up" in (d / "log").read_text(), 10, "the serve's pid and log", every=0.02)
         pid, ticks = (d / "process").read_text().split()
         assert (d / "pid").read_text().strip() == pid and ticks == _start_ticks(int(pid))
         subprocess.run(["sh", "-c", commands.SERVE_STOP, "s", str(d), "5"], timeout=30, check=True)
