@@ -1,11 +1,12 @@
 """The checks that need the whole config (nodes against deployments, deployments against each other,
-directories, ports and programs across tables): the helpers of Config._cross_checks, each returning
-its problems as (key, message)."""
+directories, ports and programs across tables): small named rules, each taking the Config and returning
+its problems as (key, message), run by Config in the order of RULES."""
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -14,6 +15,61 @@ from .schema import Deployment, Node
 
 if TYPE_CHECKING:
     from .root import Config
+
+Rule = Callable[["Config"], list[tuple[str, str]]]
+
+
+def _node_names(cfg: Config) -> list[tuple[str, str]]:
+    names = [n.name for n in cfg.nodes]
+    return [(f"nodes[{i}].name", f"duplicate node {name!r}") for i, name in enumerate(names) if name in names[:i]]
+
+
+def _fabric_ips(cfg: Config) -> list[tuple[str, str]]:
+    ips = [n.fabric_ip for n in cfg.nodes]
+    return [(f"nodes[{i}].fabric_ip", f"duplicate fabric IP {ip}") for i, ip in enumerate(ips) if ip in ips[:i]]
+
+
+def _one_head(cfg: Config) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    heads = [i for i, n in enumerate(cfg.nodes) if n.role == "head"]
+    if not heads:
+        problems.append(("nodes", "no node has role = \"head\""))
+    for i in heads[1:]:
+        problems.append((f"nodes[{i}].role", "more than one head node"))
+    return problems
+
+
+def _remote_workers(cfg: Config) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    for i, n in enumerate(cfg.nodes):
+        if n.role == "worker" and not n.ssh:
+            problems.append((f"nodes[{i}].ssh", "a worker needs an SSH target, e.g. \"root@spark-2\""))
+        if n.role == "worker" and n.docker == "local":
+            problems.append((f"nodes[{i}].docker", "a worker's engine is remote, e.g. \"ssh://root@spark-2\""))
+    return problems
+
+
+def _deployment_names(cfg: Config) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    deps = [dep.name for dep in cfg.deployments]
+    if not cfg.deployments:
+        problems.append(("deployments", "no deployment: add a [[deployments]] table"))
+    for d, dep in enumerate(cfg.deployments):
+        if dep.name in deps[:d]:
+            problems.append((f"deployments[{d}].name", f"duplicate deployment {dep.name!r}: each needs its own name "
+                             "(it names its containers and owns them)"))
+        for j, a in enumerate(dep.after):
+            if a not in deps or a == dep.name:
+                problems.append((f"deployments[{d}].after[{j}]", f"{a!r} is not another deployment "
+                                 f"(deployments: {', '.join(deps)})"))
+    return problems
+
+
+def _start_order(cfg: Config) -> list[tuple[str, str]]:
+    cycle = _after_cycle(cfg.deployments)
+    if cycle:
+        return [("deployments", f"the start order goes round in a circle: {' -> '.join(cycle)}")]
+    return []
 
 
 def _after_cycle(deps: list[Deployment]) -> list[str]:
@@ -39,6 +95,115 @@ def _after_cycle(deps: list[Deployment]) -> list[str]:
         if found:
             return found
     return []
+
+
+def _listed_nodes(d: int, dep: Deployment, names: list[str]) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    for j, nn in enumerate(dep.nodes):
+        if nn not in names:
+            problems.append((f"deployments[{d}].nodes[{j}]", f"unknown node {nn!r}"))
+        elif nn in dep.nodes[:j]:
+            problems.append((f"deployments[{d}].nodes[{j}]", f"{nn!r} is listed twice: list each node once"))
+    return problems
+
+
+def _gpu_count(d: int, dep: Deployment, members: list[Node]) -> list[tuple[str, str]]:
+    """TP x PP must use exactly the GPUs configured on the deployment's nodes."""
+    gpus = sum(n.gpus for n in members)
+    want = dep.serve.tensor_parallel_size * dep.serve.pipeline_parallel_size
+    key = f"deployments[{d}].serve.tensor_parallel_size"
+    if not members:
+        return []  # unknown nodes: said by _listed_nodes
+    if gpus == 0:
+        return [(key, "its nodes have no GPUs: set nodes[].gpus")]
+    if want > gpus:
+        return [(key, f"TP x PP = {want} is larger than the {gpus} GPUs configured on its nodes: make "
+                      f"tensor_parallel_size x pipeline_parallel_size equal {gpus}, or add GPUs "
+                      "(nodes[].gpus, deployments.nodes)")]
+    if want < gpus:
+        return [(key, f"TP x PP = {want} is smaller than the {gpus} GPUs configured on its nodes "
+                      f"({gpus - want} would sit idle or fail placement): make "
+                      f"tensor_parallel_size x pipeline_parallel_size equal {gpus}, or list fewer "
+                      "GPUs (nodes[].gpus, deployments.nodes)")]
+    return []
+
+
+def _ports_taken(cfg: Config) -> tuple[dict[tuple[str, int], str], dict[int, list[tuple[str, str]]]]:
+    """What the deployments listen on, on their head node's host network: (node, port) -> the first key taking
+    it, and, by deployment index, every later key taking one again (one port each, across deployments too)."""
+    listening: dict[tuple[str, int], str] = {}
+    clashes: dict[int, list[tuple[str, str]]] = {}
+    for d, dep in enumerate(cfg.deployments):
+        members = cfg.members(dep)
+        if not members:
+            continue
+        host = members[0].name
+        ports = ([(f"deployments[{d}].ray.port", dep.ray.port),
+                  (f"deployments[{d}].ray.dashboard_port", dep.ray.dashboard_port)] if dep.uses_ray else [])
+        ports.append((f"deployments[{d}].serve.port", dep.serve.port))
+        if not dep.uses_ray and len(members) > 1:
+            ports.append((f"deployments[{d}].serve.master_port", dep.serve.master_port))
+        for key, port in ports:
+            other = listening.setdefault((host, port), key)
+            if other != key:
+                clashes.setdefault(d, []).append((key, f"port {port} is also {other} on {host}: they share the "
+                                                       "node's host network; give each its own port"))
+    return listening, clashes
+
+
+def _deployment_nodes(cfg: Config) -> list[tuple[str, str]]:
+    """Each deployment in turn: the nodes it lists, their GPUs against its TP x PP, its host ports."""
+    problems: list[tuple[str, str]] = []
+    names = [n.name for n in cfg.nodes]
+    clashes = _ports_taken(cfg)[1]
+    for d, dep in enumerate(cfg.deployments):
+        problems += _listed_nodes(d, dep, names)
+        problems += _gpu_count(d, dep, cfg.members(dep))
+        problems += clashes.get(d, [])
+    return problems
+
+
+def _metrics_port(cfg: Config) -> list[tuple[str, str]]:
+    """The daemon's own metrics listener, on the head, takes no deployment's port."""
+    head = next((n for n in cfg.nodes if n.role == "head"), None)
+    if not cfg.metrics.listen or head is None:
+        return []
+    clash = _ports_taken(cfg)[0].get((head.name, cfg.metrics.port))
+    if clash:
+        return [("metrics.listen", f"port {cfg.metrics.port} is also {clash} on {head.name}: give the metrics "
+                                   "their own port")]
+    return []
+
+
+def _gpu_memory_shares(cfg: Config) -> list[tuple[str, str]]:
+    """Deployments sharing a node: their gpu_memory_utilization fit in it."""
+    problems: list[tuple[str, str]] = []
+    shares: dict[str, list[tuple[str, float]]] = {}
+    for dep in cfg.deployments:
+        for n in cfg.members(dep):
+            shares.setdefault(n.name, []).append((dep.name, dep.serve.gpu_memory_utilization))
+    limit = 1 - cfg.memory.share_margin
+    for node, taken in shares.items():
+        total = sum(u for _, u in taken)
+        if len(taken) > 1 and total > limit + 1e-9:
+            d = next(i for i, dep in enumerate(cfg.deployments) if dep.name == taken[-1][0])
+            problems.append((f"deployments[{d}].serve.gpu_memory_utilization",
+                             f"the deployments on {node} ask for {total:.2f} of its GPU memory "
+                             f"({', '.join(f'{n} {u:g}' for n, u in taken)}), more than {limit:.2f} "
+                             f"(1 - memory.share_margin): vLLM would refuse the last to start; lower them"))
+    return problems
+
+
+def _stale_not_ours(cfg: Config) -> list[tuple[str, str]]:
+    """stale.containers names none of the supervisor's own containers."""
+    own_containers: dict[str, str] = {}
+    for dep in cfg.deployments:
+        for n in cfg.members(dep):
+            own_containers[f"{dep.name}-ray-{n.name}"] = n.name
+            own_containers[f"{dep.name}-vllm-{n.name}"] = n.name
+    return [(f"stale.containers[{i}]", f"{c!r} is the supervisor's own Ray container on "
+                                       f"{own_containers[c]}: remove it from the list")
+            for i, c in enumerate(cfg.stale.containers) if c in own_containers]
 
 
 def _engine(node: Node) -> str:
@@ -73,9 +238,10 @@ def _machine_keys(i: int, n: Node) -> list[tuple[str, str]]:
     return keys
 
 
-def _same_machine(nodes: list[Node]) -> list[tuple[str, str]]:
+def _same_machine(cfg: Config) -> list[tuple[str, str]]:
     """Two nodes that are one machine (the same engine, SSH host or address): the planner would see one
     node's containers as the other's and restart the deployment on every tick."""
+    nodes = cfg.nodes
     out: list[tuple[str, str]] = []
     seen: dict[str, tuple[int, str]] = {}
     for i, n in enumerate(nodes):
@@ -204,3 +370,10 @@ def _local_programs(cfg: Config) -> list[tuple[str, str]]:
             out.append(("alerts.command[0]", why))
     return out
 
+
+# The order of the problems a config gets: every rule's, in this order.
+RULES: tuple[Rule, ...] = (
+    _node_names, _fabric_ips, _one_head, _remote_workers, _deployment_names, _start_order, _deployment_nodes,
+    _metrics_port, _gpu_memory_shares, _stale_not_ours, _same_machine, _host_dirs, _ports_and_endpoints,
+    _local_programs,
+)
