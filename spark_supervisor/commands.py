@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import redaction
+from .redaction import deployment_secrets as secrets  # commands.secrets: what act, observe and diagnose call
 from .config import (
     HASH_LABEL,
     HELPER_LABEL,
@@ -173,13 +174,6 @@ def serve_argv(dep: Deployment, ranks: list[str] | None = None) -> list[str]:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
     # the API key goes through the environment: argv is public (ps)
     return argv + list(ranks or []) + list(s.extra_args)
-
-
-def secrets(cfg: Config, dep: Deployment) -> list[str]:
-    """What never goes into a log line or status: the API key, and every secret-named variable's value the
-    deployment's containers get."""
-    envs = [dep.serve.env, dep.ray.env, dep.ray.head_env, *(n.env for n in cfg.members(dep))]
-    return [x for x in (dep.api_key, *(v for e in envs for k, v in e.items() if redaction.secret_env(k))) if x]
 
 
 def shown_argv(cfg: Config, dep: Deployment, argv: list[str]) -> list[str]:

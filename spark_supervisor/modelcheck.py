@@ -309,6 +309,20 @@ def _size_problem(name: str, size: Any) -> str:
     return ""
 
 
+def _not_in_cache(node: str, model: str, check_key: str, facts: dict[str, Any]) -> ModelReport:
+    """A hub model whose snapshot the probe did not find: which part of the cache is missing."""
+    cache, snaps = facts.get("cache", "?"), facts.get("snapshots") or []
+    repo = posixpath.basename(str(facts.get("repo", "")))
+    if not snaps:
+        missing = f"{model} is not in the hub cache {cache} (no {repo}/snapshots)"
+    elif facts.get("ref"):
+        missing = f"snapshot {facts['ref']} named by {repo}/refs is not in {repo}/snapshots"
+    else:
+        missing = f"{repo}/refs/main (and {len(snaps)} snapshots: which one?)"
+    return ModelReport(node, model, check_key, path=str(facts.get("repo", "")), source="hub",
+                       cache=str(cache), missing=(missing,))
+
+
 def judge(node: str, model: str, check_key: str, facts: dict[str, Any]) -> ModelReport:
     """What the probe found, judged: the files missing or implausible (none: complete)."""
     if facts.get("no_python"):
@@ -317,16 +331,7 @@ def judge(node: str, model: str, check_key: str, facts: dict[str, Any]) -> Model
     missing: list[str] = []
     files = nbytes = 0
     if source == "hub" and not path:
-        cache, snaps = facts.get("cache", "?"), facts.get("snapshots") or []
-        repo = posixpath.basename(str(facts.get("repo", "")))
-        if not snaps:
-            missing.append(f"{model} is not in the hub cache {cache} (no {repo}/snapshots)")
-        elif facts.get("ref"):
-            missing.append(f"snapshot {facts['ref']} named by {repo}/refs is not in {repo}/snapshots")
-        else:
-            missing.append(f"{repo}/refs/main (and {len(snaps)} snapshots: which one?)")
-        return ModelReport(node, model, check_key, path=str(facts.get("repo", "")), source=source,
-                           cache=str(cache), missing=tuple(missing))
+        return _not_in_cache(node, model, check_key, facts)
     kind = facts.get("kind")
     if kind == "none":
         missing.append(f"{path} (no such directory)" if source == "local" else f"{path} (not a directory)")
@@ -410,8 +415,8 @@ def describe(cfg: Config, dep: Deployment, reports: dict[str, ModelReport]) -> s
     failed = [f"{m.node}: {m.detail}" for m in bad if m.prefetched and m.detail]
     if failed:
         text += f"; the prefetch did not complete it ({'; '.join(failed)})"
-    from .commands import secrets  # a prefetch's error may quote what it was given
-    return redaction.text(f"{text}. Hint: {hint(cfg, dep, bad, good)}", secrets(cfg, dep))
+    # a prefetch's error may quote what it was given
+    return redaction.text(f"{text}. Hint: {hint(cfg, dep, bad, good)}", redaction.deployment_secrets(cfg, dep))
 
 
 def hint(cfg: Config, dep: Deployment, bad: list[ModelReport], good: list[ModelReport]) -> str:

@@ -9,7 +9,6 @@ same SSH path the daemon uses (argument lists, timeouts). Naming and choosing ar
 
 from __future__ import annotations
 
-import argparse
 import errno
 import os
 import re
@@ -160,17 +159,6 @@ def resolve(cfg: Any, deployment: str | None, node: str | None) -> tuple[Any, An
     return dep, found
 
 
-def cmd_logs(args: argparse.Namespace) -> int:
-    from .cli import _load
-    cfg = _load(args.config)
-    try:
-        dep, node = resolve(cfg, args.deployment, args.node)
-        return show(cfg, dep, node, previous=args.previous, follow=args.follow, lines=args.lines)
-    except Problem as e:
-        print(f"spark-supervisor logs: {e}", file=sys.stderr)
-        return e.code
-
-
 def show(cfg: Any, dep: Any, node: Any, *, previous: bool, follow: bool, lines: int | None) -> int:
     from .commands import node_container_name, serve_dir, serve_log_dir
     directory = serve_log_dir(dep, node)
@@ -277,6 +265,18 @@ def _list(shell: Any, directory: str, node: str) -> list[str]:
     return r.out.splitlines()
 
 
+def _copy(src: IO[bytes], out: IO[bytes], key: str) -> None:
+    """``src`` to ``out`` as it comes, until its end, with ``key`` (when not "") redacted."""
+    if key:  # whole lines, so that a key is never split between two reads
+        for line in src:
+            out.write(redact(line, key))
+            out.flush()
+    else:
+        while chunk := os.read(src.fileno(), 65536):
+            out.write(chunk)
+            out.flush()
+
+
 def _stream(argv: list[str], key: str, *, timeout: float | None, hold_stdin: bool) -> int:
     """Run ``argv`` and copy its output to ours as it comes (the API key redacted), until it ends, the
     deadline passes (killed), or Ctrl-C (130). ``hold_stdin``: keep its standard input open until then (a
@@ -299,14 +299,7 @@ def _stream(argv: list[str], key: str, *, timeout: float | None, hold_stdin: boo
     out: IO[bytes] = sys.stdout.buffer
     assert proc.stdout is not None
     try:
-        if key:  # whole lines, so that a key is never split between two reads
-            for line in proc.stdout:
-                out.write(redact(line, key))
-                out.flush()
-        else:
-            while chunk := os.read(proc.stdout.fileno(), 65536):
-                out.write(chunk)
-                out.flush()
+        _copy(proc.stdout, out, key)
         code = proc.wait()
     except KeyboardInterrupt:
         proc.terminate()
@@ -332,23 +325,3 @@ def _stream(argv: list[str], key: str, *, timeout: float | None, hold_stdin: boo
     if code == 255 and argv[0] == "ssh":
         raise Problem("ssh failed (exit 255): the node does not answer over SSH")
     return 0 if code == 0 else 1
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("deployment", nargs="?", default=None, help="the deployment (default: the only one)")
-    p.add_argument("--follow", "-f", action="store_true",
-                   help="keep printing as the log grows, across new launches (until Ctrl-C)")
-    p.add_argument("--previous", "-p", action="store_true", help="the launch before the current one")
-    p.add_argument("--node", default=None, metavar="NODE", help="a node the serve runs on (default: the head, "
-                   "rank 0; with the mp backend every node of the deployment runs a rank)")
-    p.add_argument("--lines", "-n", type=_positive, default=None, metavar="N", help="only the last N lines")
-
-
-def _positive(v: str) -> int:
-    try:
-        n = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {v!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
