@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from . import files
+from . import files, script
 
 # The wrapper's names: a start to the second (a second launch within it gets _1, _2, ...), the node (which
 # may hold '-'), the spec hash (never '-' or '_').
@@ -33,32 +33,14 @@ ROTATED = ".1"  # the older part of a launch's log past log_max_mib
 # regular files that are not links are listed, read or followed (a file is checked, opened, then checked to
 # be the one opened: a link or FIFO planted in between is not read). LIST: the node's launch files, exit 3
 # when it has no directory yet. READ: the last $1 lines ("+1": all) of the files after it, each in order.
-_SAFE = ('[ ! -L "$1" ] && cd "$1" 2>/dev/null || { [ -L "$1" ] && echo "$1 is a symbolic link: not read" >&2 '
-         '&& exit 4; exit 3; }; shift; ok() { case $1 in */*|.*) return 1;; esac; '
-         '[ -f "$1" ] && [ ! -L "$1" ]; }; ')
-LIST = _SAFE + 'for f in *; do ok "$f" && printf "%s\\n" "$f"; done; exit 0'
-READ = _SAFE + ('n=$1; shift; for f in "$@"; do ok "$f" && { ok "$f" && [ /dev/stdin -ef "$f" ] && tail -n "$n"; } '
-                '<"$f" || echo "$f: not a regular file: not read" >&2; done | tail -n "$n"')
+_SAFE = script.load("logs-safe.sh")
+LIST = _SAFE + script.load("logs-list.sh")
+READ = _SAFE + script.load("logs-read.sh")
 # FOLLOW: the file `current` names (a plain name beside it), from its last $1 lines, then each newer launch
 # whole, until the local side goes away: ssh gives a command no hangup without a terminal, and only GNU tail
 # (8.28+) notices a closed pipe on its own, so a watcher waits for the end of its standard input (kept as fd 3:
 # an asynchronous list's own stdin is /dev/null) and then stops the loop, which stops its tail.
-FOLLOW = _SAFE + """n=$1 c= p=
-trap '[ -z "$p" ] || kill "$p" 2>/dev/null; exit 0' TERM HUP INT
-exec 3<&0
-{ cat <&3 >/dev/null; kill $$ 2>/dev/null; } >/dev/null 2>&1 &
-exec 3<&-
-while :; do
-  t=$(readlink current 2>/dev/null) || t=
-  if [ "$t" != "$c" ]; then
-    [ -z "$p" ] || kill "$p" 2>/dev/null; p=
-    if [ -n "$t" ] && ok "$t"; then
-      { ok "$t" && [ /dev/stdin -ef "$t" ] && exec tail -n "$n" -f; } <"$t" & p=$!; n=+1
-    elif [ -n "$t" ]; then echo "$t: not a regular file: not followed" >&2; fi
-    c=$t
-  fi
-  sleep 1 & wait $!
-done"""
+FOLLOW = _SAFE + script.load("logs-follow.sh")
 LINE_MAX = 1 << 20  # a longer line (a progress bar without newlines) is printed in pieces of this
 
 

@@ -27,7 +27,6 @@ LONG_MODULES = {
     "daemon.py": "split on another branch (issue 21)",
     "plan.py": "split on another branch (issue 21)",
     "model.py": "split on another branch (issue 21)",
-    "commands.py": "its scripts become package data on this branch (issue 21)",
 }
 LONG_CLASSES = {
     "daemon.py:Daemon": "split on another branch (issue 21)",
@@ -36,9 +35,13 @@ LONG_CLASSES = {
 
 
 def modules() -> dict[str, Path]:
-    """Dotted module name -> its file, for every module of the package (a package is its __init__)."""
+    """Dotted module name -> its file, for every module of the package (a package is its __init__). A file
+    in a directory that is not a package (scripts/: the Python run in the image) is none."""
     found = {}
     for path in sorted(ROOT.rglob("*.py")):
+        dirs = [d for d in [path.parent, *path.parent.parents] if d.is_relative_to(ROOT)]
+        if not all((d / "__init__.py").exists() for d in dirs):
+            continue
         parts = path.relative_to(ROOT.parent).with_suffix("").parts
         found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
