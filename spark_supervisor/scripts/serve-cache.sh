@@ -8,6 +8,7 @@ others() {  # the other specs' caches the wrapper made, the most recently launch
     x=${x%/*}; [ "$x" != "$h" ] && made "$c/$x" && echo "$x"
   done
 }
+# shellcheck disable=SC2046 # one name per line, split on purpose: spec-hash names (hex, no glob)
 size() { (cd "$c" && du -smc -- "$h" $(others) 2>/dev/null) | tail -n 1 | cut -f1; }
 not_ours() {
   x="spark-serve: NOT_OURS: $1; set deployments.serve.cache_dir to a directory of its own, or empty this one"
@@ -31,7 +32,9 @@ cache() {
   elif [ -L "$e" ] || [ ! -d "$e" ]; then not_ours "$e is not a directory spark-supervisor made"
   fi
   mkdir -p "$e/tmp"; made "$e" && touch "$e/$M"
+  # shellcheck disable=SC2115 # $c is never empty (the wrapper calls cache only with one), $x a name others printed
   others | tail -n +"$k" | while IFS= read -r x; do rm -rf -- "$c/$x"; done
+  # shellcheck disable=SC2115 # as above
   while [ "$(size)" -gt "$m" ] 2>/dev/null; do
     x=$(others | tail -n 1); [ -n "$x" ] && rm -rf -- "$c/$x" && [ ! -e "$c/$x" ] || break
   done

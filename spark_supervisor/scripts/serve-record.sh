@@ -1,6 +1,7 @@
 
 stat_field() {  # field $1 of /proc/$2/stat (the command name, field 2, may hold spaces and ")")
   _n=$1; _s=$(cat "/proc/$2/stat" 2>/dev/null) || return 1
+  # shellcheck disable=SC2086 # the fields after the command name, split on purpose (numbers: no glob)
   set -- ${_s##*) }
   [ "$#" -ge $((_n - 2)) ] && shift $((_n - 3)) && echo "$1"
 }

@@ -10,11 +10,13 @@ echo "$h" >spec; s=$(date -u +%FT%TZ); echo "$s" >started; claim $$
 f=log
 if [ -n "$L" ] && mkdir -p "$L" 2>/dev/null; then
   t=$(echo "$s" | tr -d :-); u=$t
+  # shellcheck disable=SC2012 # only names of the wrapper's own form count (sed drops the rest)
   i=$(ls -1 "$L" | sed -n "s/^$t-.*/0/p; s/^${t}_\([0-9][0-9]*\)-.*/\1/p" | sort -n | tail -n 1)
   [ -n "$i" ] && u=${t}_$((i + 1))
   g="$L/$u-$n-$h.log"
   if : >>"$g" 2>/dev/null; then
     f=$g; ln -sfn "$g" log; ln -sfn "${g##*/}" "$L/current"
+    # shellcheck disable=SC2010 # ls sorts (C locale); grep keeps the wrapper's own names, which hold no newline
     LC_ALL=C ls -1r "$L" | grep -E '^[0-9]{8}T[0-9]{6}Z(_[0-9]+)?-.+-[0-9A-Za-z]+\.log$' |
       tail -n +$((lk + 1)) | while IFS= read -r x; do
         [ "$L/$x" != "$g" ] && [ -f "$L/$x" ] && [ ! -L "$L/$x" ] && rm -f -- "$L/$x" "$L/$x.1"
