@@ -23,7 +23,6 @@ MAX_CLASS_LINES = 250
 # Over a limit today and out of this branch's scope. Each entry must still be over its limit (an entry that
 # is not fails the test: take it out), so this list only shrinks. Paths are relative to the package.
 LONG_MODULES = {
-    "config.py": "split on another branch (issue 21)",
     "daemon.py": "split on another branch (issue 21)",
     "plan.py": "split on another branch (issue 21)",
     "model.py": "split on another branch (issue 21)",
