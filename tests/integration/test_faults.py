@@ -207,7 +207,10 @@ def test_a_deterministic_serve_failure_is_failed_without_burning_the_budget(daem
     good = daemon.config.read_text()
     bad = write_config(daemon.tmp, {**PATCH}, deployment={"serve": {"env": {"STANDIN_FAIL": "free-memory"}}})
     f.inject(lambda: os.kill(daemon.proc.pid, signal.SIGHUP))  # the config file now asks for the failing serve
-    assert bad == daemon.config
+    # The daemon read that file and found it changed (a replaced serve is applied once the file settles).
+    until(lambda: f.new_events("config.reloaded"), 60, "config.reloaded after the SIGHUP")
+    reloaded = f.new_events("config.reloaded")[-1]
+    assert reloaded["path"] == str(bad) and reloaded["changed"] is True, reloaded
     st = daemon.wait_phase("FAILED", 90)
     # The wording after the tag depends on what the planner knew (a page-cache drop first, MemAvailable short).
     assert st["reason"].startswith("ServeFailed: FreeMemoryBelowUtilization"), st["reason"]
