@@ -137,7 +137,7 @@ class Metrics:
         if st.eta_s is not None:
             self.eta.labels(dep).set(st.eta_s)
         self.budget.labels(dep).set(st.repairs_in_window)
-        # As the planner counts a stall (plan.py: LoadStalled).
+        # As the planner counts a stall (plan/serving.py: LoadStalled).
         loading = st.phase == Phase.LOADING and st.load_progress_at
         self.stalled.labels(dep).set(round(max(0.0, now - st.load_progress_at), 3) if loading else 0)
         seen = self._unknown_seen.setdefault(dep, set())
