@@ -22,9 +22,11 @@ def test_a_pidfile_naming_another_live_process_is_not_the_daemon(tmp_path: Path)
 def test_the_daemon_started_with_its_directory_is_alive_until_it_exits(tmp_path: Path) -> None:
     pidfile = tmp_path / "sshd.pid"
     # Its command line names its own directory, as `sshd -f <dir>/sshd_config` and `dockerd --pidfile <dir>/…` do.
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", f"{tmp_path}/sshd_config"],
-                            stdin=subprocess.PIPE)
+    # It says it is up first: Popen returns once exec began, before the kernel has the new command line.
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()",
+                             f"{tmp_path}/sshd_config"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
+        assert proc.stdout is not None and proc.stdout.readline() == "up\n"
         pidfile.write_text(f"{proc.pid}\n")
         assert testbed._alive(pidfile) == proc.pid
         sibling = tmp_path.parent / (tmp_path.name + "-other") / "sshd.pid"  # a prefix of the path is not it
