@@ -129,7 +129,7 @@ def test_the_daemon_serves_the_series_the_alert_rules_read(tmp_path) -> None:
         daemon.tick()
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     finally:
-        daemon.metrics.close()
+        daemon.stack.metrics.close()
     q = 'deployment="qwen"'
     for line in (f"spark_supervisor_repair_budget{{{q}}} 5.0", f"spark_supervisor_repair_window_seconds{{{q}}} 3600.0",
                  f"spark_supervisor_load_stall_timeout_seconds{{{q}}} 900.0",
