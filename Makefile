@@ -87,9 +87,19 @@ chaos: testbed  ## random faults for CHAOS_SECONDS (default 600) against the sta
 bench: testbed  ## the supervisor's overhead, detection times, idle CPU and memory; writes bench/results.md
 	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.bench
 
+# shellcheck reads the shell scripts (spark_supervisor/scripts/*.sh) as they run: joined to the pieces they
+# run with and the constants put in, as commands, modelcheck and servelogs load them (a piece alone reads
+# variables and functions of another). Its settings: spark_supervisor/scripts/.shellcheckrc.
+RUN_SCRIPTS := commands.SERVE_WRAPPER commands.SERVE_STATE commands.SERVE_STOP commands.PROBES \
+	commands.IMAGE_PROBE commands.RAY_NODES modelcheck.RUN_PY servelogs.LIST servelogs.READ servelogs.FOLLOW
+
 lint: venv
 	$(BIN)/ruff check spark_supervisor spark_testbed tests man
 	$(BIN)/mypy spark_supervisor
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
+	  $(BIN)/python -c 'import importlib, sys; [open(f"{sys.argv[1]}/{s}.sh", "w").write(getattr(importlib.import_module("spark_supervisor." + s.split(".")[0]), s.split(".")[1])) for s in sys.argv[2:]]' "$$d" $(RUN_SCRIPTS) && \
+	  cd "$$d" && $(BIN)/shellcheck --shell=sh --rcfile=$(CURDIR)/spark_supervisor/scripts/.shellcheckrc $(addsuffix .sh,$(RUN_SCRIPTS)) && \
+	  echo "shellcheck: $(words $(RUN_SCRIPTS)) scripts OK"
 
 .PHONY: promtool
 promtool: $(BIN)/promtool  ## Prometheus' rule checker for monitoring/ (extracted from the Debian package, not installed)

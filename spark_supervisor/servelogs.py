@@ -9,7 +9,6 @@ same SSH path the daemon uses (argument lists, timeouts). Naming and choosing ar
 
 from __future__ import annotations
 
-import argparse
 import errno
 import os
 import re
@@ -21,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from . import files
+from . import files, script
 
 # The wrapper's names: a start to the second (a second launch within it gets _1, _2, ...), the node (which
 # may hold '-'), the spec hash (never '-' or '_').
@@ -34,32 +33,14 @@ ROTATED = ".1"  # the older part of a launch's log past log_max_mib
 # regular files that are not links are listed, read or followed (a file is checked, opened, then checked to
 # be the one opened: a link or FIFO planted in between is not read). LIST: the node's launch files, exit 3
 # when it has no directory yet. READ: the last $1 lines ("+1": all) of the files after it, each in order.
-_SAFE = ('[ ! -L "$1" ] && cd "$1" 2>/dev/null || { [ -L "$1" ] && echo "$1 is a symbolic link: not read" >&2 '
-         '&& exit 4; exit 3; }; shift; ok() { case $1 in */*|.*) return 1;; esac; '
-         '[ -f "$1" ] && [ ! -L "$1" ]; }; ')
-LIST = _SAFE + 'for f in *; do ok "$f" && printf "%s\\n" "$f"; done; exit 0'
-READ = _SAFE + ('n=$1; shift; for f in "$@"; do ok "$f" && { ok "$f" && [ /dev/stdin -ef "$f" ] && tail -n "$n"; } '
-                '<"$f" || echo "$f: not a regular file: not read" >&2; done | tail -n "$n"')
+_SAFE = script.load("logs-safe.sh")
+LIST = _SAFE + script.load("logs-list.sh")
+READ = _SAFE + script.load("logs-read.sh")
 # FOLLOW: the file `current` names (a plain name beside it), from its last $1 lines, then each newer launch
 # whole, until the local side goes away: ssh gives a command no hangup without a terminal, and only GNU tail
 # (8.28+) notices a closed pipe on its own, so a watcher waits for the end of its standard input (kept as fd 3:
 # an asynchronous list's own stdin is /dev/null) and then stops the loop, which stops its tail.
-FOLLOW = _SAFE + """n=$1 c= p=
-trap '[ -z "$p" ] || kill "$p" 2>/dev/null; exit 0' TERM HUP INT
-exec 3<&0
-{ cat <&3 >/dev/null; kill $$ 2>/dev/null; } >/dev/null 2>&1 &
-exec 3<&-
-while :; do
-  t=$(readlink current 2>/dev/null) || t=
-  if [ "$t" != "$c" ]; then
-    [ -z "$p" ] || kill "$p" 2>/dev/null; p=
-    if [ -n "$t" ] && ok "$t"; then
-      { ok "$t" && [ /dev/stdin -ef "$t" ] && exec tail -n "$n" -f; } <"$t" & p=$!; n=+1
-    elif [ -n "$t" ]; then echo "$t: not a regular file: not followed" >&2; fi
-    c=$t
-  fi
-  sleep 1 & wait $!
-done"""
+FOLLOW = _SAFE + script.load("logs-follow.sh")
 LINE_MAX = 1 << 20  # a longer line (a progress bar without newlines) is printed in pieces of this
 
 
@@ -158,17 +139,6 @@ def resolve(cfg: Any, deployment: str | None, node: str | None) -> tuple[Any, An
                if node not in {n.name for n in cfg.members(dep)} else f"its serve runs on {where} only")
         raise Problem(f"{dep.name}: no serve runs on {node}: {why}", 2)
     return dep, found
-
-
-def cmd_logs(args: argparse.Namespace) -> int:
-    from .cli import _load
-    cfg = _load(args.config)
-    try:
-        dep, node = resolve(cfg, args.deployment, args.node)
-        return show(cfg, dep, node, previous=args.previous, follow=args.follow, lines=args.lines)
-    except Problem as e:
-        print(f"spark-supervisor logs: {e}", file=sys.stderr)
-        return e.code
 
 
 def show(cfg: Any, dep: Any, node: Any, *, previous: bool, follow: bool, lines: int | None) -> int:
@@ -277,6 +247,18 @@ def _list(shell: Any, directory: str, node: str) -> list[str]:
     return r.out.splitlines()
 
 
+def _copy(src: IO[bytes], out: IO[bytes], key: str) -> None:
+    """``src`` to ``out`` as it comes, until its end, with ``key`` (when not "") redacted."""
+    if key:  # whole lines, so that a key is never split between two reads
+        for line in src:
+            out.write(redact(line, key))
+            out.flush()
+    else:
+        while chunk := os.read(src.fileno(), 65536):
+            out.write(chunk)
+            out.flush()
+
+
 def _stream(argv: list[str], key: str, *, timeout: float | None, hold_stdin: bool) -> int:
     """Run ``argv`` and copy its output to ours as it comes (the API key redacted), until it ends, the
     deadline passes (killed), or Ctrl-C (130). ``hold_stdin``: keep its standard input open until then (a
@@ -299,14 +281,7 @@ def _stream(argv: list[str], key: str, *, timeout: float | None, hold_stdin: boo
     out: IO[bytes] = sys.stdout.buffer
     assert proc.stdout is not None
     try:
-        if key:  # whole lines, so that a key is never split between two reads
-            for line in proc.stdout:
-                out.write(redact(line, key))
-                out.flush()
-        else:
-            while chunk := os.read(proc.stdout.fileno(), 65536):
-                out.write(chunk)
-                out.flush()
+        _copy(proc.stdout, out, key)
         code = proc.wait()
     except KeyboardInterrupt:
         proc.terminate()
@@ -332,23 +307,3 @@ def _stream(argv: list[str], key: str, *, timeout: float | None, hold_stdin: boo
     if code == 255 and argv[0] == "ssh":
         raise Problem("ssh failed (exit 255): the node does not answer over SSH")
     return 0 if code == 0 else 1
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("deployment", nargs="?", default=None, help="the deployment (default: the only one)")
-    p.add_argument("--follow", "-f", action="store_true",
-                   help="keep printing as the log grows, across new launches (until Ctrl-C)")
-    p.add_argument("--previous", "-p", action="store_true", help="the launch before the current one")
-    p.add_argument("--node", default=None, metavar="NODE", help="a node the serve runs on (default: the head, "
-                   "rank 0; with the mp backend every node of the deployment runs a rank)")
-    p.add_argument("--lines", "-n", type=_positive, default=None, metavar="N", help="only the last N lines")
-
-
-def _positive(v: str) -> int:
-    try:
-        n = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {v!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n

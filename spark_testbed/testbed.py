@@ -77,12 +77,17 @@ def env() -> dict[str, str]:
 
 
 def _alive(pidfile: Path) -> int:
+    """The PID in a daemon's pidfile if that process is still the daemon the testbed started: its command line
+    names the pidfile's own directory (sshd's `-f <dir>/sshd_config`, dockerd's `--pidfile <dir>/…`). A PID
+    alone is not enough: a pidfile that outlived its daemon (a machine restored from a snapshot, a SIGKILL)
+    names a PID the system gives to any process later, and "alive" would then skip the start and kill a
+    stranger on the stop."""
     try:
         pid = int(pidfile.read_text().strip())
-        os.kill(pid, 0)
-        return pid
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except (OSError, ValueError):
         return 0
+    return pid if f"{pidfile.parent}/" in cmdline else 0
 
 
 def start_dockerd(node: str) -> None:

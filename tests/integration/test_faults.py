@@ -4,7 +4,7 @@
 Every test starts from its own verified SERVING deployment (the `serving_daemon` fixture: a clean testbed,
 a fresh daemon, exactly our containers and one serve) and the testbed is reset after it whatever happened,
 so a failure cannot cascade into the next test. Each accepts every reason the planner can legitimately give
-for its fault (spark_supervisor/plan.py). The budget is large so that the tests can count repairs exactly;
+for its fault (spark_supervisor/plan/). The budget is large so that the tests can count repairs exactly;
 the budget's limit itself is unit-tested.
 """
 
@@ -29,8 +29,8 @@ FAULT_FILE = testbed.DIR / "serve-fault"
 PATCH: dict[str, Any] = {"healing": {"repair_budget": 50, "node_patience": 60, "unknown_patience": 5},
                          "supervisor": {"backoff_base": 0.5, "backoff_max": 2}}
 
-# The reasons the planner gives for each kind of loss (plan.py): which one a fault shows depends on what
-# the daemon happens to see first (the engine's container list, Ray's node list, the serve's exit).
+# The reasons the planner gives for each kind of loss (spark_supervisor/plan/): which one a fault shows depends
+# on what the daemon happens to see first (the engine's container list, Ray's node list, the serve's exit).
 SERVE_GONE = ("ServeExited: exit code", "ServeFailed: ", "ServeUnhealthy: /health failed")
 RAY_GANG_LOST = ("PartialDeployment: ", "RayNodeLost: ", "DeploymentLost: no Ray container on any node",
                  "DeploymentLost: no serve container on any node")  # the last with the mp backend
@@ -207,7 +207,10 @@ def test_a_deterministic_serve_failure_is_failed_without_burning_the_budget(daem
     good = daemon.config.read_text()
     bad = write_config(daemon.tmp, {**PATCH}, deployment={"serve": {"env": {"STANDIN_FAIL": "free-memory"}}})
     f.inject(lambda: os.kill(daemon.proc.pid, signal.SIGHUP))  # the config file now asks for the failing serve
-    assert bad == daemon.config
+    # The daemon read that file and found it changed (a replaced serve is applied once the file settles).
+    until(lambda: f.new_events("config.reloaded"), 60, "config.reloaded after the SIGHUP")
+    reloaded = f.new_events("config.reloaded")[-1]
+    assert reloaded["path"] == str(bad) and reloaded["changed"] is True, reloaded
     st = daemon.wait_phase("FAILED", 90)
     # The wording after the tag depends on what the planner knew (a page-cache drop first, MemAvailable short).
     assert st["reason"].startswith("ServeFailed: FreeMemoryBelowUtilization"), st["reason"]

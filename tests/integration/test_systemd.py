@@ -188,8 +188,14 @@ def test_reload_applies_a_probe_interval_in_place_and_keeps_the_old_config_when_
     status = head_exec("systemctl", "status", "--no-pager", UNIT, check=False).stdout
     assert "reload failed" in status and "not valid TOML" in status
     assert events("config.invalid")[-1]["kept"] == "previous config"
+    # The good file again: `systemctl reload` returns once the SIGHUP is sent (ExecReload=kill), so wait for
+    # the daemon's reading of it. It is the config that runs: nothing changed, the failure is cleared.
+    reloads = len(events("config.reloaded"))
     put(CONFIG, tomli_w.dumps(expanded_config(interval=3)))
     head_exec("systemctl", "reload", UNIT)
+    until(lambda: len(events("config.reloaded")) > reloads, 30, "config.reloaded of the good file")
+    assert events("config.reloaded")[-1]["changed"] is False
+    wait_unit(lambda p: serving(p) and "reload failed" not in p["StatusText"], 30, "the reload failure cleared")
     assert owned_ids() == before
 
 

@@ -1,7 +1,13 @@
+import ast
+import inspect
 import math
 import socket
+from pathlib import Path
 
 import httpx
+import pytest
+
+import spark_supervisor
 
 from spark_supervisor.metrics import Metrics, NoMetrics
 from spark_supervisor.model import NodeObservation, Phase, RayObservation, Reason, Status, Verdict
@@ -112,6 +118,64 @@ def test_every_phase_has_a_series_paused_included() -> None:
 
 def test_metrics_off_takes_the_alert_call() -> None:
     NoMetrics().bound("x").alerted("failed", "webhook", True)
+
+
+def test_metrics_off_refuses_what_metrics_on_would_refuse() -> None:
+    """Off, a misspelt method or arguments Metrics' method does not take fail as they do with metrics on."""
+    off = NoMetrics()
+    off.state_write_failed("status")
+    off.bound("x").probed("health", "failed")
+    with pytest.raises(AttributeError, match="repaird"):
+        off.bound("x").repaird("gang", "RayNodeLost")
+    with pytest.raises(AttributeError, match="state_write_faild"):
+        off.state_write_faild("status")
+    with pytest.raises(AttributeError):
+        off.registry  # noqa: B018  (an attribute of a Metrics instance, not a call)
+    with pytest.raises(TypeError):
+        off.bound("x").repaired("gang")  # the reason's kind missing
+    with pytest.raises(TypeError):
+        off.bound("x").ready_after(seconds=1.0, late=True)
+
+
+def metrics_calls() -> list[tuple[str, int, ast.Call]]:
+    """Every call on a metrics object in spark_supervisor, (module, line, call): `<x>.metrics.NAME(...)` and
+    `<x>.metrics.bound(dep).NAME(...)` (`metrics` is the attribute the daemon and the reconcilers hold it in)."""
+    def is_metrics(node: ast.expr) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "metrics"
+
+    found = []
+    for path in sorted(Path(spark_supervisor.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            on = node.func.value
+            bound = (isinstance(on, ast.Call) and isinstance(on.func, ast.Attribute) and on.func.attr == "bound"
+                     and is_metrics(on.func.value))
+            if is_metrics(on) or bound:
+                found.append((path.name, node.lineno, node))
+    return found
+
+
+def test_every_call_the_daemon_makes_on_its_metrics_is_a_metrics_method_and_fits_it() -> None:
+    """The calls are checked against the real Metrics, not against NoMetrics or DeploymentMetrics (which
+    take any name through __getattr__). A method whose first parameter is the deployment (`dep`) is called
+    on a bound handle, which gives it; the others on Metrics itself."""
+    calls = metrics_calls()
+    for module, line, call in calls:
+        assert isinstance(call.func, ast.Attribute)
+        name = call.func.attr
+        method = getattr(Metrics, name, None)
+        assert not name.startswith("_") and callable(method), f"{module}:{line}: Metrics has no method {name}"
+        per_deployment = list(inspect.signature(method).parameters)[1:2] == ["dep"]
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            continue
+        given = [None] * (len(call.args) + (1 if per_deployment else 0))
+        try:
+            inspect.signature(method).bind(None, *given, **{k.arg: None for k in call.keywords if k.arg})
+        except TypeError as e:
+            raise AssertionError(f"{module}:{line}: {name}{inspect.signature(method)}: {e}") from None
+    names = {call.func.attr for _, _, call in calls if isinstance(call.func, ast.Attribute)}
+    assert {"bound", "close", "update", "repaired", "probed", "alerted", "state_write_failed"} <= names, names
 
 
 def test_the_daemon_serves_the_series_the_alert_rules_read(tmp_path) -> None:

@@ -1,0 +1,65 @@
+"""What every command of the CLI shares: the config's default path, the exit codes (`status`'s as
+`systemctl status` gives them), the help texts built from them, and loading the config (`_load`).
+
+Standard library only at import: the parser and `status` stay fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+SYSTEM_CONFIG = "/etc/spark-supervisor/spark-supervisor.toml"
+DEFAULT_CONFIG = os.environ.get("SPARK_SUPERVISOR_CONFIG", SYSTEM_CONFIG)
+EXIT_CONFIG = 2  # `check` and the other commands: the config is unusable
+EX_CONFIG = 78  # `run`: sysexits' EX_CONFIG; the unit's RestartPreventExitStatus=78 stops the restart loop
+
+# `status` exit codes, as `systemctl status` and LSB init scripts' `status` give them (3 and 4 are LSB's;
+# 150-199 are LSB's range for the application), so that scripts and monitoring can trust them.
+ST_SERVING = 0  # every required deployment SERVING
+ST_FAILED = 1  # a required deployment FAILED (given up: needs `reset` or a fix)
+ST_NOT_RUNNING = 3  # no daemon holds the state directory's lock
+ST_UNKNOWN = 4  # the status cannot be read (or the config naming the state directory cannot)
+ST_DEGRADED = 150  # degraded or on its way: DEGRADED, BACKOFF and every start-up or repair phase
+ST_PAUSED = 151  # maintenance (`pause`): observing, acting on nothing
+TRANSITIONAL = frozenset({"DEGRADED", "BACKOFF", "DETECTING", "CLEANING", "WAITING", "STARTING_RAY",
+                          "STARTING_VLLM", "LOADING", "VERIFYING", "STOPPING"})
+STATUS_CODES = (
+    (ST_SERVING, "every required deployment is SERVING"),
+    (ST_FAILED, "a required deployment is FAILED"),
+    (ST_NOT_RUNNING, "no daemon is running (a status file it left is still shown, marked as such)"),
+    (ST_UNKNOWN, "the status cannot be read"),
+    (ST_DEGRADED, "degraded or on its way: DEGRADED, BACKOFF, DETECTING, WAITING, CLEANING, STARTING_*, "
+                  "LOADING, VERIFYING, STOPPING"),
+    (ST_PAUSED, "PAUSED (maintenance)"),
+)
+STATUS_NOTE = ("Only the required deployments count (all of them when none is required). With --json the "
+               "status document is printed in every case, with \"running\": true, false, or null when it "
+               "cannot be told.")
+EXIT_NOTE = ("0 done; 1 a check or a command failed; 2 the config is unusable (78 for `run`, so that systemd "
+             "does not restart it). `status` exits as `systemctl status` and LSB init scripts do:")
+ENVIRONMENT = (("SPARK_SUPERVISOR_CONFIG", f"the config file when no --config is given (else {SYSTEM_CONFIG})"),)
+
+
+def _wrapped(text: str, indent: str = "", first: str = "") -> str:
+    import textwrap
+    return textwrap.fill(text, 100, initial_indent=first or indent, subsequent_indent=indent,
+                         break_on_hyphens=False)
+
+
+def _status_epilog(head: str = "exit status (as `systemctl status` and LSB init scripts):") -> str:
+    return "\n".join([_wrapped(head)]
+                     + [_wrapped(text, " " * 7, f"  {code:<4} ") for code, text in STATUS_CODES]
+                     + [_wrapped(STATUS_NOTE)])
+
+
+def _load(path: str, code: int = EXIT_CONFIG) -> Any:
+    from .. import config
+    try:
+        return config.load(path)
+    except config.ConfigError as e:
+        for line in e.problems:
+            print(line, file=sys.stderr)
+        raise SystemExit(code) from None
+

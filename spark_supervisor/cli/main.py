@@ -1,0 +1,111 @@
+"""The parser and `main()`: every subcommand, its options and its help (`make man` writes the man page
+from this parser). Standard library only at import: each command imports what it needs when it runs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import logs, maintenance, ops, status, tools
+from .base import DEFAULT_CONFIG, ENVIRONMENT, EXIT_NOTE, SYSTEM_CONFIG, _status_epilog, _wrapped
+
+
+class _Version(argparse.Action):
+    """--version, with the version looked up only when asked for (it reads the installed metadata)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, help: str | None = None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from .. import version
+        print(f"spark-supervisor {version()}")
+        parser.exit()
+
+
+DESCRIPTION = """Keeps multi-node vLLM deployments serving: observes every node's Docker engine, Ray and
+the served model, plans, and repairs what is wrong, within a repair budget."""
+
+
+def _epilog() -> str:
+    return "\n".join(["environment:"] + [_wrapped(text, " " * 27, f"  {name:<25}") for name, text in ENVIRONMENT]
+                     + ["", _status_epilog("exit status: " + EXIT_NOTE)])
+
+
+def parser() -> argparse.ArgumentParser:
+    # Global options go before or after the subcommand: the top-level parser holds the default, and each
+    # subcommand a copy whose default is SUPPRESS, so a value given after the subcommand wins and none
+    # given there leaves the top-level one.
+    config_help = f"config file (default: $SPARK_SUPERVISOR_CONFIG, else {SYSTEM_CONFIG})"
+    json_help = "one JSON document instead of text"
+    p = argparse.ArgumentParser(prog="spark-supervisor", description=DESCRIPTION, epilog=_epilog(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action=_Version, help="print the version and exit")
+    p.add_argument("--config", "-c", default=DEFAULT_CONFIG, metavar="FILE", help=config_help)
+    json_global = p.add_argument("--json", action="store_true", help=json_help)
+    config_opt = argparse.ArgumentParser(add_help=False)
+    config_opt.add_argument("--config", "-c", default=argparse.SUPPRESS, metavar="FILE", help=config_help)
+    json_opt = argparse.ArgumentParser(add_help=False)
+    json_opt.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
+    sub = p.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, fn: Any, help: str, *, config: bool = True, json: bool = False,
+            **kw: Any) -> argparse.ArgumentParser:
+        """A subcommand; `json`: it has a JSON output (--json)."""
+        parents = ([config_opt] if config else []) + ([json_opt] if json else [])
+        sp = sub.add_parser(name, help=help, description=kw.pop("description", help[:1].upper() + help[1:] + "."),
+                            parents=parents, **kw)
+        sp.set_defaults(fn=fn, json_ok=json)
+        return sp
+
+    add("run", ops.cmd_run, "run the supervisor in the foreground (what the systemd unit runs)")
+    add("check", ops.cmd_check, "validate the config: exit 0, or 2 with one line per problem").add_argument(
+        "--preflight", action="store_true", help="also check the fabric on every node (exit 1 on a problem)")
+    add("diagnose", ops.cmd_diagnose, "per node, the deepest layer that answers and the first that does not")
+    add("plan", ops.cmd_plan, "observe once and print what would be done; change nothing", json=True)
+    add("teardown", ops.cmd_teardown, "remove what the supervisor owns, on every node")
+    add("reset", ops.cmd_reset, "re-arm after FAILED and forget the repair budget")
+    st = add("status", status.cmd_status, "what the daemon last wrote: phase, nodes, Ray, serve, history", json=True,
+             epilog=_status_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    st.add_argument("--state-dir", default="", help="read the status from here instead of the config's")
+    st.add_argument("--follow", "-f", action="store_true", help="a live progress bar until SERVING or FAILED")
+    pa = add("pause", maintenance.cmd_pause, "maintenance: keep observing and reporting, act on nothing, "
+             "spend no repair budget")
+    pa.add_argument("--for", dest="duration", default="", metavar="DURATION",
+                    help="resume by itself after this long (30m, 1h30m, 90s; a bare number is minutes)")
+    pa.add_argument("--reason", default="", help="shown in status and STATUS=")
+    add("resume", maintenance.cmd_resume, "leave maintenance mode: detect afresh and reconcile")
+    logs.add_arguments(add("logs", logs.cmd_logs, "the serve's log of the current launch (or the previous) on a node"))
+    ls = add("logscan", tools.cmd_logscan, "read a vLLM serve log: phase reached, timings, failure and hint",
+             config=False, json=True)
+    ls.add_argument("file", help="the log file, or - for standard input")
+    add("version", tools.cmd_version, "print the version, the Python and where it runs from", config=False, json=True)
+    add("completion", tools.cmd_completion, "print the shell completion script", config=False,
+        epilog='bash: eval "$(spark-supervisor completion bash)" in ~/.bashrc, or the output saved as '
+        "/usr/local/share/bash-completion/completions/spark-supervisor (`make install` does); zsh: the same "
+        "line in ~/.zshrc (after compinit)").add_argument("shell", choices=("bash", "zsh", "fish", "tcsh"),
+                                         help="the shell (bash, zsh, fish or tcsh)")
+    add("schema", tools.cmd_schema, "print the config file's JSON Schema (for editors that validate TOML)",
+        config=False).set_defaults(json_ok=True)  # JSON in any case
+    json_global.help = f"{json_help} ({', '.join(n for n, sp in sub.choices.items() if sp.get_default('json_ok'))})"
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
+    if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (argcomplete's protocol): answer, exit
+        import argcomplete
+        argcomplete.autocomplete(p)
+    args = p.parse_args(argv)
+    if args.json and not args.json_ok:
+        p.error(f"--json: `{args.command}` has no JSON output")
+    try:
+        code = int(args.fn(args))
+        sys.stdout.flush()  # here, where a closed pipe can be caught, not at the interpreter's exit
+        return code
+    except BrokenPipeError:  # `check | head -1`: the reader has what it wants; no traceback at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -1,0 +1,208 @@
+"""The commands that read the config and reach the nodes: `check` (and its preflight), `diagnose`, `run`,
+`plan`, `teardown` and `reset`. Each imports what it needs when it runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from .base import EX_CONFIG, _load
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    whole = _load(args.config)
+    for w in whole.warnings:  # what may be meant, but should not be: said, and check still passes
+        print(f"warning: {w}", file=sys.stderr)
+    from ..config import ray_hash, serve_hash
+    for dep in whole.deployments:
+        print(f"{args.config}: OK: deployment {dep.name!r} ({dep.serve.name}, TP {dep.serve.tensor_parallel_size}) "
+              f"on {', '.join(n.name for n in whole.members(dep))}; ray {ray_hash(whole, dep)} "
+              f"serve {serve_hash(whole, dep)}" + ("" if dep.required else " (not required)")
+              + (f", after {', '.join(dep.after)}" if dep.after else ""))
+    if not args.preflight:
+        return 0
+    from ..statefile import check_state_dir
+    # As the daemon judges it when it starts (the unit runs it as root; a preflight may run as its operator).
+    unfit = check_state_dir(whole.supervisor.state_dir, {os.geteuid(), 0})
+    for p in unfit:
+        print(f"preflight: supervisor.state_dir: {p}")
+    several = len(whole.deployments) > 1
+    found = len(unfit) + sum(_preflight(whole.view(dep), f"{dep.name}: " if several else "") for dep in whole.deployments)
+    print("preflight: OK" if not found else f"preflight: {found} problem(s)")
+    return 1 if found else 0
+
+
+def _preflight(cfg: Any, prefix: str) -> int:
+    """One deployment's preflight, printed; returns the number of problems."""
+    dep = cfg.deployment
+    from ..observe import Observer, World
+    from ..preflight import preflight
+    world = World(cfg)
+    try:
+        obs = Observer(world).observe(full=True)
+    finally:
+        world.close()
+    problems = [f"{o.name}: unreachable: {o.error}" for o in obs.nodes.values() if o.error]
+    problems += preflight(cfg, obs)
+    problems += _check_images(cfg, [n for n in cfg.members(dep) if not obs.nodes[n.name].error])
+    if obs.ray is not None and obs.ray.reachable:
+        fabric = {n.fabric_ip for n in cfg.members(dep)}
+        problems += [f"Ray node {n.node_id[:12]} registered with {n.ip}, not a fabric IP"
+                     for n in obs.ray.alive if n.ip not in fabric]
+    for p in problems:
+        print(f"preflight: {prefix}{p}")
+    return len(problems)
+
+
+def _check_images(cfg: Any, nodes: list[Any]) -> list[str]:
+    """The image check the daemon runs before a first start, on every reachable node; prints what each holds."""
+    import structlog
+
+    from ..act import ActionFailed, Actor
+    from ..model import CheckImage, ImageReport
+    from ..observe import World
+    from ..preflight import image_problem
+    dep = cfg.deployment
+    world = World(cfg)
+    problems, reports = [], {}
+    try:
+        actor = Actor(world, structlog.get_logger())
+        for node in nodes:
+            try:
+                r = actor.run(CheckImage(node.name))
+            except ActionFailed as e:
+                problems.append(f"{node.name}: image check failed: {e.reason}")
+                continue
+            assert isinstance(r, ImageReport)
+            reports[node.name] = r
+            print(f"image {dep.ray.image} on {node.name}: {r.summary(dep.uses_ray)}"
+                  + ("" if r.dashboard or not dep.uses_ray else " (Ray will be read through its GCS)"))
+    finally:
+        world.close()
+    found = image_problem(cfg, dep, reports)
+    return problems + ([f"{found[0]}: {found[1]}"] if found else [])
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from ..diagnose import diagnose, render
+    from ..observe import World
+    whole = _load(args.config)
+    ok = True
+    for dep in whole.deployments:
+        world = World(whole.view(dep))
+        try:
+            diags = diagnose(world)
+            if len(whole.deployments) > 1:
+                print(f"== {dep.name}")
+            print(render(diags, world))
+        finally:
+            world.close()
+        ok = ok and all(d.first_failing is None for d in diags)
+    return 0 if ok else 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .. import logs
+    cfg = _load(args.config, EX_CONFIG)
+    logs.setup()
+    logs.register_config(cfg)  # whatever a log line holds later, the config's secrets are redacted in it
+    for w in cfg.warnings:
+        logs.get().warning("config.warning", problem=w)
+    from ..daemon import AlreadyRunning, Daemon, StateDirUnfit, lock_state_dir
+    try:
+        fd = lock_state_dir(cfg.supervisor.state_dir)
+    except StateDirUnfit as e:  # a restart would find it the same: fix it, then start
+        print(f"spark-supervisor: supervisor.state_dir: {e}", file=sys.stderr)
+        return EX_CONFIG
+    except (AlreadyRunning, OSError) as e:
+        print(f"spark-supervisor: {e}", file=sys.stderr)
+        return 1
+    try:
+        return Daemon(args.config, cfg, log=logs.get()).run()
+    finally:
+        os.ftruncate(fd, 0)  # no PID left behind for anyone to signal
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from ..model import Phase, Status, describe
+    from ..observe import Observer, World
+    from ..plan import plan
+    whole = _load(args.config)
+    outs = []
+    for dep in whole.deployments:
+        cfg = whole.view(dep)
+        world = World(cfg)
+        try:
+            obs = Observer(world).observe(full=True)
+        finally:
+            world.close()
+        decision = plan(obs, Status(phase=Phase.DETECTING), cfg, obs.at)
+        actions = [describe(a) for a in decision.actions]
+        outs.append({"deployment": dep.name, "phase": decision.phase.value, "reason": decision.reason,
+                     "failure": decision.failure, "actions": actions})
+        if not args.json:
+            print(f"{dep.name}: {decision.phase.value}: {decision.reason or '-'}")
+            for a in actions:
+                rest = ", ".join(f"{k}={v}" for k, v in a.items() if k != "action")
+                print(f"  would {a['action']}({rest})")
+            if not decision.actions:
+                print("  no action")
+    if args.json:
+        print(json.dumps(outs[0] if len(outs) == 1 else outs, indent=1))
+    return 0
+
+
+def cmd_teardown(args: argparse.Namespace) -> int:
+    from .. import logs
+    from ..act import ActionFailed
+    from ..backend import teardown
+    from ..observe import World
+    whole = _load(args.config)
+    from .. import control, maintenance
+    state_dir = whole.supervisor.state_dir
+    if control.daemon_holds_lock(state_dir):  # or it would repair what is being removed, and burn its budget
+        done, message = maintenance.pause(state_dir, "teardown", None)
+        if not done:
+            print(f"{message}; not tearing down under a daemon that would repair it", file=sys.stderr)
+            return 1
+        print(f"{message}\n(`spark-supervisor resume` brings the deployments back)")
+    logs.setup()
+    removed, failed = [], False
+    for dep in whole.deployments:  # each on its own: one that cannot be reached does not stop the others
+        world = World(whole.view(dep))
+        try:
+            removed += teardown(world, logs.get())
+        except ActionFailed as e:
+            print(f"{dep.name}: {e.reason}", file=sys.stderr)
+            failed = True
+        finally:
+            world.close()
+    print(f"removed {len(removed)} containers: {', '.join(removed) or '-'}")
+    return 1 if failed else 0
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    """Re-arm FAILED and forget the repair budget: through the daemon's control socket, or on disk when
+    no daemon holds the state directory (never by signalling a PID read from a file)."""
+    from .. import control, statefile
+    cfg = _load(args.config)
+    state_dir = cfg.supervisor.state_dir
+    try:
+        answer = control.ask(state_dir, "reset")
+    except control.NotAnswering as e:
+        print(e, file=sys.stderr)
+        return 1
+    if answer is not None:
+        print(answer)
+        return 0
+    from ..config import deployment_dir
+    for dep in cfg.deployments:
+        log = statefile.RepairLog(deployment_dir(state_dir, dep.name))
+        log.clear()
+        if log.problem:
+            print(log.problem, file=sys.stderr)
+            return 1
+    print(f"no daemon running; cleared the repair budgets in {state_dir}")
+    return 0

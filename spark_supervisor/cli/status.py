@@ -1,0 +1,208 @@
+"""`status`: what the daemon last wrote, as text, JSON or a live progress bar, with the exit codes of
+`systemctl status` (base.ST_*)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from .base import (
+    ST_DEGRADED,
+    ST_FAILED,
+    ST_NOT_RUNNING,
+    ST_PAUSED,
+    ST_SERVING,
+    ST_UNKNOWN,
+    TRANSITIONAL,
+    _load,
+)
+
+
+def _ago(iso: str) -> str:
+    from datetime import datetime
+    if not iso:
+        return "?"
+    s = max(0, int(time.time() - datetime.fromisoformat(iso).timestamp()))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def status_code(doc: dict[str, Any] | None, running: bool | None) -> int:
+    """`status`'s exit code for a status document (None: none could be read) and whether a daemon holds
+    the state directory (None: cannot be told)."""
+    if running is False:
+        return ST_NOT_RUNNING
+    if running is None or not isinstance(doc, dict):
+        return ST_UNKNOWN
+    docs = [d for d in (doc.get("deployments") or [doc]) if isinstance(d, dict)]
+    required = [d for d in docs if (d.get("deployment") or {}).get("required", True)] or docs
+    phases = [d.get("phase") for d in required]
+    if not phases or any(p not in TRANSITIONAL | {"SERVING", "FAILED", "PAUSED"} for p in phases):
+        return ST_UNKNOWN  # a document this version cannot judge is not "serving"
+    if "FAILED" in phases:
+        return ST_FAILED
+    if all(p == "SERVING" for p in phases):
+        return ST_SERVING
+    return ST_PAUSED if "PAUSED" in phases else ST_DEGRADED
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .. import control, statefile
+    state_dir = args.state_dir
+    if not state_dir:
+        try:
+            state_dir = _load(args.config, ST_UNKNOWN).supervisor.state_dir
+        except SystemExit:
+            if args.json:
+                print(json.dumps({"running": None, "phase": None,
+                                  "error": f"{args.config}: cannot read the config (see standard error)"}))
+            raise
+    if args.follow:  # before the first status exists too: the daemon may only be starting
+        return cmd_follow(state_dir)
+    running: bool | None
+    try:
+        running = control.daemon_holds_lock(state_dir)
+    except OSError as e:
+        running, error = None, f"cannot tell whether a daemon holds {state_dir}/lock: {e.strerror or e}"
+    doc: dict[str, Any] | None = None
+    try:
+        doc = statefile.read(state_dir)
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+    except FileNotFoundError:
+        error = (f"no status in {state_dir}: is spark-supervisor running?" if not running else
+                 f"no status in {state_dir} yet: the daemon is starting")
+        doc = None
+    except (OSError, ValueError) as e:
+        error = f"cannot read the status in {state_dir}: {getattr(e, 'strerror', None) or e}"
+        doc = None
+    code = status_code(doc, running)
+    if args.json:
+        print(json.dumps({**doc, "running": running} if doc is not None else
+                         {"running": running, "phase": None, "error": error}, indent=1))
+        if doc is None:
+            print(error, file=sys.stderr)
+        return code
+    if doc is None:
+        print(error, file=sys.stderr)
+        return code
+    if running is False:
+        print(f"NOT RUNNING: no spark-supervisor holds {state_dir}/lock; what it last wrote "
+              f"({(doc.get('daemon') or {}).get('updated', '?')}):")
+    elif running is None:
+        print(f"UNKNOWN: {error}; what the daemon last wrote:")
+    try:
+        _print_status(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # a document from another version
+        print(f"cannot show the status in {state_dir}: {type(e).__name__} {e}", file=sys.stderr)
+        return ST_UNKNOWN
+    return code
+
+
+def _print_status(doc: dict[str, Any]) -> None:
+    docs = doc.get("deployments") or [doc]
+    if len(docs) > 1:  # a line for the whole stack, then a block per deployment
+        print(f"{doc.get('summary', '')}")
+    for one in docs:
+        if len(docs) > 1:
+            print(f"\n== {one['deployment']['name']}" + ("" if one["deployment"].get("required", True)
+                                                          else " (not required)"))
+        _print_deployment(one)
+    print(f"config: {doc['config']['path']} ({doc['config']['hash']}); updated {doc['daemon']['updated']}")
+    reload = doc.get("reload") or {}
+    if reload.get("error"):
+        print(f"RELOAD FAILED {reload.get('at', '')}: {reload['error']} (running on the previous config)")
+    elif reload.get("staged"):
+        print(f"reload staged {reload.get('at', '')}: {reload['staged']}")
+
+
+def _print_deployment(doc: dict[str, Any]) -> None:
+    dep = doc["deployment"]
+    print(f"{doc['phase']} for {_ago(doc['since'])}" + (f": {doc['reason']}" if doc["reason"] else ""))
+    if doc.get("progress"):
+        print(f"  load: {doc['progress']}")
+    print(f"goal: {dep['served_model_name']} (TP {dep['tensor_parallel_size']}) on {', '.join(dep['nodes'])} "
+          f"at {dep['endpoint']}")
+    for name, n in doc["nodes"].items():
+        _print_node(name, n)
+    ray = doc.get("ray")
+    if ray:
+        print(f"ray ({ray.get('via', 'dashboard')}): {'up' if ray['reachable'] else 'down'}, {ray['nodes_alive']} "
+              f"nodes alive, {ray['gpus']} GPUs" + (f" ({ray['error']})" if ray.get("error") else ""))
+    serve = doc.get("serve")
+    if serve:
+        state = "running" if serve["running"] else f"exited {serve['exit_code']}"
+        print(f"serve: pid {serve['pid']} {state} since {serve['started_at'] or '?'}")
+        for node, r in (serve.get("ranks") or {}).items():
+            what = ("no container" if r is None else f"unknown ({r['error']})" if r["error"] else
+                    f"pid {r['pid']} running" if r["running"] else f"pid {r['pid']} exited {r['exit_code']}")
+            print(f"  rank on {node}: {what}")
+    load = doc.get("load") or {}
+    if load.get("timeline"):
+        steps = ", ".join(f"{x['milestone']} {x['seconds']:.0f}s" if x.get("seconds") is not None else x["milestone"]
+                          for x in load["timeline"])
+        print(f"serve log: vLLM {load.get('version') or '?'}, KV cache {load.get('kv_cache_tokens') or '?'} tokens; "
+              f"{steps}")
+    kv = doc.get("kv_cache") or {}
+    if kv.get("warning"):
+        print(f"WARNING {kv['warning']}")
+    if doc.get("bringup"):
+        print("bring-up: " + ", ".join(f"{k} {v:.1f}s" for k, v in doc["bringup"].items()))
+    for what, u in (doc.get("unknown") or {}).items():
+        print(f"unknown: {what} for {u['since_s']:.0f}s ({u['ticks']} ticks)")
+    for problem in doc.get("state_problems") or ():
+        print(f"state: {problem}")
+    v = doc.get("verdict")
+    if v:
+        print(f"sanity: {'passed' if v['passed'] else 'FAILED'}: {v['why']} ({v['latency_s']}s)")
+    print(f"failures in a row: {doc['failures']}" + (f", next try {doc['backoff_until']}" if doc["backoff_until"] else ""))
+    rep = doc.get("repairs") or {}
+    if rep:
+        print(f"repairs: {rep['in_window']}/{rep['budget']} in the last {rep['window_s'] / 3600:g}h")
+    print("history:")
+    for h in doc["history"][-8:]:
+        print(f"  {h['at']} {h['phase']}" + (f": {h['reason']}" if h["reason"] else ""))
+
+def _print_node(name: str, n: dict[str, Any]) -> None:
+    """One node's lines of a deployment's status: its engine, GPU, memory and containers, then its checks."""
+    gpu = n.get("gpu") or {}
+    mem = n.get("memory") or {}
+    cs = ", ".join(f"{c['name']} ({c['state']})" for c in n.get("containers", [])) or "none"
+    print(f"node {name} [{n['role']}] {n['fabric_ip']}: "
+          + (f"UNREACHABLE {n['error']}" if n.get("error") else
+             f"docker {n.get('docker_version') or '?'}, {gpu.get('name') or 'GPU ?'} "
+             f"driver {gpu.get('driver') or '?'}, memory MiB: free {mem.get('free_mib', '?')}, cached "
+             f"{mem.get('cached_mib', '?')}, available {mem.get('available_mib', '?')} of "
+             f"{mem.get('total_mib', '?')}, owned: {cs}"))
+    if n.get("image"):
+        print(f"  image {n['image']['image']}: {n['image']['summary']}")
+    if n.get("model"):
+        print(f"  model {n['model']['model']}: {n['model']['summary']}")
+
+
+def cmd_follow(state_dir: str) -> int:
+    """A live progress bar of the daemon's status (until SERVING or FAILED, or Ctrl-C)."""
+    import threading
+
+    from .. import statefile
+    width = 30
+    try:
+        while True:
+            try:
+                doc = statefile.read(state_dir)
+            except (OSError, ValueError):
+                doc = {"phase": "?", "reason": "no status yet", "progress": "", "fraction": 0.0}
+            frac = float(doc.get("load_fraction") or 0.0)
+            bar = "#" * int(frac * width) + "." * (width - int(frac * width))
+            line = f"{doc['phase']:<14} [{bar}] {int(frac * 100):3d}%  {doc.get('progress') or doc.get('reason', '')}"
+            sys.stdout.write("\r" + line[:150].ljust(150))
+            sys.stdout.flush()
+            if doc["phase"] in ("SERVING", "FAILED"):
+                sys.stdout.write("\n")
+                return 0 if doc["phase"] == "SERVING" else 1
+            threading.Event().wait(0.5)  # the display's refresh rate
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        return 130

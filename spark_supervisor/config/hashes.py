@@ -1,0 +1,40 @@
+"""Spec hashes: what shapes a deployment's Ray containers and its serve, and the config file's own hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from .labels import MAX_CONFIG_BYTES
+from .loader import _read
+from .root import Config
+from .schema import Deployment
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def ray_hash(cfg: Config, dep: Deployment) -> str:
+    """What shapes the Ray containers: changing it replaces the whole deployment."""
+    nodes = [n.model_dump(exclude={"nvidia_smi", "meminfo", "ip", "oob"}) for n in cfg.members(dep)]
+    return _digest({"nodes": nodes,
+                    "ray": dep.ray.model_dump(exclude={"join_timeout", "image_pull", "pull_timeout"}),
+                    "backend": dep.serve.distributed_executor_backend, "cache_dir": dep.serve.cache_dir,
+                    "log_host_dir": dep.serve.log_host_dir})  # both are mounts
+
+
+def serve_hash(cfg: Config, dep: Deployment) -> str:
+    """What shapes the serve: changing it restarts the serve (and Ray, if ray_hash changed too)."""
+    spec: dict[str, Any] = {"ray": ray_hash(cfg, dep), "serve": dep.serve.model_dump(exclude={"stop_timeout", "cache_keep", "cache_max_gib",
+                                                                                      "log_keep", "log_max_mib"})}
+    if dep.api_key:  # a new key relaunches the serve; only a digest of it is hashed
+        spec["api_key_sha256"] = hashlib.sha256(dep.api_key.encode()).hexdigest()
+    return _digest(spec)
+
+
+def file_hash(path: str | Path) -> str:
+    raw, why = _read(Path(path), MAX_CONFIG_BYTES)
+    return "" if why else hashlib.sha256(raw).hexdigest()[:12]

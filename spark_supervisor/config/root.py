@@ -1,0 +1,76 @@
+"""The whole config (the file's root table): its tables, the cross-checks between them (run as the rules of
+checks.py), and the per-deployment view the reconcile machinery runs on."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import PrivateAttr, model_validator
+
+from .checks import RULES
+from .fields import _raise, _Strict
+from .schema import Alerts, Deployment, Healing, Memory, Metrics, Node, Retry, Stale, Supervisor
+
+
+def deployment_dir(state_dir: str, name: str) -> str:
+    return os.path.join(state_dir, "deployments", name)
+
+
+class Config(_Strict):
+    supervisor: Supervisor = Supervisor()
+    healing: Healing = Healing()
+    retry: Retry = Retry()
+    memory: Memory = Memory()
+    metrics: Metrics = Metrics()
+    alerts: Alerts = Alerts()
+    nodes: list[Node]
+    stale: Stale = Stale()
+    deployments: list[Deployment]
+    _owners: frozenset[str] = PrivateAttr(default=frozenset())
+    # What `check` reports but accepts: "<file>: <key>: <why>" lines, set by parse().
+    _warnings: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self._warnings
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Config:
+        _raise([problem for rule in RULES for problem in rule(self)])
+        return self
+
+    @property
+    def head(self) -> Node:
+        return next(n for n in self.nodes if n.role == "head")
+
+    def view(self, dep: Deployment) -> Config:
+        """One deployment's own config: its nodes only, its own state directory under ours (repair log, bests,
+        status), and the names of every configured deployment (``owners``: their containers are nobody's
+        orphans). The reconcile machinery runs on a view, one per deployment."""
+        sup = self.supervisor.model_copy(update={"state_dir": deployment_dir(self.supervisor.state_dir, dep.name)})
+        v = self.model_copy(update={"deployments": [dep], "nodes": self.members(dep), "supervisor": sup})
+        v._owners = frozenset(d.name for d in self.deployments)
+        return v
+
+    @property
+    def owners(self) -> frozenset[str]:
+        """Every configured deployment's name: a container labelled with one of them is owned."""
+        return self._owners or frozenset(d.name for d in self.deployments)
+
+    @property
+    def deployment(self) -> Deployment:
+        return self.deployments[0]
+
+    def members(self, dep: Deployment) -> list[Node]:
+        """The deployment's nodes, head first (Ray needs the head up before workers join)."""
+        nodes = [n for n in self.nodes if not dep.nodes or n.name in dep.nodes]
+        return sorted(nodes, key=lambda n: n.role != "head")
+
+    def serve_node(self, dep: Deployment) -> Node:
+        """Where the serve process runs: the head of its nodes."""
+        return self.members(dep)[0]
+
+    def endpoint(self, dep: Deployment) -> str:
+        return dep.readiness.endpoint or f"http://{self.serve_node(dep).fabric_ip}:{dep.serve.port}"
+
+

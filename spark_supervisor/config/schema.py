@@ -1,0 +1,443 @@
+"""The config's tables, one model each ([[nodes]], [stale], [[deployments]] with its ray, serve, readiness
+and model tables, [supervisor], [healing], [retry], [metrics], [alerts], [memory]), each checking itself."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, PrivateAttr, field_validator, model_validator
+
+from .container_fields import (
+    _ULIMIT_MAX,
+    _container_name,
+    _docker_size,
+    _image,
+    _image_pattern,
+    _label,
+    _ulimit_name,
+    _ulimit_value,
+    _unit_name,
+    _volume,
+)
+from .fields import (
+    AbsPath,
+    Argv,
+    EnvName,
+    OptionalAbsPath,
+    OptionalArgv,
+    Port,
+    Sec60,
+    Sec120,
+    Sec600,
+    Sec3600,
+    SecDay,
+    SecMonth,
+    SecWeek,
+    SharedEnvName,
+    _bind_ip,
+    _docker_url,
+    _endpoint,
+    _fabric_ip,
+    _ifname,
+    _no_space,
+    _opt_env_name,
+    _port,
+    _q,
+    _raise,
+    _split_args,
+    _ssh_target,
+    _Strict,
+    _system_dir,
+)
+from .flags import _RAY_FLAGS, _SERVE_FLAGS, _own_flags
+
+
+class Node(_Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+    role: Literal["head", "worker"]
+    fabric_ip: Annotated[str, AfterValidator(_fabric_ip)]
+    fabric_interface: Annotated[str, AfterValidator(_ifname)] = ""
+    ssh: Annotated[str, AfterValidator(_ssh_target)] = ""
+    docker: Annotated[str, AfterValidator(_docker_url)] = "local"
+    nvidia_smi: Argv = ["nvidia-smi"]
+    meminfo: Argv = ["cat", "/proc/meminfo"]
+    ip: Argv = ["ip", "-o", "addr", "show"]
+    oob: OptionalArgv = []  # optional out-of-band check for `diagnose`, run on the head (e.g. a hypervisor's `pct exec`)
+    # How to sync and drop this node's page cache ([memory] page_cache = "drop"). Empty: the built-in way
+    # (a worker: `sync; echo 3 > /proc/sys/vm/drop_caches` over SSH; the head: the same in a short-lived
+    # container through its Docker engine, so the unit keeps ProtectKernelTunables).
+    drop_caches: OptionalArgv = []
+    gpus: Annotated[int, Field(ge=0, le=64)] = 1
+    env: dict[EnvName, str] = {}
+
+    @property
+    def remote(self) -> bool:
+        return bool(self.ssh)
+
+
+class Stale(_Strict):
+    units: list[Annotated[str, AfterValidator(_unit_name)]] = [
+        "vllm-proxy", "vllm-embeddings", "vllm-reranker", "vllm-cluster"]
+    disable: bool = False
+    mask: bool = False
+    containers: list[Annotated[str, AfterValidator(_container_name)]] = ["vllm_node", "reranker", "vllm_embeddings"]
+    container_labels: list[Annotated[str, AfterValidator(_label)]] = []
+    image_patterns: list[Annotated[str, AfterValidator(_image_pattern)]] = []
+    allowed_gpu_processes: list[str] = ["Xorg", "gnome-shell"]
+    residual_mib: Annotated[int, Field(ge=0, le=1 << 20)] = 512
+    memory_free_timeout: Sec3600 = 120
+
+    def allows(self, process: str) -> bool:
+        """A GPU process that may stay (its program's name starts with one in allowed_gpu_processes)."""
+        base = os.path.basename(process)
+        return any(base.startswith(a) for a in self.allowed_gpu_processes)
+
+
+class Ray(_Strict):
+    image: Annotated[str, AfterValidator(_image)] = "vllm/vllm-openai:latest"
+    port: Port = 6379
+    dashboard_port: Port = 8265
+    command: Argv = ["ray", "start"]
+    extra_args: list[str] = []
+    shm_size: Annotated[str, AfterValidator(_docker_size)] = "10.24g"
+    gpus: bool = True
+    privileged: bool = False
+    ipc_host: bool = True
+    init: bool = True
+    volumes: list[Annotated[str, AfterValidator(_volume)]] = []
+    ulimits: dict[Annotated[str, AfterValidator(_ulimit_name)], Annotated[int, AfterValidator(_ulimit_value)]] = {}
+    env: dict[SharedEnvName, str] = {"RAY_memory_monitor_refresh_ms": "0"}
+    head_env: dict[SharedEnvName, str] = {}
+    join_timeout: Sec3600 = 180
+    image_pull: Literal["never", "if-missing"] = "never"
+    pull_timeout: SecDay = 1800  # deadline for one image pull
+
+    _split = field_validator("extra_args", mode="before", json_schema_input_type=str | list[str])(_split_args)
+
+    @model_validator(mode="after")
+    def _checks(self) -> Ray:
+        problems = _own_flags(self.extra_args, _RAY_FLAGS, prefixes=False)
+        for name, value in self.ulimits.items():
+            if name in _ULIMIT_MAX and value > _ULIMIT_MAX[name]:
+                problems.append((f".ulimits.{name}", f"{value} is past the kernel's limit {_ULIMIT_MAX[name]} for "
+                                 f"{name}: a typo? (-1 is unlimited)"))
+        # Docker takes one mount per source (the spec is keyed by it) and one per destination; the very
+        # same entry twice is harmless (the testbed's Python may live under /usr).
+        by_src: dict[str, str] = {}
+        by_dst: dict[str, str] = {}
+        for i, v in enumerate(self.volumes):
+            src, dst, *_ = v.split(":")
+            norm = v if len(v.split(":")) == 3 else v + ":rw"
+            dst = dst.rstrip("/")
+            if by_src.get(src, norm) != norm:
+                problems.append((f".volumes[{i}]", f"source {_q(src)} is mounted again differently "
+                                 f"({_q(by_src[src])}): one mount per source"))
+            elif by_dst.get(dst, src) != src:
+                problems.append((f".volumes[{i}]", f"destination {_q(dst)} is also the mount of {_q(by_dst[dst])}: "
+                                 "one mount per destination"))
+            by_src.setdefault(src, norm)
+            by_dst.setdefault(dst, src)
+        _raise(problems)
+        return self
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+_MEDIA_FLAG = "--allowed-local-media-path"
+
+
+class Serve(_Strict):
+    model: str
+    served_model_name: str = ""
+    command: Argv = ["vllm", "serve"]
+    # How the command takes the model: `vllm serve MODEL` ("positional"), or `--model MODEL` ("flag", as
+    # `python -m vllm.entrypoints.openai.api_server` does).
+    model_arg: Literal["positional", "flag"] = "positional"
+    tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
+    pipeline_parallel_size: Annotated[int, Field(ge=1)] = 1
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.85
+    host: Annotated[str, AfterValidator(_bind_ip)] = "0.0.0.0"
+    port: Port = 8000
+    reasoning_parser: str = ""
+    tool_call_parser: str = ""
+    # "ray": Ray containers on every node, the serve in the head's. "mp": no Ray; one container per node
+    # with the serve in each (several nodes: vLLM's own multi-node mode, rank 0 on the head with the API,
+    # `--headless` ranks on the others, rendezvous at the head's fabric IP on master_port).
+    distributed_executor_backend: Literal["ray", "mp"] = "ray"
+    master_port: Port = 29501
+    placement_strategy: Literal["SPREAD", "PACK", ""] = "SPREAD"
+    extra_args: list[str] = []
+    env: dict[SharedEnvName, str] = {}
+    log_dir: AbsPath = "/tmp/spark-supervisor"
+    stop_timeout: Sec600 = 30
+    # vLLM's compile cache (torch.compile, CUDA graphs' kernels) kept on each node's disk across serve and
+    # gang restarts and reboots: <cache_dir>/<deployment>/<serve spec hash>, bind-mounted at the same path.
+    # A new spec hash starts a new cache; the oldest beyond cache_keep or cache_max_gib are removed. "" = off.
+    cache_dir: str = "/var/lib/spark-supervisor/vllm-cache"
+    cache_keep: Annotated[int, Field(ge=1, le=20)] = 3
+    cache_max_gib: Annotated[float, Field(gt=0, le=10_000)] = 64
+    # The serve's log on each serve node's disk, so that it outlives the container: one file per launch,
+    # <log_host_dir>/<deployment>/<node>/<UTC start>-<node>-<spec hash>.log (bind-mounted at the same path),
+    # the newest log_keep launches kept per node; a file past log_max_mib is copied to <file>.1 and emptied.
+    # "" = inside the container only (lost with it). `spark-supervisor logs` reads them.
+    log_host_dir: str = "/var/log/spark-supervisor/serve"
+    log_keep: Annotated[int, Field(ge=1, le=100)] = 5
+    log_max_mib: Annotated[int, Field(ge=1, le=100_000)] = 100
+
+    @field_validator("cache_dir")
+    @classmethod
+    def _cache_dir(cls, v: str) -> str:
+        if v and (not v.startswith("/") or v.rstrip("/") == "" or ":" in v):
+            raise ValueError(f"{_q(v)} must be an absolute directory other than / (or \"\" for no cache)")
+        if v and (why := _system_dir(v)):
+            raise ValueError(f"{why} (the cache's prune deletes entries under <cache_dir>/<deployment>)")
+        return os.path.normpath(v) if v else v
+
+    @field_validator("log_host_dir")
+    @classmethod
+    def _log_host_dir(cls, v: str) -> str:
+        if v and (not v.startswith("/") or v.rstrip("/") == "" or ":" in v or not _no_space(v)):
+            raise ValueError(f"{_q(v)} must be an absolute directory other than /, without ':' or whitespace, "
+                             "e.g. \"/var/log/spark-supervisor/serve\" (or \"\" to keep the log in the container)")
+        if v and (why := _system_dir(v)):
+            raise ValueError(f"{why} (old serve logs under <log_host_dir>/<deployment> are deleted)")
+        return os.path.normpath(v) if v else v
+
+    _split = field_validator("extra_args", mode="before", json_schema_input_type=str | list[str])(_split_args)
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("empty: give the model to serve, e.g. \"Qwen/Qwen3.5-122B-A10B-FP8\" or a path")
+        if v != v.strip():
+            raise ValueError(f"{_q(v)} has leading or trailing whitespace: remove it")
+        if not v.startswith("/") and (v.startswith((".", "~")) or ("/" in v and not _HUB_ID.fullmatch(v))
+                                      or v.split("/")[0] in (".", "..") or ".." in v.split("/")):
+            raise ValueError(f"{_q(v)} is a relative path (resolved in the container's working directory, not yours): "
+                             "give the model's absolute path as the container sees it, or a hub id such as "
+                             "\"Qwen/Qwen3.5-122B-A10B-FP8\"")
+        return v
+
+    @field_validator("served_model_name")
+    @classmethod
+    def _served_name(cls, v: str) -> str:
+        if not _no_space(v):
+            raise ValueError(f"{_q(v)} contains whitespace or control characters: clients send this name in "
+                             "requests; use e.g. \"Qwen3.5-122B-A10B-FP8\"")
+        if not v.isascii():
+            raise ValueError(f"{_q(v)} has non-ASCII characters (a look-alike of another name?): clients send "
+                             "this name in requests; use ASCII, e.g. \"Qwen3.5-122B-A10B-FP8\"")
+        return v
+
+    @model_validator(mode="after")
+    def _checks(self) -> Serve:
+        problems = _own_flags(self.extra_args, _SERVE_FLAGS, prefixes=True)
+        for i, a in enumerate(self.extra_args):
+            flag, eq, value = a.partition("=")
+            flag = flag.replace("_", "-")
+            if len(flag) >= len("--allowed-l") and _MEDIA_FLAG.startswith(flag):
+                if not eq:
+                    value = self.extra_args[i + 1] if i + 1 < len(self.extra_args) else ""
+                if value.startswith("/") and (os.path.normpath(value) in ("/", "//") or _system_dir(value)):
+                    problems.append((f".extra_args[{i}]", f"{_MEDIA_FLAG} {_q(value)} lets any client read files "
+                                     "there through the API: give the directory of the media only"))
+        _raise(problems)
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+
+class Readiness(_Strict):
+    endpoint: Annotated[str, AfterValidator(_endpoint)] = ""
+    poll_interval: Sec600 = 5
+    deadline: SecWeek = 1200
+    stall_timeout: SecWeek = 900  # no load progress (shard, milestone) this long: a stall, repaired
+    request_timeout: Sec3600 = 60
+    # What a real request is: a chat completion (an LLM), one embedding (an embeddings model: it cannot
+    # chat) or a rerank of two documents (a reranker). Readiness and the periodic deep probe both send it.
+    probe: Literal["chat", "embeddings", "rerank"] = "chat"
+    sanity_prompt: str = "Reply with the single word: ready"
+    sanity_max_tokens: Annotated[int, Field(ge=1, le=4096)] = 32
+    api_key_file: OptionalAbsPath = ""  # a file holding the serve's API key, read at load
+    api_key_env: Annotated[str, AfterValidator(_opt_env_name)] = ""  # or an environment variable holding it
+
+    # The resolved key: set by parse(), never dumped, never in repr, compared by ==.
+    _api_key: str = PrivateAttr(default="")
+
+    @model_validator(mode="after")
+    def _checks(self) -> Readiness:
+        if self.api_key_file and self.api_key_env:
+            _raise([(".api_key_env", "set either api_key_file or api_key_env, not both")])
+        return self
+
+
+class ModelFiles(_Strict):
+    """[deployments.model]: the model checked on every node before a start (modelcheck), and optionally
+    fetched where it is missing, in the image: copied from prefetch_from (a directory the image sees through
+    deployments.ray.volumes) or downloaded from the hub ("")."""
+
+    check: bool = True
+    prefetch: bool = False
+    prefetch_from: OptionalAbsPath = ""
+    prefetch_timeout: SecDay = 21600
+
+    @model_validator(mode="after")
+    def _checks(self) -> ModelFiles:
+        if self.prefetch_from and not self.prefetch:
+            _raise([(".prefetch_from", "is only used with prefetch = true: set it, or remove prefetch_from")])
+        if self.prefetch and not self.check:
+            _raise([(".prefetch", "needs check = true (the check finds the nodes to fill)")])
+        return self
+
+
+class Deployment(_Strict):
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")] = "llm"
+    nodes: list[str] = []
+    ray: Ray = Field(default_factory=Ray)
+    serve: Serve
+    readiness: Readiness = Field(default_factory=Readiness)  # a fresh one each: it holds the resolved key
+    # Start only once these deployments answer (their memory profiling is over: vLLM sizes its share
+    # against the memory free at that moment, so servers sharing a GPU must start one after the other).
+    after: list[str] = []
+    # READY=1 and "SERVING" wait for every required deployment; the others are reported, not waited for.
+    required: bool = True
+    model: ModelFiles = Field(default_factory=ModelFiles)
+
+    @model_validator(mode="after")
+    def _model_source(self) -> Deployment:
+        src = self.model.prefetch_from.rstrip("/")
+        dsts = [v.split(":")[1].rstrip("/") for v in self.ray.volumes]
+        if src and not any(src == d or src.startswith(d + "/") or d == "" for d in dsts):
+            _raise([(".model.prefetch_from", f"{_q(src)} is on none of deployments.ray.volumes' destinations, so the "
+                     f"image cannot see it: add a volume, e.g. \"{src}:{src}:ro\"")])
+        return self
+
+    @property
+    def api_key(self) -> str:
+        """The serve's API key from readiness.api_key_file / api_key_env, or "" when none."""
+        return self.readiness._api_key
+
+    @property
+    def uses_ray(self) -> bool:
+        return self.serve.distributed_executor_backend == "ray"
+
+
+class Supervisor(_Strict):
+    state_dir: AbsPath = "/var/lib/spark-supervisor"
+    interval: Sec3600 = 5
+    transition_interval: Sec600 = 1
+    full_observe_interval: SecDay = 60
+    io_timeout: Sec600 = 20
+    ssh_connect_timeout: Sec120 = 5
+    backoff_base: Sec3600 = 5
+    backoff_max: SecDay = 300
+    ready_when: Literal["serving", "started"] = "serving"
+    # No progress this long while starting: stop extending systemd's timeout. Above readiness.stall_timeout
+    # (900): a quiet torch.compile must not get the daemon killed before the stall is even judged.
+    start_stall_timeout: SecDay = 1200
+    on_stop: Literal["leave", "teardown"] = "leave"
+
+    @model_validator(mode="after")
+    def _checks(self) -> Supervisor:
+        problems = []
+        if os.path.normpath(self.state_dir) == "/":
+            problems.append((".state_dir", "must not be '/': use e.g. /var/lib/spark-supervisor"))
+        elif why := _system_dir(self.state_dir):
+            problems.append((".state_dir", why))
+        if self.backoff_max < self.backoff_base:
+            problems.append((".backoff_max", f"{self.backoff_max:g} is less than backoff_base "
+                             f"{self.backoff_base:g}: the cap must be at least the first delay"))
+        _raise(problems)
+        return self
+
+
+class Healing(_Strict):
+    health_failure_threshold: Annotated[int, Field(ge=1, le=100)] = 2  # consecutive /health failures before a repair
+    deep_probe_interval: SecDay = 60  # a tiny real completion: /health stays 200 when workers are wedged
+    deep_probe_timeout: Sec3600 = 30
+    deep_failure_threshold: Annotated[int, Field(ge=1, le=100)] = 2
+    quick_check_interval: Sec60 = 1  # Ray nodes and /health between ticks while serving
+    repair_budget: Annotated[int, Field(ge=0, le=100)] = 3
+    repair_window: SecMonth = 6 * 3600
+    node_patience: SecDay = 300  # an unreachable peer: wait this long before tearing down the rest
+    unknown_patience: SecDay = 60  # an observation "unknown" this long: DEGRADED (never destructive)
+
+    @model_validator(mode="after")
+    def _checks(self) -> Healing:
+        if self.deep_probe_timeout >= self.deep_probe_interval:
+            _raise([(".deep_probe_timeout", f"{self.deep_probe_timeout:g} s is not less than deep_probe_interval "
+                     f"{self.deep_probe_interval:g} s: probes would overlap; lower it or raise the interval")])
+        return self
+
+
+class Retry(_Strict):
+    """How a transient adapter error (engine, SSH, HTTP hiccup) is retried, in tenacity's terms."""
+
+    stop_after_attempt: Annotated[int, Field(ge=1, le=10)] = 3
+    stop_after_delay: Sec600 = 10
+    wait_initial: Sec60 = 0.2
+    wait_max: Sec60 = 2
+
+    @model_validator(mode="after")
+    def _checks(self) -> Retry:
+        if self.wait_max < self.wait_initial:
+            _raise([(".wait_max", f"{self.wait_max:g} is less than wait_initial {self.wait_initial:g}")])
+        return self
+
+
+class Metrics(_Strict):
+    listen: str = ""  # "127.0.0.1:9464" to serve Prometheus metrics; empty: off
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        if v and not re.match(r"^[^:\s]*:\d{1,5}$", v):
+            raise ValueError(f"expected host:port, e.g. \"127.0.0.1:9464\", got {v!r}")
+        if v:
+            _port(int(v.rpartition(":")[2]))
+        return v
+
+    @property
+    def port(self) -> int:
+        """The port of ``listen``, 0 when metrics are off."""
+        return int(self.listen.rpartition(":")[2]) if self.listen else 0
+
+
+class Alerts(_Strict):
+    """Where the daemon tells someone outside: a webhook (a small JSON document POSTed) and/or a command
+    (argv; the same document on its standard input). Sent from a background thread, retried, rate limited."""
+
+    webhook: str = ""  # http(s)://... ; may carry a token in its path, so it is never logged whole
+    command: OptionalArgv = []
+    events: list[Literal["failed", "degraded", "repair", "recovered", "paused", "resumed"]] = [
+        "failed", "degraded", "repair", "recovered"]
+    min_interval: SecDay = 300  # the same event of the same deployment at most this often (the rest are counted)
+    timeout: Sec60 = 5  # each POST or command
+    attempts: Annotated[int, Field(ge=1, le=10)] = 3
+
+    @field_validator("webhook")
+    @classmethod
+    def _webhook(cls, v: str) -> str:
+        if v and not re.match(r"^https?://[^\s/]+(/\S*)?$", v):
+            raise ValueError(f"expected an http:// or https:// URL, e.g. \"http://127.0.0.1:9099/hook\", got "
+                             f"{_q(v[:80])}")
+        return v
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.webhook or self.command)
+
+
+class Memory(_Strict):
+    """GB10's unified memory: vLLM's start-up check reads MemFree (page cache counts as used)."""
+
+    page_cache: Literal["drop", "never"] = "drop"  # drop it when it is what stands between MemFree and the need
+    kv_cache_regression: Annotated[float, Field(gt=0, lt=1)] = 0.2  # a start this far below the best: a warning
+    # Deployments sharing a node: their gpu_memory_utilization add up to at most 1 minus this (the
+    # allowed GPU processes, Xorg and gnome-shell, and the CUDA contexts live in it).
+    share_margin: Annotated[float, Field(ge=0, lt=1)] = 0.05
+

@@ -1,0 +1,26 @@
+"""Data only: phases, what was observed, what to do, and the status the daemon reports.
+
+The package, by kind: ``phase`` (Phase, Pause), ``observation`` (what a tick saw), ``reports`` (the
+image check's findings), ``reason`` (Reason), ``action`` (the actions and the Decision), ``status``
+(Status and its trackers). Everything is importable from ``spark_supervisor.model`` as before."""
+
+from .phase import Pause, Phase
+from .observation import (
+    Container, EndpointObservation, Gpu, GpuProcess, Listener, Memory, NodeObservation, Observation, RayNode,
+    RayObservation, ServeObservation, Unit,
+)
+from .reports import ImageReport, ModelReport
+from .reason import Reason
+from .action import (
+    Action, CheckImage, Decision, describe, DropPageCache, PrefetchModel, RemoveContainers, StartContainer,
+    StartServe, StopServe, StopUnits, Verify,
+)
+from .status import Status, Tracker, Transition, Verdict
+
+__all__ = [
+    "Action", "CheckImage", "Container", "Decision", "DropPageCache", "EndpointObservation", "Gpu",
+    "GpuProcess", "ImageReport", "Listener", "Memory", "ModelReport", "NodeObservation", "Observation",
+    "Pause", "Phase", "PrefetchModel", "RayNode", "RayObservation", "Reason", "RemoveContainers",
+    "ServeObservation", "StartContainer", "StartServe", "Status", "StopServe", "StopUnits", "Tracker",
+    "Transition", "Unit", "Verdict", "Verify", "describe",
+]

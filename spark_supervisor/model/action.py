@@ -1,0 +1,94 @@
+"""What to do: the actions the planner asks for, and the decision that carries them."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .phase import Phase
+from .reason import Reason
+
+
+@dataclass(frozen=True)
+class StopUnits:
+    node: str
+    units: tuple[str, ...]
+    disable: bool = False
+    mask: bool = False
+
+
+@dataclass(frozen=True)
+class RemoveContainers:
+    node: str
+    containers: tuple[str, ...]  # names
+    why: str = "stale"
+
+
+@dataclass(frozen=True)
+class StartContainer:
+    node: str
+    dashboard: bool = True  # the image's Ray has its dashboard (the image check): the head starts one
+
+
+@dataclass(frozen=True)
+class DropPageCache:
+    """sync and drop the node's page cache: on unified memory it stands between MemFree and vLLM."""
+
+    node: str
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class CheckImage:
+    """Run the image check (commands.IMAGE_PROBE) on a node before the deployment's first start there."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class PrefetchModel:
+    """Fill a node that lacks the model ([deployments.model] prefetch), in a detached container of the image."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class StopServe:
+    why: str
+
+
+@dataclass(frozen=True)
+class StartServe:
+    pass
+
+
+@dataclass(frozen=True)
+class Verify:
+    """A real completion: readiness (VERIFYING) or, with deep=True, the periodic liveness probe."""
+
+    serve: str = ""
+    deep: bool = False
+
+
+Action = (StopUnits | RemoveContainers | CheckImage | StartContainer | DropPageCache | StopServe | StartServe
+          | Verify | PrefetchModel)
+
+
+def describe(action: Action) -> dict[str, Any]:
+    return {"action": type(action).__name__, **dataclasses.asdict(action)}
+
+
+@dataclass(frozen=True)
+class Decision:
+    phase: Phase
+    why: Reason = Reason()
+    actions: tuple[Action, ...] = ()
+    failure: bool = False  # the reason is an error: back off before the next attempt
+    repair: str = ""  # "serve" or "gang": the actions repair a fault and count against the budget
+    fatal: bool = False  # deterministic, or the budget is spent: FAILED until a config change or reset
+    look_closer: bool = False  # decide on the next tick, from a full observation (memory, GPU, units)
+
+    @property
+    def reason(self) -> str:
+        return str(self.why)

@@ -1,0 +1,102 @@
+"""The status the daemon reports and keeps beyond an observation: the phase clock, the probe trackers,
+the last verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .phase import Phase
+from .reason import Reason
+from .reports import ImageReport
+
+
+@dataclass(frozen=True)
+class Tracker:
+    """Consecutive equal probe results, as kubelet's prober counts them. "unknown" (the probe could not
+    run) neither counts as a failure nor breaks a run of failures."""
+
+    failures: int = 0
+    successes: int = 0
+    last: str = "unknown"  # success | failure | unknown
+    last_at: float = 0.0
+    detail: str = ""
+
+    def record(self, result: str, now: float, detail: str = "") -> Tracker:
+        if result == "success":
+            return Tracker(0, self.successes + 1, result, now, detail)
+        if result == "failure":
+            return Tracker(self.failures + 1, 0, result, now, detail)
+        return Tracker(self.failures, self.successes, result, now, detail)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    why: str
+    serve: str = ""  # ServeObservation.identity it was judged on
+    latency_s: float = 0.0
+    finish_reason: str = ""
+    field: str = ""  # which field carried the text: content, reasoning, reasoning_content
+    ran: bool = True  # False: the request could not be sent (refused, unreachable): "unknown", not "failed"
+
+
+@dataclass(frozen=True)
+class Transition:
+    phase: Phase
+    reason: str
+    at: float  # monotonic
+    wall: float
+    kind: str = ""  # the reason's kind
+
+
+@dataclass
+class Status:
+    """What the daemon knows beyond the observation: the phase clock, failures, the last verdict.
+
+    ``advance`` is the only place the phase changes.
+    """
+
+    phase: Phase = Phase.DETECTING
+    why: Reason = Reason()
+    since: float = 0.0
+    since_wall: float = 0.0
+    history: list[Transition] = field(default_factory=list)
+    failures: int = 0  # consecutive, reset on SERVING
+    backoff_until: float = 0.0
+    verdict: Verdict | None = None
+    progress: str = ""
+    load_fraction: float = 0.0
+    eta_s: float | None = None
+    load_progress_at: float = 0.0  # when the load last moved (a shard, a milestone): stalls count from here
+    preflight: tuple[str, ...] = ()  # problems found at the last full observation
+    health: Tracker = field(default_factory=Tracker)
+    deep: Tracker = field(default_factory=Tracker)
+    repairs_in_window: int = 0  # from the persisted repair log
+    next_repair_at: float = 0.0  # jittered exponential spacing between repairs
+    unknown_since: dict[str, float] = field(default_factory=dict)  # what could not be seen -> since when
+    unknown_counts: dict[str, int] = field(default_factory=dict)  # ticks each could not be seen (lifetime)
+    unknown_run_since: float = 0.0  # start of the unbroken run of ticks with something unseen (0: none)
+    page_cache_dropped: frozenset[str] = frozenset()  # nodes dropped since the bring-up began (reset at SERVING)
+    kv_cache: dict[str, Any] = field(default_factory=dict)  # tokens, best for this spec, warning
+    images: dict[str, ImageReport] = field(default_factory=dict)  # node -> its image check (this run)
+    starts: int = 0  # times the deployment's containers were started (each start checks its images first)
+    waiting_for: str = ""  # the deployments it starts after that do not answer yet (set by the daemon)
+
+    @property
+    def reason(self) -> str:
+        return str(self.why)
+
+    def advance(self, phase: Phase, why: Reason, now: float, wall: float) -> bool:
+        """Set the phase; return True when it (or its reason) changed."""
+        if phase == self.phase and why == self.why and self.history:
+            return False
+        if phase != self.phase or not self.history:
+            self.since, self.since_wall = now, wall
+        self.phase, self.why = phase, why
+        self.history.append(Transition(phase, str(why), now, wall, why.kind))
+        del self.history[:-50]
+        return True
+
+    def in_phase(self, now: float) -> float:
+        return now - self.since

@@ -1,0 +1,55 @@
+"""What must hold before a start: the image checked on every member, and the model there (fetched first
+when asked). Pure."""
+
+from __future__ import annotations
+
+from .. import modelcheck
+from ..config import Config, Deployment, ray_hash
+from ..model import CheckImage, Decision, Phase, PrefetchModel, Reason, Status
+from ..preflight import image_problem
+from .facts import Facts
+
+
+def image_gate(st: Status, cfg: Config, dep: Deployment) -> Decision | None:
+    """Before the deployment's containers start: its image checked on every node, for this start (an image
+    re-pulled under the same name is a new image; the check of one already seen, by its ID, is kept and
+    costs an inspect). What a start would otherwise find out at STARTING_RAY, or 15 minutes into a load.
+    None: checked and fit."""
+    key = ray_hash(cfg, dep)
+    members = cfg.members(dep)
+    todo = [n.name for n in members if (r := st.images.get(n.name)) is None or r.key != key or r.start != st.starts]
+    if todo:  # part of getting ready to start: no phase of its own (CLEANING stays CLEANING)
+        phase = st.phase if st.phase in (Phase.DETECTING, Phase.CLEANING) else Phase.DETECTING
+        return Decision(phase, Reason("CheckingImage", f"{dep.ray.image} on {', '.join(todo)}"),
+                        tuple(CheckImage(n) for n in todo))
+    problem = image_problem(cfg, dep, st.images)
+    if problem is not None:
+        return Decision(Phase.FAILED, Reason(*problem), fatal=True)
+    return None
+
+
+def model_gate(f: Facts, phase: Phase) -> Decision | None:
+    """Before a start (and before a launch of another model): the model on every member, as the image sees
+    it (the image check makes the model check too). Missing: fetched there when asked ([deployments.model]
+    prefetch, once per start, its progress watched), else FAILED ModelMissing: the same again on any retry.
+    A report not made (the check off, could not run) is no evidence: the start goes on."""
+    dep, st = f.dep, f.st
+    if not dep.model.check:
+        return None
+    key = modelcheck.key(f.cfg, dep)
+    reports = {n.name: r.model for n in f.members if (r := st.images.get(n.name)) is not None and r.model is not None}
+    stale = [n for n, m in reports.items() if m.key != key]
+    if stale:
+        return Decision(phase, Reason("CheckingModel", f"{dep.serve.model} on {', '.join(stale)}"),
+                        tuple(CheckImage(n) for n in stale))
+    source = dep.model.prefetch_from or "the hub"
+    running = [n for n, m in reports.items() if m.prefetch == "running"]
+    if running:
+        return Decision(phase, Reason("PrefetchingModel", f"{dep.serve.model} on {', '.join(running)} from {source}"),
+                        tuple(CheckImage(n) for n in running))
+    todo = [n for n, m in reports.items() if m.missing and not m.prefetched]
+    if dep.model.prefetch and todo:
+        return Decision(phase, Reason("PrefetchingModel", f"{dep.serve.model} on {', '.join(todo)} from {source}"),
+                        tuple(PrefetchModel(n) for n in todo))
+    problem = modelcheck.problem(f.cfg, dep, reports)
+    return Decision(Phase.FAILED, Reason(*problem), fatal=True) if problem else None

@@ -1,0 +1,1 @@
+for f in *; do ok "$f" && printf "%s\n" "$f"; done; exit 0

@@ -1,0 +1,1 @@
+n=$1; shift; for f in "$@"; do ok "$f" && { ok "$f" && [ /dev/stdin -ef "$f" ] && tail -n "$n"; } <"$f" || echo "$f: not a regular file: not read" >&2; done | tail -n "$n"

@@ -1,0 +1,1 @@
+[ ! -L "$1" ] && cd "$1" 2>/dev/null || { [ -L "$1" ] && echo "$1 is a symbolic link: not read" >&2 && exit 4; exit 3; }; shift; ok() { case $1 in */*|.*) return 1;; esac; [ -f "$1" ] && [ ! -L "$1" ]; }; 

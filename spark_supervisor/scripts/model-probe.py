@@ -1,0 +1,33 @@
+
+def size(p):
+    try:
+        st = os.stat(p)
+    except OSError:
+        return -2 if os.path.islink(p) else -1
+    return -3 if os.path.isdir(p) else st.st_size
+
+f = resolve(*sys.argv[1:4])
+d = f["dir"]
+f["kind"] = "none" if not d else "file" if os.path.isfile(d) else "dir" if os.path.isdir(d) else "none"
+if f["kind"] == "file":
+    f["size"] = size(d)
+elif f["kind"] == "dir":
+    try:
+        names = sorted(os.listdir(d))
+    except OSError as e:
+        names, f["list_error"] = [], str(e)[:200]
+    f["files"] = {n: size(os.path.join(d, n)) for n in names[:MAX]}
+    for name in INDEXES:
+        p = os.path.join(d, name)
+        if not os.path.lexists(p):
+            continue
+        try:
+            with open(p) as fh:
+                j = json.load(fh)
+            shards = sorted({str(v) for v in (j.get("weight_map") or {}).values()})
+            f["index"] = {"name": name, "shards": {s: size(os.path.join(d, s)) for s in shards},
+                          "total_size": (j.get("metadata") or {}).get("total_size")}
+        except Exception as e:
+            f["index"] = {"name": name, "error": f"{type(e).__name__}: {e}"[:200]}
+        break
+print(MARK + " " + json.dumps(f))

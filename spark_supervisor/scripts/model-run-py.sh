@@ -1,0 +1,1 @@
+srv=$1; code=$2; shift 2; p=""; v=$(command -v "$srv" 2>/dev/null); if [ -n "$v" ]; then case "${v##*/}" in python*) p=$v;; *) l=$(head -n 1 "$v" 2>/dev/null); case "$l" in "#!"*python*) p=${l#??};; esac;; esac; fi; [ -z "$p" ] && p=$(command -v python3 || command -v python); if [ -z "$p" ]; then echo "MARK no-python"; exit 0; fi; exec $p -c "$code" "$@"

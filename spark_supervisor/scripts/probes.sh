@@ -1,0 +1,1 @@
+sep=$1; shift; i=0; while [ $# -gt 0 ]; do k=0; for x in "$@"; do [ "$x" = "$sep" ] && break; k=$((k+1)); done; c=""; j=1; while [ $j -le $k ]; do c="$c \"\${$j}\""; j=$((j+1)); done; echo "$sep begin $i"; eval "$c" </dev/null; r=$?; echo; echo "$sep end $i $r"; shift $k; [ $# -gt 0 ] && shift; i=$((i+1)); done

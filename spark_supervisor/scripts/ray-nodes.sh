@@ -1,0 +1,1 @@
+r=$(command -v "$1") || exit 127; l=$(head -n 1 "$r"); case "$l" in "#!"*python*) p=${l#??};; *) exit 126;; esac; exec $p -c "$2" "$3" "$4"

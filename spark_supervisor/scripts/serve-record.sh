@@ -1,0 +1,26 @@
+
+stat_field() {  # field $1 of /proc/$2/stat (the command name, field 2, may hold spaces and ")")
+  _n=$1; _s=$(cat "/proc/$2/stat" 2>/dev/null) || return 1
+  # shellcheck disable=SC2086 # the fields after the command name, split on purpose (numbers: no glob)
+  set -- ${_s##*) }
+  [ "$#" -ge $((_n - 2)) ] && shift $((_n - 3)) && echo "$1"
+}
+recorded() {  # sets p (the recorded pid, "" for none) and t (its start time; "ended" once exit is written)
+  p= t=
+  [ -f pid ] && read -r p <pid
+  if [ -f exit ]; then t=ended
+  elif [ -f process ]; then read -r p t <process
+  else t=legacy
+  fi
+  case $p in ''|*[!0-9]*) p= ;; esac
+}
+runs() {
+  [ -n "$p" ] || return 1
+  case $t in
+    legacy) [ "$(stat_field 6 "$p")" = "$p" ] ;;
+    ended|'') return 1 ;;
+    *) [ "$(stat_field 22 "$p")" = "$t" ] ;;
+  esac
+}
+claim() { echo "$1 $(stat_field 22 "$1")" >process.new && mv -f process.new process && echo "$1" >pid; }
+ended() { echo "$1" >exit; rm -f process; }

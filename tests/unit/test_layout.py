@@ -1,0 +1,192 @@
+"""The package's layout holds (issue 21): no import cycle among its modules, no module over MAX_MODULE_LINES
+lines, no class over MAX_CLASS_LINES. Read from the sources with `ast`, nothing imported.
+
+An import cycle counts every import of a package module, at module level or inside a function (a lazy
+import only moves the cycle to run time), but not one under `if TYPE_CHECKING:` (never run: annotations
+only). Importing a.b.c runs the packages a and a.b first, so those count too, unless the importer is
+inside them already.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "spark_supervisor"
+ROOT = Path(__file__).resolve().parents[2] / PACKAGE
+MAX_MODULE_LINES = 500
+MAX_CLASS_LINES = 250
+
+# Over a limit today and out of this branch's scope. Each entry must still be over its limit (an entry that
+# is not fails the test: take it out), so this list only shrinks. Paths are relative to the package.
+LONG_MODULES = {
+    "daemon.py": "split on another branch (issue 21)",
+}
+LONG_CLASSES = {
+    "daemon.py:Daemon": "split on another branch (issue 21)",
+    "reconciler.py:Reconciler": "split on another branch (issue 21)",
+}
+
+
+def modules() -> dict[str, Path]:
+    """Dotted module name -> its file, for every module of the package (a package is its __init__). A file
+    in a directory that is not a package (scripts/: the Python run in the image) is none."""
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        dirs = [d for d in [path.parent, *path.parent.parents] if d.is_relative_to(ROOT)]
+        if not all((d / "__init__.py").exists() for d in dirs):
+            continue
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement, at any depth, but those under `if TYPE_CHECKING:`."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _type_checking(node):
+            for other in node.orelse:
+                yield from _imports(other)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        yield from _imports(node)
+
+
+def imported(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that module `name` (in `path`) imports, directly or as the packages around them."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in _imports(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(a.name for a in node.names)
+            continue
+        if node.level:
+            base = package.split(".")
+            base = base[:len(base) - (node.level - 1)]
+            origin = ".".join(base + ([node.module] if node.module else []))
+        else:
+            origin = node.module or ""
+        targets.add(origin)
+        targets.update(f"{origin}.{a.name}" for a in node.names)  # `from . import x`: x may be a module
+    edges = set()
+    for target in targets:
+        parts = target.split(".")
+        for i in range(1, len(parts) + 1):  # a.b.c runs a and a.b first
+            up = ".".join(parts[:i])
+            if up in known and up != name and not (name + ".").startswith(up + "."):
+                edges.add(up)
+    return edges
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imported(name, path, set(found)) for name, path in found.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted; a module that
+    imports itself is one too."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in edges.get(v, ()):
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle() -> None:
+    found = cycles(graph())
+    assert not found, "import cycles, each among: " + "; ".join(", ".join(c) for c in found)
+
+
+def test_cycles_are_found_and_named() -> None:
+    # The check itself: a cycle through a lazy import, and one through a package's __init__.
+    edges = {"p.a": {"p.b"}, "p.b": {"p.a"}, "p.c": set(), "p": {"p.d"}, "p.d": {"p.e"}, "p.e": {"p"}}
+    assert cycles(edges) == [["p", "p.d", "p.e"], ["p.a", "p.b"]]
+
+
+def test_imports_are_read_at_every_depth(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("from typing import TYPE_CHECKING\nfrom . import a\nif TYPE_CHECKING:\n    from .b import B\n"
+                   "def f():\n    from .c import x\n    import spark_supervisor.d\n    from .q.r import y\n")
+    known = {f"{PACKAGE}.{m}" for m in ("a", "b", "c", "d", "m", "q", "q.r")} | {PACKAGE}
+    # not the package it is in (already running), but q, the package around q.r, and no TYPE_CHECKING's b
+    assert imported(f"{PACKAGE}.m", src, known) == {f"{PACKAGE}.{m}" for m in ("a", "c", "d", "q", "q.r")}
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def module_lines() -> dict[str, int]:
+    return {_rel(p): len(p.read_text().splitlines()) for p in modules().values()}
+
+
+def class_lines() -> dict[str, int]:
+    sizes = {}
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                sizes[f"{_rel(path)}:{node.name}"] = (node.end_lineno or node.lineno) - start + 1
+    return sizes
+
+
+@pytest.mark.parametrize(("what", "sizes", "limit", "allowed"), [
+    ("module", module_lines, MAX_MODULE_LINES, LONG_MODULES),
+    ("class", class_lines, MAX_CLASS_LINES, LONG_CLASSES),
+])
+def test_sizes(what: str, sizes: object, limit: int, allowed: dict[str, str]) -> None:
+    assert callable(sizes)
+    got: dict[str, int] = sizes()
+    over = {k: n for k, n in got.items() if n > limit}
+    new = {k: n for k, n in over.items() if k not in allowed}
+    assert not new, f"{what}s over {limit} lines (split them): {new}"
+    done = sorted(k for k in allowed if k not in over)
+    assert not done, f"no longer over {limit} lines: take them out of the allow-list: {done}"
+
+
+# A module that became a package keeps its old way in: `python -m spark_supervisor.cli` worked when cli was
+# one module (operators and the testbed's chaos still run it), so the package has a __main__.py.
+@pytest.mark.parametrize("module", ["spark_supervisor", "spark_supervisor.cli"])
+def test_python_m_runs_the_command(module: str) -> None:
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60,
+                         cwd=ROOT.parent)
+    assert out.returncode == 0 and "spark-supervisor" in out.stdout, out.stderr
