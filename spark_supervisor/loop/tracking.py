@@ -18,7 +18,7 @@ from ..model import Decision, Observation, Phase, Status, Tracker
 from ..plan import unknowns
 from ..retry import backoff_delay
 
-Metrics = DeploymentMetrics | NoMetrics
+MetricsHandle = DeploymentMetrics | NoMetrics  # one deployment's handle, or metrics off
 
 
 class Liveness:
@@ -28,7 +28,7 @@ class Liveness:
         self.log = log
         self._tracked_serve = ""
 
-    def track(self, st: Status, obs: Observation, cfg: Config, metrics: Metrics, now: float) -> None:
+    def track(self, st: Status, obs: Observation, cfg: Config, metrics: MetricsHandle, now: float) -> None:
         """Liveness of the serve that is SERVING; a new serve instance starts its trackers afresh."""
         identity = obs.serve.identity if obs.serve is not None and obs.serve.present else ""
         if identity != self._tracked_serve:
@@ -47,7 +47,7 @@ class Liveness:
             if result == "failure":
                 self.log.warning("probe.health_failed", failures=st.health.failures, detail=detail)
 
-    def _track_unknown(self, st: Status, obs: Observation, cfg: Config, metrics: Metrics, now: float) -> None:
+    def _track_unknown(self, st: Status, obs: Observation, cfg: Config, metrics: MetricsHandle, now: float) -> None:
         """What could not be seen: since when (for the planner's patience), and how often (shown)."""
         seen_not = unknowns(obs, cfg, st.phase)
         if not seen_not:
@@ -72,7 +72,7 @@ class LoadProgress:
         self._milestone = ""
         self._load_key: tuple[object, ...] | None = None
 
-    def update(self, st: Status, obs: Observation, cfg: Config, metrics: Metrics, now: float) -> None:
+    def update(self, st: Status, obs: Observation, cfg: Config, metrics: MetricsHandle, now: float) -> None:
         if obs.serve is None or not obs.serve.present:
             st.progress, st.load_fraction, st.eta_s, self._milestone = "", 0.0, None, ""
             self._load_key = None
@@ -88,7 +88,7 @@ class LoadProgress:
             self._milestone = p.milestone
             self.log.info("load.progress", milestone=p.milestone, progress=st.progress, version=p.version)
 
-    def _kv_cache(self, st: Status, obs: Observation, cfg: Config, metrics: Metrics, tokens: int) -> None:
+    def _kv_cache(self, st: Status, obs: Observation, cfg: Config, metrics: MetricsHandle, tokens: int) -> None:
         """The KV cache a serve came up with, against the best seen for its spec (persisted): page cache
         and compiler memory during a cold load shrink it silently (vLLM counts them as non-torch memory)."""
         serve = obs.serve
@@ -174,7 +174,7 @@ class RepairBudget:
         """The repairs in the healing window."""
         return len(self.repairs.recent(self.wall(), cfg.healing.repair_window))
 
-    def spend(self, st: Status, decision: Decision, cfg: Config, metrics: Metrics, now: float) -> int:
+    def spend(self, st: Status, decision: Decision, cfg: Config, metrics: MetricsHandle, now: float) -> int:
         """A repair starts: recorded, and the next one put off by its backoff; returns the budget used."""
         h = cfg.healing
         self.repairs.add(self.wall(), decision.repair, decision.reason)

@@ -10,7 +10,8 @@ import structlog
 import tomli_w
 
 from spark_supervisor.act import ActionFailed
-from spark_supervisor.daemon import Daemon, backoff_delay
+from spark_supervisor.loop.daemon import Daemon
+from spark_supervisor.retry import backoff_delay
 from spark_supervisor.model import (
     Action,
     EndpointObservation,

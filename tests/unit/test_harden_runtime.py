@@ -15,7 +15,7 @@ import pytest
 import tomli_w
 
 from spark_supervisor import control, files, statefile
-from spark_supervisor.daemon import StateDirUnfit, lock_state_dir
+from spark_supervisor.loop.daemon import StateDirUnfit, lock_state_dir
 from spark_supervisor.maintenance import parse_duration
 from spark_supervisor.maintenance import pause as cli_pause
 from spark_supervisor.model import Pause, Phase

@@ -13,7 +13,7 @@ import structlog
 import tomli_w
 
 from spark_supervisor import config
-from spark_supervisor.daemon import Daemon
+from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import (
     CheckImage,
     Container,
