@@ -111,7 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     logs.register_config(cfg)  # whatever a log line holds later, the config's secrets are redacted in it
     for w in cfg.warnings:
         logs.get().warning("config.warning", problem=w)
-    from ..daemon import AlreadyRunning, Daemon, StateDirUnfit, lock_state_dir
+    from ..loop.daemon import AlreadyRunning, Daemon, StateDirUnfit, lock_state_dir
     try:
         fd = lock_state_dir(cfg.supervisor.state_dir)
     except StateDirUnfit as e:  # a restart would find it the same: fix it, then start

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_supervisor.daemon import lock_state_dir
+from spark_supervisor.loop.daemon import lock_state_dir
 from spark_testbed import testbed
 
 ROOT = Path(__file__).resolve().parents[2]

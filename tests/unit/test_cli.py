@@ -19,7 +19,7 @@ import pytest
 import tomli_w
 
 from spark_supervisor import cli, statefile
-from spark_supervisor.daemon import lock_state_dir
+from spark_supervisor.loop.daemon import lock_state_dir
 from spark_supervisor.model import Phase, Status
 from tests.helpers import cfg, data
 
@@ -35,7 +35,7 @@ def doc(phase: str = "SERVING", name: str = "qwen", required: bool = True) -> di
 
 
 def stack(*docs: dict[str, Any]) -> dict[str, Any]:
-    """Several deployments: the first one's fields on top, every one under "deployments" (daemon.py)."""
+    """Several deployments: the first one's fields on top, every one under "deployments" (loop/daemon.py)."""
     return {**docs[0], "deployments": list(docs), "summary": f"{len(docs)} deployments"}
 
 

@@ -10,7 +10,8 @@ import structlog
 import tomli_w
 
 from spark_supervisor.act import ActionFailed
-from spark_supervisor.daemon import Daemon, backoff_delay
+from spark_supervisor.loop.daemon import Daemon
+from spark_supervisor.retry import backoff_delay
 from spark_supervisor.model import (
     Action,
     EndpointObservation,
@@ -152,7 +153,7 @@ def test_reload_with_a_broken_file_keeps_the_old_config(tmp_path) -> None:
     assert daemon.cfg is old and not be.closed
     assert notes.sent[0].startswith("RELOADING=1\nMONOTONIC_USEC=")
     assert notes.sent[-1].startswith("STATUS=") and "reload failed" in notes.sent[-1]
-    daemon.ready_sent = True
+    daemon.reporter.ready_sent = True
     daemon.reload()
     assert notes.sent[-1].startswith("READY=1\nSTATUS=") and "not valid TOML" in notes.sent[-1]
     assert "reload failed" in daemon.status_line()  # and it stays there until a reload succeeds
@@ -291,7 +292,7 @@ def test_a_reload_of_a_file_that_is_not_utf8_keeps_the_old_config(tmp_path) -> N
     before = daemon.cfg
     path.write_bytes(b"\xff\xfe[supervisor]\n\x00\x81")
     daemon.reload()
-    assert daemon.cfg is before and daemon.reload_error.startswith(str(path))
+    assert daemon.cfg is before and daemon.reloader.reload_error.startswith(str(path))
     assert "reload failed" in daemon.status_line()
 
 
@@ -304,10 +305,10 @@ def test_a_reload_whose_backend_cannot_be_built_keeps_the_old_one(tmp_path) -> N
 
     def broken(c):
         raise OSError("too many open files")
-    daemon._backend_factory = broken
+    daemon.stack.backend_factory = broken
     daemon.reload()
     assert daemon.backend is be and not be.closed and daemon.cfg.supervisor.interval != 7
-    assert "too many open files" in daemon.reload_error
+    assert "too many open files" in daemon.reloader.reload_error
 
 
 def test_the_start_timeout_is_extended_only_while_the_start_progresses(tmp_path) -> None:

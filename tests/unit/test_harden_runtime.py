@@ -15,7 +15,7 @@ import pytest
 import tomli_w
 
 from spark_supervisor import control, files, statefile
-from spark_supervisor.daemon import StateDirUnfit, lock_state_dir
+from spark_supervisor.loop.daemon import StateDirUnfit, lock_state_dir
 from spark_supervisor.maintenance import parse_duration
 from spark_supervisor.maintenance import pause as cli_pause
 from spark_supervisor.model import Pause, Phase
@@ -152,7 +152,7 @@ def test_a_config_cut_before_a_deployment_removes_nothing_until_it_reads_the_sam
     clock.t += daemon.SETTLE_S
     be["qwen"].next, be["embed"].next = obs(daemon.reconcilers["qwen"].cfg), obs(daemon.reconcilers["embed"].cfg)
     daemon.tick()
-    assert list(daemon.reconcilers) == ["qwen", "embed"] and not torn and daemon.staged is None
+    assert list(daemon.reconcilers) == ["qwen", "embed"] and not torn and daemon.reloader.staged is None
     # Cut again, and left so: the same file SETTLE_S later is what the operator meant.
     path.write_text(cut)
     daemon.reload()

@@ -225,4 +225,4 @@ def test_the_daemon_alerts_on_repair_failed_and_recovery(tmp_path, receiver: Rec
     to_serving(daemon, be)
     docs = receiver.wait(2)
     assert docs[1]["event"] == "recovered" and docs[1]["phase"] == "SERVING"
-    daemon.alerter.close()
+    daemon.stack.alerter.close()

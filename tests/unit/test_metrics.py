@@ -139,9 +139,11 @@ def test_metrics_off_refuses_what_metrics_on_would_refuse() -> None:
 
 def metrics_calls() -> list[tuple[str, int, ast.Call]]:
     """Every call on a metrics object in spark_supervisor, (module, line, call): `<x>.metrics.NAME(...)` and
-    `<x>.metrics.bound(dep).NAME(...)` (`metrics` is the attribute the daemon and the reconcilers hold it in)."""
-    def is_metrics(node: ast.expr) -> bool:
-        return isinstance(node, ast.Attribute) and node.attr == "metrics"
+    `<x>.metrics.bound(dep).NAME(...)` (`metrics` is the attribute the daemon and the reconcilers hold it in,
+    and the parameter the reconcilers' trackers take it by)."""
+    def is_metrics(node: ast.expr) -> bool:  # `x.metrics`, or a parameter `metrics` a tracker is handed
+        return (isinstance(node, ast.Attribute) and node.attr == "metrics") or (
+            isinstance(node, ast.Name) and node.id == "metrics")
 
     found = []
     for path in sorted(Path(spark_supervisor.__file__).parent.rglob("*.py")):
@@ -193,7 +195,7 @@ def test_the_daemon_serves_the_series_the_alert_rules_read(tmp_path) -> None:
         daemon.tick()
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     finally:
-        daemon.metrics.close()
+        daemon.stack.metrics.close()
     q = 'deployment="qwen"'
     for line in (f"spark_supervisor_repair_budget{{{q}}} 5.0", f"spark_supervisor_repair_window_seconds{{{q}}} 3600.0",
                  f"spark_supervisor_load_stall_timeout_seconds{{{q}}} 900.0",

@@ -13,7 +13,7 @@ import structlog
 import tomli_w
 
 from spark_supervisor import config
-from spark_supervisor.daemon import Daemon
+from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import (
     CheckImage,
     Container,
@@ -189,7 +189,7 @@ def test_a_reload_tears_down_only_the_deployment_removed_and_starts_the_one_adde
     d2["deployments"][1] = {**EMBED, "name": "rerank", "after": [], "serve": {**EMBED["serve"], "port": 8002}}
     path.write_text(tomli_w.dumps(d2))
     daemon.reload()
-    assert torn == [] and daemon.staged is not None  # a removal waits for the file to read the same again
+    assert torn == [] and daemon.reloader.staged is not None  # a removal waits for the file to read the same again
     clock.t += daemon.SETTLE_S
     daemon.tick()
     assert torn == ["embed"] and be["embed"].closed

@@ -1,0 +1,227 @@
+"""What one deployment's reconciler keeps track of between its ticks, beside its phase: the serve's
+liveness and what could not be seen, the load's progress (and the KV cache it came up with), the start's
+progress (systemd's start timeout), the repair budget, and what the cheap check between ticks compares.
+
+Each tracker holds only its own memory; the status, config and metrics it works on are handed in by the
+reconciler on every call (a reload replaces them under it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .. import logscan, probes, statefile
+from ..backend import Backend, Fingerprint, fingerprint
+from ..config import Config
+from ..metrics import DeploymentMetrics, NoMetrics
+from ..model import Decision, Observation, Phase, Status, Tracker
+from ..plan import unknowns
+from ..retry import backoff_delay
+
+MetricsHandle = DeploymentMetrics | NoMetrics  # one deployment's handle, or metrics off
+
+
+class Liveness:
+    """Liveness of the serve that is SERVING (its /health), and what could not be seen."""
+
+    def __init__(self, log: Any):
+        self.log = log
+        self._tracked_serve = ""
+
+    def track(self, st: Status, obs: Observation, cfg: Config, metrics: MetricsHandle, now: float) -> None:
+        """Liveness of the serve that is SERVING; a new serve instance starts its trackers afresh."""
+        identity = obs.serve.identity if obs.serve is not None and obs.serve.present else ""
+        if identity != self._tracked_serve:
+            self._tracked_serve = identity
+            st.health, st.deep = Tracker(), Tracker(last_at=now)
+        self._track_unknown(st, obs, cfg, metrics, now)
+        watched = st.phase == Phase.SERVING or (st.phase == Phase.DEGRADED and st.verdict is not None
+                                                 and st.verdict.passed and st.verdict.serve == identity)
+        if watched and obs.serve is not None and (obs.serve.running or obs.serve.error):
+            result = probes.health_result(obs.endpoint)
+            detail = obs.endpoint.detail or obs.endpoint.state if obs.endpoint else ""
+            if obs.endpoint is not None and obs.endpoint.state == "up":
+                detail = f"HTTP {obs.endpoint.health}"
+            st.health = st.health.record(result, now, detail)
+            metrics.probed("health", result)
+            if result == "failure":
+                self.log.warning("probe.health_failed", failures=st.health.failures, detail=detail)
+
+    def _track_unknown(self, st: Status, obs: Observation, cfg: Config, metrics: MetricsHandle, now: float) -> None:
+        """What could not be seen: since when (for the planner's patience), and how often (shown)."""
+        seen_not = unknowns(obs, cfg, st.phase)
+        if not seen_not:
+            st.unknown_run_since = 0.0
+        elif not st.unknown_run_since:
+            st.unknown_run_since = now
+        for what, error in seen_not.items():
+            if what not in st.unknown_since:
+                st.unknown_since[what] = now
+                self.log.warning("observe.unknown", what=what, error=error)
+            st.unknown_counts[what] = st.unknown_counts.get(what, 0) + 1
+            metrics.unknown(what)
+        for what in [w for w in st.unknown_since if w not in seen_not]:
+            self.log.info("observe.known_again", what=what, unknown_s=round(now - st.unknown_since.pop(what), 1))
+
+
+class LoadProgress:
+    """How far the serve's load is (read from its log), when it last moved, and the KV cache it came up with."""
+
+    def __init__(self, log: Any):
+        self.log = log
+        self._milestone = ""
+        self._load_key: tuple[object, ...] | None = None
+
+    def update(self, st: Status, obs: Observation, cfg: Config, metrics: MetricsHandle, now: float) -> None:
+        if obs.serve is None or not obs.serve.present:
+            st.progress, st.load_fraction, st.eta_s, self._milestone = "", 0.0, None, ""
+            self._load_key = None
+            return
+        p = logscan.scan(obs.serve.log_tail)
+        st.progress, st.load_fraction, st.eta_s = p.summary(), p.fraction, p.eta_s
+        if p.ready:
+            self._kv_cache(st, obs, cfg, metrics, p.kv_cache_tokens)
+        key = (obs.serve.identity, p.milestone, p.shards_done, p.graphs_percent, p.pg_wait_s)
+        if key != self._load_key:
+            self._load_key, st.load_progress_at = key, now
+        if p.milestone != self._milestone:
+            self._milestone = p.milestone
+            self.log.info("load.progress", milestone=p.milestone, progress=st.progress, version=p.version)
+
+    def _kv_cache(self, st: Status, obs: Observation, cfg: Config, metrics: MetricsHandle, tokens: int) -> None:
+        """The KV cache a serve came up with, against the best seen for its spec (persisted): page cache
+        and compiler memory during a cold load shrink it silently (vLLM counts them as non-torch memory)."""
+        serve = obs.serve
+        assert serve is not None
+        if not tokens or st.kv_cache.get("serve") == serve.identity:
+            return
+        best_all = statefile.read_json(cfg.supervisor.state_dir, "kv.json")
+        raw = best_all.get(serve.spec_hash, 0)
+        best = raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else 0  # anything else: none
+        share = cfg.memory.kv_cache_regression
+        regressed = best > 0 and tokens < best * (1 - share)
+        st.kv_cache = {"serve": serve.identity, "tokens": tokens, "best": max(best, tokens), "warning": ""}
+        if regressed:
+            st.kv_cache["warning"] = (
+                f"KvCacheRegression: {tokens:,} tokens, {1 - tokens / best:.0%} below the best {best:,} for this "
+                "spec: page cache or compiler memory during the load counted as used; drop the page cache and "
+                "restart the serve at a quiet moment")
+            self.log.warning("memory.kv_cache_regression", tokens=tokens, best=best, spec=serve.spec_hash)
+        if tokens > best:
+            try:
+                statefile.write_json(cfg.supervisor.state_dir, "kv.json", {**best_all, serve.spec_hash: tokens})
+            except OSError as e:
+                self.log.error("state.write_failed", file="kv.json", error=str(e))
+        metrics.kv_cache(tokens, max(best, tokens), regressed)
+
+
+class StartProgress:
+    """When the start last made progress (systemd's start timeout), and when the current bring-up began."""
+
+    # Phases a start climbs through; reaching a further one (or the load moving) is progress.
+    _RANK = {Phase.DETECTING: 0, Phase.CLEANING: 1, Phase.STARTING_RAY: 2, Phase.STARTING_VLLM: 3,
+             Phase.LOADING: 4, Phase.VERIFYING: 5, Phase.SERVING: 6}
+
+    def __init__(self, clock: Callable[[], float]):
+        self.last_progress = clock()  # when its start last made progress (systemd's start timeout)
+        self._best_rank = -1
+        self._fetched = 0  # model bytes prefetched so far (progress of the start)
+        self.bringup_at = clock()  # the start of the current bring-up (daemon start, a repair): time to ready
+
+    def restart(self) -> None:
+        """A bring-up begins again (resumed, re-armed, repaired): any phase it reaches is progress again."""
+        self._best_rank = 0
+
+    def note(self, st: Status, progress_before: str, now: float) -> None:
+        """After a tick: the start moved (see ``_progressed``) at ``now``, or not."""
+        if self._progressed(st, progress_before):
+            self.last_progress = now
+
+    def _progressed(self, st: Status, progress_before: str) -> bool:
+        """Progress extends systemd's start timeout: a phase further than any reached since the bring-up
+        began, or the load moving. Going round in circles (waiting, backing off, retrying) is not."""
+        rank = self._RANK.get(st.phase, -1)
+        if rank > self._best_rank:
+            self._best_rank = rank
+            return True
+        # A model prefetch filling a node (modelcheck) moves too: a first download may take an hour.
+        fetched = sum(r.model.bytes_done for r in st.images.values() if r.model is not None and r.model.prefetch)
+        moved, self._fetched = fetched > 0 and fetched != self._fetched, fetched
+        if moved:
+            return True
+        return bool(st.progress) and st.progress != progress_before
+
+
+class RepairBudget:
+    """The repairs made (kept in the state directory, so that the budget survives restarts), how many fall
+    in the healing window, and when the next one may start."""
+
+    def __init__(self, cfg: Config, *, log: Any, wall: Callable[[], float], rng: Callable[[], float]):
+        self.log, self.wall, self.rng = log, wall, rng
+        self.repairs = self._repair_log(cfg)
+
+    def _repair_log(self, cfg: Config) -> statefile.RepairLog:
+        log = statefile.RepairLog(cfg.supervisor.state_dir, self.wall())
+        if log.problem:
+            self.log.warning("state.repairs_unusable", problem=log.problem)
+        return log
+
+    def reopen(self, cfg: Config) -> None:
+        """A reload changed what the deployment runs: its repair log read again."""
+        self.repairs = self._repair_log(cfg)
+
+    def used(self, cfg: Config) -> int:
+        """The repairs in the healing window."""
+        return len(self.repairs.recent(self.wall(), cfg.healing.repair_window))
+
+    def spend(self, st: Status, decision: Decision, cfg: Config, metrics: MetricsHandle, now: float) -> int:
+        """A repair starts: recorded, and the next one put off by its backoff; returns the budget used."""
+        h = cfg.healing
+        self.repairs.add(self.wall(), decision.repair, decision.reason)
+        metrics.repaired(decision.repair, decision.why.kind)
+        n = self.used(cfg)
+        st.repairs_in_window = n
+        delay = backoff_delay(n, cfg.supervisor.backoff_base, cfg.supervisor.backoff_max, self.rng())
+        st.next_repair_at = now + delay
+        self.log.warning("repair.started", kind=decision.repair, reason=decision.reason, reason_kind=decision.why.kind,
+                         budget_used=n, budget=h.repair_budget, next_repair_not_before_s=round(delay, 1))
+        return n
+
+
+class QuickWatch:
+    """The cheap check between ticks: what the last tick saw of Ray's nodes and /health, against a fresh look."""
+
+    # While bringing the deployment up, the cheap check wakes the loop the moment Ray forms or the API
+    # starts listening, instead of a poll interval later.
+    _BRINGUP_QUICK_S = 0.2
+
+    def __init__(self, log: Any):
+        self.log = log
+        self.fingerprint: Fingerprint = (None, "unknown")
+
+    def saw(self, obs: Observation) -> None:
+        """What a tick saw: the quick checks until the next one compare with it."""
+        self.fingerprint = fingerprint(obs.ray, obs.endpoint)
+
+    def changed(self, backend: Backend, phase: Phase) -> bool:
+        """True when Ray's nodes or /health changed since the last tick."""
+        try:
+            seen = backend.quick()
+        except Exception as e:  # a bug or an odd answer between ticks must not end the daemon
+            self.log.warning("watch.failed", error=f"{type(e).__name__}: {e}"[:200])
+            return False
+        ray_then, health_then = self.fingerprint
+        # The tick may not have looked at /health (no serve yet): then only Ray counts.
+        if seen[0] != ray_then or (health_then != "unknown" and seen[1] != health_then):
+            if phase == Phase.SERVING:
+                self.log.info("watch.changed", ray_alive=sorted(seen[0]) if seen[0] else None, health=seen[1])
+            return True
+        return False
+
+    def interval(self, phase: Phase, cfg: Config) -> float:
+        """How often the cheap check runs in this phase (0: not at all)."""
+        if phase == Phase.SERVING:
+            return cfg.healing.quick_check_interval
+        if phase in (Phase.STARTING_RAY, Phase.STARTING_VLLM, Phase.LOADING, Phase.VERIFYING):
+            return min(self._BRINGUP_QUICK_S, cfg.healing.quick_check_interval)
+        return 0.0
