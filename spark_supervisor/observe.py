@@ -8,8 +8,8 @@ import ipaddress
 import re
 import time
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -21,7 +21,6 @@ from .adapters.ray import RayDashboard, read_nodes
 from .adapters.shell import NodeShell, Result
 from .adapters.vllm import VllmApi
 from .config import OWNER_LABEL, RAY_STATE_LABEL, ROLE_LABEL, Config, Node
-from .preflight import parse_ip_addr
 from .model import (
     Container,
     EndpointObservation,
@@ -34,6 +33,7 @@ from .model import (
     ServeObservation,
     Unit,
 )
+from .preflight import parse_ip_addr
 
 
 @dataclass
@@ -161,9 +161,12 @@ def _listening(r: Result) -> tuple[Listener, ...]:
     return parse_listening(r.out)
 
 
-def _probes(a: NodeAdapters, cfg: Config) -> dict[str, tuple[list[str], Callable[[Result], Any]]]:
+Probe = tuple[list[str], Callable[[Result], Any]]  # a probe's argv on the node and the reader of its result
+
+
+def _probes(a: NodeAdapters, cfg: Config) -> dict[str, Probe]:
     """The slow facts of a full observation: name -> (argv on the node, reader of its result)."""
-    out: dict[str, tuple[list[str], Callable[[Result], Any]]] = {}
+    out: dict[str, Probe] = {}
     if cfg.stale.units:
         out["units"] = (commands.systemctl_show(cfg.stale.units), _units)
     out["nvidia-smi"] = ([*a.node.nvidia_smi, "-q", "-x"], _nvidia)
@@ -200,14 +203,7 @@ def observe_node(a: NodeAdapters, cfg: Config, full: bool, probes: cf.Executor |
     parallel with the Docker calls (on a worker each is an SSH round trip)."""
     name = a.node.name
     wanted = _probes(a, cfg) if full and probes is not None else {}
-    pending: dict[str, cf.Future[Any]] = {}
-    batch: cf.Future[list[Result | None]] | None = None
-    if wanted and probes is not None:
-        if a.node.remote:  # one SSH round trip for all of them
-            batch = probes.submit(_run_batch, a, [argv for argv, _ in wanted.values()])
-        else:
-            pending = {what: probes.submit(lambda argv, read: read(a.shell.run(argv)), argv, read)
-                       for what, (argv, read) in wanted.items()}
+    started = _start_probes(a, wanted, probes) if wanted and probes is not None else (None, {})
     try:
         if a.node.remote and not a.docker.connected:
             a.shell.reachable()  # fail fast on a dead host before docker-py's SSH transport hangs on it
@@ -224,12 +220,38 @@ def observe_node(a: NodeAdapters, cfg: Config, full: bool, probes: cf.Executor |
         version = ""
         errors.append(f"docker version: {e}")
     got: dict[str, Any] = {"units": None if cfg.stale.units else ()}
-    wait = cfg.supervisor.io_timeout + cfg.supervisor.ssh_connect_timeout
+    try:
+        got.update(_collect_probes(wanted, *started, cfg.supervisor.io_timeout + cfg.supervisor.ssh_connect_timeout,
+                                   errors))
+    except Unreachable as e:
+        return NodeObservation(name, error=str(e))
+    gpu = got.get("nvidia-smi")
+    owned = _owned_pids(a, cfg, containers, gpu, errors) if gpu is not None else None
+    return NodeObservation(name, containers=containers, docker_version=version, units=got.get("units"),
+                           gpu=gpu, memory=got.get("meminfo"), interfaces=got.get("ip"),
+                           probe_errors=tuple(errors), owned_pids=owned, listening=got.get("listening"))
+
+
+def _start_probes(a: NodeAdapters, wanted: dict[str, Probe], probes: cf.Executor
+                  ) -> tuple[cf.Future[list[Result | None]] | None, dict[str, cf.Future[Any]]]:
+    """The host probes started beside the Docker calls: on a worker one SSH round trip for all of them (a
+    batch), on the head one future each."""
+    if a.node.remote:
+        return probes.submit(_run_batch, a, [argv for argv, _ in wanted.values()]), {}
+    return None, {what: probes.submit(lambda argv, read: read(a.shell.run(argv)), argv, read)
+                  for what, (argv, read) in wanted.items()}
+
+
+def _collect_probes(wanted: dict[str, Probe], batch: cf.Future[list[Result | None]] | None,
+                    pending: dict[str, cf.Future[Any]], wait: float, errors: list[str]) -> dict[str, Any]:
+    """What each probe read, waiting at most `wait` for each; a probe that failed or did not answer is left
+    out (unknown) with its error in `errors`. Raises Unreachable when the node itself cannot be reached."""
+    got: dict[str, Any] = {}
     if batch is not None:
         try:
             results: list[Result | None] = batch.result(timeout=wait)
-        except Unreachable as e:
-            return NodeObservation(name, error=str(e))
+        except Unreachable:
+            raise
         except AdapterError as e:
             results = [None] * len(wanted)
             errors.append(f"probes: {e}")
@@ -245,17 +267,13 @@ def observe_node(a: NodeAdapters, cfg: Config, full: bool, probes: cf.Executor |
     for what, fut in pending.items():
         try:
             got[what] = fut.result(timeout=wait)
-        except Unreachable as e:
-            return NodeObservation(name, error=str(e))
+        except Unreachable:
+            raise
         except AdapterError as e:
             errors.append(f"{what}: {e}")
         except cf.TimeoutError:
             errors.append(f"{what}: no answer")
-    gpu = got.get("nvidia-smi")
-    owned = _owned_pids(a, cfg, containers, gpu, errors) if gpu is not None else None
-    return NodeObservation(name, containers=containers, docker_version=version, units=got.get("units"),
-                           gpu=gpu, memory=got.get("meminfo"), interfaces=got.get("ip"),
-                           probe_errors=tuple(errors), owned_pids=owned, listening=got.get("listening"))
+    return got
 
 
 def _owned_pids(a: NodeAdapters, cfg: Config, containers: tuple[Container, ...], gpu: Gpu,
