@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-
-from collections.abc import Callable
 
 from . import commands, modelcheck, redaction, statefile
 from . import retry as retry_mod
@@ -16,12 +15,12 @@ from .adapters import AdapterError, NotFoundError
 from .config import Node, ray_hash, serve_hash
 from .model import (
     Action,
-    Reason,
     CheckImage,
+    DropPageCache,
+    ImageReport,
     ModelReport,
     PrefetchModel,
-    ImageReport,
-    DropPageCache,
+    Reason,
     RemoveContainers,
     StartContainer,
     StartServe,

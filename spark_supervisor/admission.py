@@ -4,9 +4,8 @@ the way), and what to do about it."""
 
 from __future__ import annotations
 
-
 from .config import Config, Deployment
-from .model import Decision, Reason, DropPageCache, NodeObservation, Observation, Phase, Status, StopServe
+from .model import Decision, DropPageCache, NodeObservation, Observation, Phase, Reason, Status, StopServe
 
 
 def _need_mib(o: NodeObservation, dep: Deployment) -> int | None:

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import redaction, script
-from .redaction import deployment_secrets as secrets  # commands.secrets: what act, observe and diagnose call
 from .config import (
     HASH_LABEL,
     HELPER_LABEL,
@@ -25,6 +24,7 @@ from .config import (
     Node,
     ray_hash,
 )
+from .redaction import deployment_secrets as secrets  # commands.secrets: what act, observe and diagnose call
 
 
 def node_container_name(dep: Deployment, node: Node) -> str:

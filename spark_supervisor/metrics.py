@@ -12,8 +12,8 @@ import math
 import socket
 import socketserver
 import threading
-from wsgiref.simple_server import WSGIServer
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIServer
 
 from .model import Observation, Phase, Status, Verdict
 

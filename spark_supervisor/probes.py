@@ -19,6 +19,7 @@ from typing import Any
 
 from .model import EndpointObservation, Verdict
 
+
 def chat_request(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens, "temperature": 0, "stream": False}

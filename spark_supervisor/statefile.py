@@ -25,8 +25,8 @@ from typing import Any
 
 import tenacity
 
-from .config import OWNER_LABEL, Config, ray_hash, serve_hash
 from . import files, logscan
+from .config import OWNER_LABEL, Config, ray_hash, serve_hash
 from .model import Observation, Pause, Status
 
 FILE = "status.json"

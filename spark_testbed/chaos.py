@@ -43,8 +43,17 @@ from pathlib import Path
 from typing import Any
 
 from . import faults, testbed
-from .harness import (BACKEND, OWNED, STACK_OWNED, Supervisor, containers, fault_file, invariant_violations,
-                      stack_config, write_config)
+from .harness import (
+    BACKEND,
+    OWNED,
+    STACK_OWNED,
+    Supervisor,
+    containers,
+    fault_file,
+    invariant_violations,
+    stack_config,
+    write_config,
+)
 from .testbed import until
 
 FAULT_FILE = fault_file()  # the LLM's (testbed's) stand-in switch

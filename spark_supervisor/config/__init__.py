@@ -10,6 +10,7 @@ checks (the rules across tables) <- root (Config) <- loader (parse, load) <- has
 Every name used outside the package is imported from here.
 """
 
+from .hashes import file_hash, ray_hash, serve_hash
 from .labels import (
     API_KEY_ENV,
     FABRIC_ENV,
@@ -23,7 +24,6 @@ from .labels import (
     RAY_STATE_LABEL,
     ROLE_LABEL,
 )
-from .hashes import file_hash, ray_hash, serve_hash
 from .loader import ConfigError, load, parse
 from .root import Config, deployment_dir
 from .schema import (

@@ -3,7 +3,6 @@ each program's parser reads them."""
 
 from __future__ import annotations
 
-
 # Flags the supervisor sets itself, and the key to set instead (None: always set, just remove it).
 _SERVE_FLAGS: dict[str, str | None] = {
     "--model": "deployments.serve.model",

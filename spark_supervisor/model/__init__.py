@@ -4,17 +4,37 @@ The package, by kind: ``phase`` (Phase, Pause), ``observation`` (what a tick saw
 image check's findings), ``reason`` (Reason), ``action`` (the actions and the Decision), ``status``
 (Status and its trackers). Everything is importable from ``spark_supervisor.model`` as before."""
 
-from .phase import Pause, Phase
-from .observation import (
-    Container, EndpointObservation, Gpu, GpuProcess, Listener, Memory, NodeObservation, Observation, RayNode,
-    RayObservation, ServeObservation, Unit,
-)
-from .reports import ImageReport, ModelReport
-from .reason import Reason
 from .action import (
-    Action, CheckImage, Decision, describe, DropPageCache, PrefetchModel, RemoveContainers, StartContainer,
-    StartServe, StopServe, StopUnits, Verify,
+    Action,
+    CheckImage,
+    Decision,
+    DropPageCache,
+    PrefetchModel,
+    RemoveContainers,
+    StartContainer,
+    StartServe,
+    StopServe,
+    StopUnits,
+    Verify,
+    describe,
 )
+from .observation import (
+    Container,
+    EndpointObservation,
+    Gpu,
+    GpuProcess,
+    Listener,
+    Memory,
+    NodeObservation,
+    Observation,
+    RayNode,
+    RayObservation,
+    ServeObservation,
+    Unit,
+)
+from .phase import Pause, Phase
+from .reason import Reason
+from .reports import ImageReport, ModelReport
 from .status import Status, Tracker, Transition, Verdict
 
 __all__ = [

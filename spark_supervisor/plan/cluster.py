@@ -7,7 +7,15 @@ from ..admission import admit, gpu_blockers, gpu_unknown, port_holders
 from ..commands import node_container_name
 from ..config import HASH_LABEL, Node, ray_hash
 from ..model import (
-    Action, Container, Decision, NodeObservation, Phase, Reason, RemoveContainers, StartContainer, StopUnits,
+    Action,
+    Container,
+    Decision,
+    NodeObservation,
+    Phase,
+    Reason,
+    RemoveContainers,
+    StartContainer,
+    StopUnits,
 )
 from .facts import DEPLOYED, Facts, hold, owned, ray_view
 from .gates import image_gate, model_gate

@@ -11,11 +11,18 @@ from .. import logscan
 from ..commands import PREFETCH_ROLE
 from ..config import OWNER_LABEL, ROLE_LABEL, Config, Deployment, Node
 from ..model import (
-    Action, Container, Decision, NodeObservation, Observation, Phase, RayObservation, Reason,
-    RemoveContainers, Status,
+    Action,
+    Container,
+    Decision,
+    NodeObservation,
+    Observation,
+    Phase,
+    RayObservation,
+    Reason,
+    RemoveContainers,
+    Status,
 )
 from . import outcome
-
 
 # Phases in which a deployment was known to run: losing it there is a fault to repair.
 DEPLOYED = {Phase.STARTING_VLLM, Phase.LOADING, Phase.VERIFYING, Phase.SERVING, Phase.DEGRADED}

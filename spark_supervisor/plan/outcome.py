@@ -5,7 +5,6 @@ from __future__ import annotations
 from ..config import Config
 from ..model import Action, Decision, Phase, Reason, Status
 
-
 _REPAIR_PHASE = {"serve": Phase.STARTING_VLLM, "gang": Phase.CLEANING}
 
 

@@ -12,7 +12,6 @@ from .facts import Facts, Rule, ray_view
 from .serving import liveness, ranks, readiness, serve
 from .unknown import with_unknowns
 
-
 # The reconcile, in order: the first step that decides wins (KubeRay's reconcile functions, as one pass).
 RULES: tuple[Rule, ...] = (nodes_seen, hygiene, containers, placement, ray, serve, ranks, readiness, liveness)
 

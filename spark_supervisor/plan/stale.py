@@ -7,7 +7,6 @@ import fnmatch
 from ..config import LABEL_PREFIX, OWNER_LABEL, Config, Deployment
 from ..model import Container, NodeObservation
 
-
 _ACTIVE = {"active", "activating", "reloading", "deactivating"}
 
 

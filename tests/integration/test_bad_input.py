@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 from spark_testbed import testbed
-
 from spark_testbed.harness import BIN, containers, write_config
 
 FAST = {"supervisor": {"backoff_base": 0.5, "backoff_max": 2}}

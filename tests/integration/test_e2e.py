@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from spark_testbed import testbed
-
 from spark_testbed.harness import BIN, containers, write_config
 
 OWNED = {"spark-1": "testbed-ray-spark-1", "spark-2": "testbed-ray-spark-2"}

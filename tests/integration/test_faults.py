@@ -21,7 +21,15 @@ from typing import Any
 import pytest
 
 from spark_testbed import testbed
-from spark_testbed.harness import BACKEND, OWNED, Supervisor, containers, owned_ids, serve_processes, write_config
+from spark_testbed.harness import (
+    BACKEND,
+    OWNED,
+    Supervisor,
+    containers,
+    owned_ids,
+    serve_processes,
+    write_config,
+)
 from spark_testbed.testbed import until
 
 HEAD = OWNED["spark-1"]

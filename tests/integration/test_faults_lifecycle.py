@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 
 from spark_testbed import testbed
-from spark_testbed.testbed import until
-
 from spark_testbed.harness import OWNED, Supervisor, containers, serve_processes, write_config
+from spark_testbed.testbed import until
 
 SLOW_LOAD = {"serve": {"env": {"STANDIN_SHARDS": "39", "STANDIN_SHARD_SECONDS": "0.4",
                                "STANDIN_FAULT_FILE": str(testbed.DIR / "serve-fault")}}}

@@ -9,17 +9,16 @@ import re
 import shutil
 import subprocess
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 import pytest
 import tomli_w
 
 from spark_testbed import testbed
-from spark_testbed.testbed import head_exec, until
-
 from spark_testbed.harness import ROOT, containers
+from spark_testbed.testbed import head_exec, until
 
 UNIT = "spark-supervisor"
 STALE_UNITS = {"vllm-cluster": "vllm_node", "vllm-reranker": "reranker", "vllm-embeddings": "vllm_embeddings",

@@ -8,11 +8,11 @@ from spark_supervisor import commands
 from spark_supervisor.adapters.ray import read_nodes
 from spark_supervisor.config import RAY_STATE_LABEL, serve_hash
 from spark_supervisor.model import (
-    Reason,
     CheckImage,
     EndpointObservation,
     Phase,
     RayObservation,
+    Reason,
     RemoveContainers,
     ServeObservation,
     StartContainer,

@@ -4,8 +4,8 @@ import subprocess
 from pathlib import Path
 
 from spark_supervisor import commands
-from spark_testbed.testbed import until
 from spark_supervisor.config import OWNER_LABEL
+from spark_testbed.testbed import until
 from tests.helpers import cfg, data, recorded_serve_pid
 
 C = cfg()

@@ -11,21 +11,21 @@ import tomli_w
 
 from spark_supervisor.act import ActionFailed
 from spark_supervisor.loop.daemon import Daemon
-from spark_supervisor.retry import backoff_delay
 from spark_supervisor.model import (
     Action,
+    CheckImage,
     EndpointObservation,
+    ImageReport,
     Observation,
     Phase,
     StartContainer,
-    CheckImage,
-    ImageReport,
     StartServe,
     Verdict,
     Verify,
 )
 from spark_supervisor.notify import Notifier
-from tests.helpers import images, cfg, data, obs, serve_running
+from spark_supervisor.retry import backoff_delay
+from tests.helpers import cfg, data, images, obs, serve_running
 
 
 class Clock:

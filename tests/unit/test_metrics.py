@@ -8,7 +8,6 @@ import httpx
 import pytest
 
 import spark_supervisor
-
 from spark_supervisor.metrics import Metrics, NoMetrics
 from spark_supervisor.model import NodeObservation, Phase, RayObservation, Reason, Status, Verdict
 from tests.helpers import cfg, data, node_obs, obs, ray_container

@@ -3,8 +3,6 @@
 from dataclasses import replace
 
 from spark_supervisor.model import (
-    Reason,
-    Tracker,
     Container,
     EndpointObservation,
     GpuProcess,
@@ -13,6 +11,7 @@ from spark_supervisor.model import (
     Phase,
     RayNode,
     RayObservation,
+    Reason,
     RemoveContainers,
     ServeObservation,
     StartContainer,
@@ -20,12 +19,13 @@ from spark_supervisor.model import (
     Status,
     StopServe,
     StopUnits,
+    Tracker,
     Unit,
     Verdict,
     Verify,
 )
 from spark_supervisor.plan import plan
-from tests.helpers import images, cfg, data, free_gpu, node_obs, obs, ray_container, serve_running
+from tests.helpers import cfg, data, free_gpu, images, node_obs, obs, ray_container, serve_running
 
 C = cfg()
 

@@ -4,10 +4,10 @@ vLLM's free-memory refusal classified by its cause. One situation at a time, fak
 from dataclasses import replace
 
 from spark_supervisor.model import (
-    Reason,
     DropPageCache,
     Memory,
     Phase,
+    Reason,
     ServeObservation,
     StartContainer,
     StartServe,
@@ -15,7 +15,7 @@ from spark_supervisor.model import (
     StopServe,
 )
 from spark_supervisor.plan import plan
-from tests.helpers import images, cfg, data, node_obs, obs, ray_ok, serve_running
+from tests.helpers import cfg, data, images, node_obs, obs, ray_ok, serve_running
 
 C = cfg()  # gpu_memory_utilization 0.85 of 122880 MiB: vLLM asks for 104448 MiB
 FREE = Memory(122880, 118000, 117000, 800)

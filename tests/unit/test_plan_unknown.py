@@ -5,12 +5,12 @@ An observation that failed holds the phase and is shown; only positive evidence 
 from dataclasses import replace
 
 from spark_supervisor.model import (
-    Reason,
     EndpointObservation,
     NodeObservation,
     Phase,
     RayNode,
     RayObservation,
+    Reason,
     RemoveContainers,
     StartContainer,
     StartServe,
@@ -20,7 +20,7 @@ from spark_supervisor.model import (
     Verdict,
 )
 from spark_supervisor.plan import plan, unknowns
-from tests.helpers import images, cfg, data, node_obs, obs, ray_container, ray_ok, serve_running
+from tests.helpers import cfg, data, images, node_obs, obs, ray_container, ray_ok, serve_running
 
 C = cfg()
 UP = EndpointObservation("up", health=200, models=("Qwen3.5",))

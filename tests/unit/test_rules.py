@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from spark_supervisor import plan as p
-from spark_supervisor.model import Reason, Container, Phase, RayNode, RayObservation, RemoveContainers, Status
+from spark_supervisor.model import Container, Phase, RayNode, RayObservation, Reason, RemoveContainers, Status
 from tests.helpers import cfg, data, images, node_obs, obs, ray_ok
 
 C = cfg()

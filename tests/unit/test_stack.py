@@ -25,7 +25,7 @@ from spark_supervisor.model import (
     Status,
     StopServe,
 )
-from spark_supervisor.plan import hygiene, Facts
+from spark_supervisor.plan import Facts, hygiene
 from tests.helpers import cfg, data, images, node_obs, obs, serve_running
 from tests.unit.test_daemon import Clock, FakeBackend, Notes
 

@@ -16,8 +16,8 @@ import pytest
 
 from spark_supervisor import logscan
 from spark_supervisor.adapters.nvidia import parse_meminfo
-from tests.standin_process import StandinProcess
 from spark_testbed import nvidia_smi, testbed
+from tests.standin_process import StandinProcess
 
 SMI = [sys.executable, "-m", "spark_testbed.nvidia_smi"]
 UTIL = 0.5  # the testbed's serve (etc/testbed.toml)
