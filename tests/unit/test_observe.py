@@ -1,0 +1,190 @@
+"""The observer's reading of one node (observe.observe_node), with its host probes run for real: a real
+NodeShell with no SSH target runs each argv on this machine, so a worker's probes go through the real probe
+script (commands.PROBES, one `sh` for all of them, framed and parsed back) and the head's one process each.
+The probes' commands are `cat` of captured outputs (the stand-in nvidia-smi's XML, held to the real one by
+its contract test; a meminfo; an `ip -o addr`); the listeners are this machine's own. Only the Docker engine
+is a fake: its answers are what the test needs."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_supervisor.adapters import AdapterError, Unreachable
+from spark_supervisor.adapters.shell import NodeShell
+from spark_supervisor.config import OWNER_LABEL
+from spark_supervisor.model import Container
+from spark_supervisor.observe import NodeAdapters, observe_node
+from spark_testbed import nvidia_smi
+from tests.helpers import cfg, data
+
+MEMINFO = "MemTotal:       125829120 kB\nMemFree:         2000000 kB\nMemAvailable:   120832000 kB\n" \
+          "Buffers:           10000 kB\nCached:          5000000 kB\nSwapTotal:             0 kB\n"
+IP = "1: lo    inet 127.0.0.1/8 scope host lo\n4: enp1s0f1np1    inet 192.168.200.13/24 brd 192.168.200.255 scope global\n"
+
+
+class FakeEngine:
+    """A node's Docker engine as the observer calls it; `fail` makes a call raise what the real one would."""
+
+    def __init__(self, containers: list[Container], fail: dict[str, AdapterError] | None = None) -> None:
+        self.listed, self.fail, self.connected = containers, fail or {}, True
+        self.calls: list[str] = []
+
+    def _call(self, what: str) -> None:
+        self.calls.append(what)
+        if what in self.fail:
+            raise self.fail[what]
+
+    def containers(self) -> list[Container]:
+        self._call("containers")
+        return list(self.listed)
+
+    def version(self) -> str:
+        self._call("version")
+        return "28.3.3"
+
+    def ended(self, name: str) -> tuple[int | None, str]:
+        self._call("ended")
+        return 137, "Killed"
+
+    def pids(self, name: str) -> list[int]:
+        self._call("pids")
+        return [os.getpid()]
+
+
+@pytest.fixture
+def probes() -> Iterator[cf.Executor]:
+    with cf.ThreadPoolExecutor(max_workers=8) as pool:
+        yield pool
+
+
+def world(tmp_path: Path, *, remote: bool, gpu: dict[str, Any] | None = None, meminfo: str | None = MEMINFO,
+          units: tuple[str, ...] = ()) -> tuple[Any, Any]:
+    """A config whose worker (remote) or head reads its facts from files in tmp_path, and that node."""
+    state = tmp_path / "gpu.json"
+    state.write_text(json.dumps(gpu or {"processes": []}))
+    (tmp_path / "smi.xml").write_text(nvidia_smi.xml(nvidia_smi.load_state(str(state))))
+    if meminfo is not None:
+        (tmp_path / "meminfo").write_text(meminfo)
+    (tmp_path / "ip").write_text(IP)
+    d = data()
+    node = d["nodes"][1 if remote else 0]  # the worker spark-2 is reached over SSH, the head spark-1 is local
+    # nvidia_smi gets "-q -x" appended: `sh -c 'cat F' nvidia-smi -q -x` ignores them ($0, $1, $2)
+    node["nvidia_smi"] = ["sh", "-c", f"cat {tmp_path / 'smi.xml'}", "nvidia-smi"]
+    node["meminfo"] = ["cat", str(tmp_path / "meminfo")]
+    node["ip"] = ["cat", str(tmp_path / "ip")]
+    d["stale"] = {"units": list(units)}
+    c = cfg(d)
+    return c, c.nodes[1 if remote else 0]
+
+
+def adapters(node: Any, engine: FakeEngine) -> NodeAdapters:
+    # No SSH target: the argv runs on this machine, however the node is reached in the config.
+    return NodeAdapters(node, NodeShell(node.name, "", timeout=30, connect_timeout=5), engine)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("remote", [True, False], ids=["worker: one batch", "head: one process each"])
+def test_a_full_observation_reads_every_fact_both_ways(tmp_path: Path, probes: cf.Executor, remote: bool) -> None:
+    c, node = world(tmp_path, remote=remote)
+    assert node.remote is remote
+    engine = FakeEngine([Container("a1", "x", "img", "running")])
+    o = observe_node(adapters(node, engine), c, True, probes)
+    assert o.error == "" and o.probe_errors == (), o
+    assert [x.name for x in o.containers] == ["x"] and o.docker_version == "28.3.3"
+    assert o.gpu is not None and o.gpu.name == "NVIDIA GB10" and o.gpu.processes == ()
+    assert o.memory is not None and o.memory.total_mib == 125829120 // 1024
+    assert o.interfaces == {"lo": ("127.0.0.1/8",), "enp1s0f1np1": ("192.168.200.13/24",)}
+    assert o.listening is not None  # this machine's own listeners, however many
+    assert o.units == ()  # no units configured: none to see, which is known, not unknown
+    assert o.owned_pids is None  # every GPU process allowed: the engine is not asked for its containers' PIDs
+    assert "pids" not in engine.calls
+
+
+@pytest.mark.parametrize("remote", [True, False])
+def test_a_failed_probe_is_unknown_with_its_error_and_the_rest_is_read(tmp_path: Path, probes: cf.Executor,
+                                                                       remote: bool) -> None:
+    c, node = world(tmp_path, remote=remote, meminfo=None)  # `cat` of a missing file: exit 1
+    o = observe_node(adapters(node, FakeEngine([])), c, True, probes)
+    assert o.error == "" and o.memory is None
+    assert [e.split(":")[0] for e in o.probe_errors] == ["meminfo"], o.probe_errors
+    assert o.gpu is not None and o.interfaces is not None
+
+
+def test_units_unread_are_unknown_not_none(tmp_path: Path, probes: cf.Executor) -> None:
+    """With units configured and systemctl unable to answer, units is None (unknown), never () (none)."""
+    c, node = world(tmp_path, remote=True, units=("vllm-cluster",))
+    o = observe_node(adapters(node, FakeEngine([])), c, True, probes)
+    if o.units is not None:  # a machine with a running systemd answers: then the unit is seen as it is
+        assert [u.name for u in o.units] == ["vllm-cluster"]
+    else:
+        assert any(e.startswith("units:") for e in o.probe_errors), o.probe_errors
+
+
+def test_a_listing_that_fails_is_the_nodes_error_and_nothing_else_is_claimed(tmp_path: Path,
+                                                                             probes: cf.Executor) -> None:
+    c, node = world(tmp_path, remote=True)
+    engine = FakeEngine([], fail={"containers": Unreachable("DockerUnreachable", "ssh://spark-2: refused")})
+    o = observe_node(adapters(node, engine), c, True, probes)
+    assert "refused" in o.error
+    assert (o.containers, o.gpu, o.memory, o.units, o.interfaces) == ((), None, None, None, None)
+
+
+def test_a_dead_host_is_found_by_the_shell_before_dockers_transport(tmp_path: Path, probes: cf.Executor) -> None:
+    """A worker whose engine is not connected yet: the cheap SSH check runs first (docker-py's own SSH
+    transport has no connect timeout), and its failure is the node's error; the engine is never asked."""
+    c, node = world(tmp_path, remote=True)
+    engine = FakeEngine([])
+    engine.connected = False
+
+    class DeadShell(NodeShell):
+        def reachable(self) -> None:
+            raise Unreachable("SshUnreachable", "spark-2: Connection refused")
+
+    a = NodeAdapters(node, DeadShell(node.name, "", timeout=30, connect_timeout=5), engine)  # type: ignore[arg-type]
+    o = observe_node(a, c, False, probes)
+    assert "Connection refused" in o.error and engine.calls == []
+
+
+def test_a_quick_observation_lists_containers_only(tmp_path: Path) -> None:
+    c, node = world(tmp_path, remote=True)
+    engine = FakeEngine([Container("a1", "x", "img", "running")])
+    o = observe_node(adapters(node, engine), c, False, None)
+    assert engine.calls == ["containers"] and o.gpu is None and o.memory is None and o.docker_version == ""
+
+
+def test_a_version_that_fails_is_a_probe_error_not_the_nodes(tmp_path: Path, probes: cf.Executor) -> None:
+    c, node = world(tmp_path, remote=False)
+    engine = FakeEngine([], fail={"version": AdapterError("DockerError", "containerd: deadline exceeded")})
+    o = observe_node(adapters(node, engine), c, True, probes)
+    assert o.error == "" and o.docker_version == "" and o.gpu is not None
+    assert any(e.startswith("docker version:") for e in o.probe_errors)
+
+
+def test_an_exited_container_of_the_deployment_says_why_and_a_strangers_is_not_asked(tmp_path: Path) -> None:
+    c, node = world(tmp_path, remote=False)
+    ours = Container("a1", "ours", "img", "exited", {OWNER_LABEL: c.deployment.name})
+    theirs = Container("b2", "theirs", "img", "exited", {OWNER_LABEL: "someone-else"})
+    engine = FakeEngine([ours, theirs])
+    o = observe_node(adapters(node, engine), c, False, None)
+    by_name = {x.name: x for x in o.containers}
+    assert (by_name["ours"].exit_code, by_name["ours"].log_tail) == (137, "Killed")
+    assert by_name["theirs"].exit_code is None and engine.calls.count("ended") == 1
+
+
+def test_a_foreign_gpu_process_asks_the_engine_which_pids_are_ours(tmp_path: Path, probes: cf.Executor) -> None:
+    """A GPU process the stale rules do not allow (this test's own process, alive, so the stand-in lists it):
+    the deployment's running containers' PIDs are read, so the planner can tell its own serve from a
+    stranger's."""
+    c, node = world(tmp_path, remote=False, gpu={"processes": [
+        {"pid": os.getpid(), "name": "python3", "used_mib": 90000, "type": "C"}]})
+    ours = Container("a1", "ours", "img", "running", {OWNER_LABEL: c.deployment.name})
+    engine = FakeEngine([ours])
+    o = observe_node(adapters(node, engine), c, True, probes)
+    assert o.gpu is not None and [p.pid for p in o.gpu.processes] == [os.getpid()]
+    assert o.owned_pids == frozenset({os.getpid()}) and engine.calls.count("pids") == 1
