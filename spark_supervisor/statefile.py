@@ -1,17 +1,10 @@
-"""The status document the daemon writes under its state directory and `status` reads.
-
-Schema (``schema: 1``): phase, reason, since (UTC ISO), history[{phase, reason, at}], failures,
-backoff_until, verdict{passed, why, finish_reason, field, latency_s}, progress, deployment{name, model,
-served_model_name, tensor_parallel_size, endpoint, ray_hash, serve_hash}, nodes{name: {fabric_ip, role,
-error, docker_version, gpu{name, driver, processes}, memory{total_mib, available_mib}, containers[]}},
-ray{reachable, error, nodes_alive, gpus, nodes[]}, serve{pid, running, exit_code, started_at, spec_hash},
-config{path, hash}, daemon{pid, updated}.
+"""The daemon's state directory and its files: the status file (its document is statusdoc's), the repair
+log, the pause, the small JSON records; every write atomic, every read bounded and refusing special files.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import json
 import math
@@ -21,92 +14,21 @@ import stat
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import tenacity
 
-from . import files, logscan
-from .config import OWNER_LABEL, Config, ray_hash, serve_hash
-from .model import Observation, Pause, Status
+from . import files
+from .model import Pause
+
+if TYPE_CHECKING:
+    from .statusdoc import StatusDoc
 
 FILE = "status.json"
 
 
 def iso(wall: float) -> str:
     return datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds") if wall else ""
-
-
-def document(st: Status, obs: Observation | None, cfg: Config, config_path: str, config_hash: str,
-             now_wall: float, mono_to_wall: float, state_problems: tuple[str, ...] = ()) -> dict[str, Any]:
-    now_mono = now_wall - mono_to_wall
-    dep = cfg.deployment
-    doc: dict[str, Any] = {
-        "schema": 1,
-        "phase": st.phase.value,
-        "reason": st.reason,
-        "reason_kind": st.why.kind,
-        "since": iso(st.since_wall),
-        "history": [{"phase": t.phase.value, "reason": t.reason, "kind": t.kind, "at": iso(t.wall)}
-                    for t in st.history],
-        "failures": st.failures,
-        "backoff_until": iso(st.backoff_until + mono_to_wall) if st.backoff_until else "",
-        "verdict": dataclasses.asdict(st.verdict) if st.verdict else None,
-        "liveness": {"health": dataclasses.asdict(st.health), "deep": dataclasses.asdict(st.deep)},
-        "repairs": {"in_window": st.repairs_in_window, "budget": cfg.healing.repair_budget,
-                    "window_s": cfg.healing.repair_window},
-        "unknown": {what: {"since_s": max(0.0, round(now_mono - since, 1)), "ticks": st.unknown_counts.get(what, 0)}
-                    for what, since in st.unknown_since.items()},
-        "unknown_ticks_total": dict(st.unknown_counts),
-        "kv_cache": {k: v for k, v in st.kv_cache.items() if k != "serve"} or None,
-        "state_problems": list(state_problems),
-        "progress": st.progress,
-        "load_fraction": round(st.load_fraction, 3),
-        "eta_s": round(st.eta_s) if st.eta_s is not None else None,
-        "deployment": {"name": dep.name, "model": dep.serve.model, "served_model_name": dep.serve.name,
-                       "tensor_parallel_size": dep.serve.tensor_parallel_size, "endpoint": cfg.endpoint(dep),
-                       "nodes": [n.name for n in cfg.members(dep)], "required": dep.required,
-                       "after": list(dep.after),
-                       "ray_hash": ray_hash(cfg, dep), "serve_hash": serve_hash(cfg, dep)},
-        "config": {"path": config_path, "hash": config_hash},
-        "daemon": {"pid": os.getpid(), "updated": iso(now_wall)},
-        "nodes": {},
-        "ray": None,
-        "serve": None,
-    }
-    for n in cfg.nodes:
-        entry: dict[str, Any] = {"fabric_ip": n.fabric_ip, "role": n.role}
-        o = obs.nodes.get(n.name) if obs else None
-        image = st.images.get(n.name)
-        if image is not None:
-            entry["image"] = {**dataclasses.asdict(image), "summary": image.summary(dep.uses_ray)}
-            if image.model is not None:  # its check, or a prefetch's progress (bytes and files done)
-                entry["model"] = entry["image"].pop("model") | {"summary": image.model.summary()}
-        if o is not None:
-            entry.update(error=o.error, docker_version=o.docker_version, probe_errors=list(o.probe_errors),
-                         containers=[{"name": c.name, "state": c.state, "image": c.image}
-                                     for c in o.containers if c.labels.get(OWNER_LABEL) == dep.name],
-                         gpu=dataclasses.asdict(o.gpu) if o.gpu else None,
-                         memory=dataclasses.asdict(o.memory) if o.memory else None)
-        doc["nodes"][n.name] = entry
-    if obs and obs.ray:
-        doc["ray"] = {"reachable": obs.ray.reachable, "error": obs.ray.error, "via": obs.ray.via,
-                      "nodes_alive": len(obs.ray.alive), "gpus": obs.ray.gpus,
-                      "nodes": [dataclasses.asdict(r) for r in obs.ray.nodes]}
-    doc["bringup"] = bringup(st)
-    if obs and obs.serve and obs.serve.log_tail:
-        p = logscan.scan(obs.serve.log_tail)
-        doc["load"] = {"version": p.version, "milestone": p.milestone, "kv_cache_tokens": p.kv_cache_tokens,
-                       "timeline": [dataclasses.asdict(x) for x in logscan.timeline(obs.serve.log_tail)]}
-    if obs and obs.serve:
-        s = obs.serve
-        doc["serve"] = {"pid": s.pid, "running": s.running, "exit_code": s.exit_code, "started_at": s.started_at,
-                        "spec_hash": s.spec_hash,
-                        "endpoint": dataclasses.asdict(obs.endpoint) if obs.endpoint else None}
-        if obs.followers:  # mp across nodes: the headless ranks
-            doc["serve"]["ranks"] = {node: None if f is None else {
-                "pid": f.pid, "running": f.running, "exit_code": f.exit_code, "started_at": f.started_at,
-                "error": f.error} for node, f in obs.followers.items()}
-    return doc
 
 
 def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
@@ -240,21 +162,7 @@ _write_retry = tenacity.retry(retry=tenacity.retry_if_exception_type(OSError), s
                               wait=tenacity.wait_random_exponential(multiplier=0.05, max=0.5), reraise=True)
 
 
-def bringup(st: Status) -> dict[str, float]:
-    """Seconds spent in each phase of the last bring-up that reached SERVING (or of the one under way):
-    where the time to SERVING went, as the daemon saw it (the serve log's own steps are under "load")."""
-    hist = st.history
-    end = max((i for i, t in enumerate(hist) if t.phase.value == "SERVING"), default=len(hist) - 1)
-    start = end
-    while start > 0 and hist[start - 1].phase.value not in ("SERVING", "FAILED"):
-        start -= 1
-    out: dict[str, float] = {}
-    for a, b in zip(hist[start:end], hist[start + 1:end + 1], strict=False):
-        out[a.phase.value] = round(out.get(a.phase.value, 0.0) + (b.at - a.at), 2)
-    return out
-
-
-def write(state_dir: str, doc: dict[str, Any]) -> None:
+def write(state_dir: str, doc: StatusDoc) -> None:
     """Atomically replace the status file (readers never see half a document)."""
     _write_retry(atomic_write)(Path(state_dir) / FILE, json.dumps(doc, indent=1))
 
@@ -318,8 +226,13 @@ def write_pause(state_dir: str, pause: Pause | None) -> None:
         pass
 
 
-def read(state_dir: str) -> dict[str, Any]:
-    return json.loads(read_state(Path(state_dir) / FILE))  # type: ignore[no-any-return]
+def read(state_dir: str) -> StatusDoc:
+    """The status file's document; ValueError when it is not a JSON object. Its keys are the writer's as far
+    as that daemon's version had them: a reader still guards against a document from another version."""
+    doc = json.loads(read_state(Path(state_dir) / FILE))
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    return cast("StatusDoc", doc)
 
 
 def set_aside(path: Path, why: str, wall: float | None, then: str) -> str:

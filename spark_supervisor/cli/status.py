@@ -7,7 +7,10 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the document's type only: `status` stays fast to start
+    from ..statusdoc import DeploymentDoc, StatusDoc
 
 from .base import (
     ST_DEGRADED,
@@ -29,7 +32,7 @@ def _ago(iso: str) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def status_code(doc: dict[str, Any] | None, running: bool | None) -> int:
+def status_code(doc: StatusDoc | None, running: bool | None) -> int:
     """`status`'s exit code for a status document (None: none could be read) and whether a daemon holds
     the state directory (None: cannot be told)."""
     if running is False:
@@ -66,11 +69,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         running = control.daemon_holds_lock(state_dir)
     except OSError as e:
         running, error = None, f"cannot tell whether a daemon holds {state_dir}/lock: {e.strerror or e}"
-    doc: dict[str, Any] | None = None
+    doc: StatusDoc | None = None
     try:
         doc = statefile.read(state_dir)
-        if not isinstance(doc, dict):
-            raise ValueError("not a JSON object")
     except FileNotFoundError:
         error = (f"no status in {state_dir}: is spark-supervisor running?" if not running else
                  f"no status in {state_dir} yet: the daemon is starting")
@@ -101,7 +102,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     return code
 
 
-def _print_status(doc: dict[str, Any]) -> None:
+def _print_status(doc: StatusDoc) -> None:
     docs = doc.get("deployments") or [doc]
     if len(docs) > 1:  # a line for the whole stack, then a block per deployment
         print(f"{doc.get('summary', '')}")
@@ -118,7 +119,7 @@ def _print_status(doc: dict[str, Any]) -> None:
         print(f"reload staged {reload.get('at', '')}: {reload['staged']}")
 
 
-def _print_deployment(doc: dict[str, Any]) -> None:
+def _print_deployment(doc: DeploymentDoc) -> None:
     dep = doc["deployment"]
     print(f"{doc['phase']} for {_ago(doc['since'])}" + (f": {doc['reason']}" if doc["reason"] else ""))
     if doc.get("progress"):
@@ -192,16 +193,17 @@ def cmd_follow(state_dir: str) -> int:
         while True:
             try:
                 doc = statefile.read(state_dir)
-            except (OSError, ValueError):
-                doc = {"phase": "?", "reason": "no status yet", "progress": "", "fraction": 0.0}
-            frac = float(doc.get("load_fraction") or 0.0)
+                phase, frac = str(doc.get("phase", "?")), float(doc.get("load_fraction") or 0.0)
+                what = doc.get("progress") or doc.get("reason", "")
+            except (OSError, ValueError, TypeError):
+                phase, frac, what = "?", 0.0, "no status yet"
             bar = "#" * int(frac * width) + "." * (width - int(frac * width))
-            line = f"{doc['phase']:<14} [{bar}] {int(frac * 100):3d}%  {doc.get('progress') or doc.get('reason', '')}"
+            line = f"{phase:<14} [{bar}] {int(frac * 100):3d}%  {what}"
             sys.stdout.write("\r" + line[:150].ljust(150))
             sys.stdout.flush()
-            if doc["phase"] in ("SERVING", "FAILED"):
+            if phase in ("SERVING", "FAILED"):
                 sys.stdout.write("\n")
-                return 0 if doc["phase"] == "SERVING" else 1
+                return 0 if phase == "SERVING" else 1
             threading.Event().wait(0.5)  # the display's refresh rate
     except KeyboardInterrupt:
         sys.stdout.write("\n")

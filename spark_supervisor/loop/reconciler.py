@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from .. import probes, statefile
+from .. import probes, statefile, statusdoc
 from ..act import ActionFailed
 from ..backend import Backend
 from ..config import Config
@@ -65,7 +65,7 @@ class Reconciler:
         self._eager = 0  # consecutive ticks run at once after acting
         self.watch = QuickWatch(log)
         self.budget = RepairBudget(cfg, log=log, wall=wall, rng=rng)
-        self._doc: dict[str, Any] | None = None  # its part of the status file, kept until something changes
+        self._doc: statusdoc.DeploymentDoc | None = None  # its part of the status file, kept until something changes
         self._doc_key: tuple[object, ...] = ()
 
     @property
@@ -256,14 +256,15 @@ class Reconciler:
         """Its status or observation changed outside a tick: build its document again."""
         self._doc = None
 
-    def document(self, config_path: str, config_hash: str, problems: tuple[str, ...], now: float) -> dict[str, Any]:
+    def document(self, config_path: str, config_hash: str, problems: tuple[str, ...], now: float
+                 ) -> statusdoc.DeploymentDoc:
         """Its part of the status file; built again only after a change (the daemon asks after every
         deployment's tick: the log scan and the history in it are not free)."""
         key = (config_path, config_hash, problems, self.repairs.problem)
         if self._doc is not None and key == self._doc_key:
             return self._doc
         self._doc_key = key
-        self._doc = statefile.document(self.status, _with_slow_facts(self.last_obs, self.last_full), self.cfg,
+        self._doc = statusdoc.document(self.status, _with_slow_facts(self.last_obs, self.last_full), self.cfg,
                                        config_path, config_hash, self.wall(), self.wall() - now,
                                        tuple(p for p in (self.repairs.problem, *problems) if p))
         return self._doc

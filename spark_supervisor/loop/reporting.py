@@ -8,6 +8,7 @@ from typing import Any
 from .. import statefile
 from ..model import Phase
 from ..notify import Notifier
+from ..statusdoc import DeploymentDoc, StatusDoc
 from .reconciler import Reconciler
 from .reload import Reloader
 from .stack import Stack
@@ -96,8 +97,8 @@ class Reporter:
         docs = [r.document(self.reloader.config_path, self.reloader.config_hash, problems, now)
                 for r in stack.reconcilers.values()]
         # The first deployment's document at the top, as with one deployment; every one under "deployments".
-        doc = {**docs[0], "summary": self._phase_line(), "deployments": docs,
-               "pause": stack.pause.to_json() if stack.pause else None, "reload": self.reloader.doc()}
+        doc: StatusDoc = {**docs[0], "summary": self._phase_line(), "deployments": docs,
+                          "pause": stack.pause.to_json() if stack.pause else None, "reload": self.reloader.doc()}
         key = _change_key(doc)  # compared as dicts: the documents of deployments that did not tick are the same objects
         if key != self._last_doc or now - self._written_at >= self.STATUS_REFRESH_S:
             self._last_doc, self._written_at = key, now
@@ -118,10 +119,10 @@ def _severity(r: Reconciler) -> int:
     return order.index(r.status.phase)
 
 
-def _change_key(doc: dict[str, Any]) -> dict[str, Any]:
+def _change_key(doc: StatusDoc) -> dict[str, Any]:
     """What makes a new status file worth writing at once: all but the daemon's clock and the probes'
     running counts and times (their last result stays in; the counts are refreshed every STATUS_REFRESH_S)."""
-    def one(d: dict[str, Any]) -> dict[str, Any]:
+    def one(d: DeploymentDoc) -> dict[str, Any]:
         out = {k: v for k, v in d.items() if k not in ("daemon", "liveness", "deployments")}
         out["liveness"] = {k: v.get("last") for k, v in (d.get("liveness") or {}).items()}
         return out

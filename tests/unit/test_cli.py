@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import tomli_w
 
-from spark_supervisor import cli, statefile
+from spark_supervisor import cli, statefile, statusdoc
 from spark_supervisor.loop.daemon import lock_state_dir
 from spark_supervisor.model import Phase, Status
 from tests.helpers import cfg, data
@@ -29,13 +29,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def doc(phase: str = "SERVING", name: str = "qwen", required: bool = True) -> dict[str, Any]:
     """A status document as the daemon writes it, for one deployment."""
     c = cfg(data(deployments=[{**data()["deployments"][0], "name": name, "required": required}]))
-    d = statefile.document(Status(phase=Phase.SERVING), None, c, "/etc/x.toml", "abc", time.time(), 0.0)
+    d = statusdoc.document(Status(phase=Phase.SERVING), None, c, "/etc/x.toml", "abc", time.time(), 0.0)
     d["phase"] = phase  # any string: the lead's PAUSED and phases this version does not know
     return d
 
 
 def stack(*docs: dict[str, Any]) -> dict[str, Any]:
-    """Several deployments: the first one's fields on top, every one under "deployments" (loop/daemon.py)."""
+    """Several deployments: the first one's fields on top, every one under "deployments" (loop/reporting.py)."""
     return {**docs[0], "deployments": list(docs), "summary": f"{len(docs)} deployments"}
 
 

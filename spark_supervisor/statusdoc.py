@@ -1,0 +1,154 @@
+"""The status document: what the daemon writes to <state_dir>/status.json (statefile.write) and `status`,
+`status --json`, `status --follow` and the testbed read. Its shape is typed here, once, for the writer and
+every reader: a key one side names and the other does not is a type error, not a silent 0.
+
+A deployment's document (DeploymentDoc) holds its phase and why, its history, probes, repairs, unknowns,
+load progress, nodes, Ray and serve. The file (StatusDoc) is the first deployment's document at the top (as
+with one deployment) plus every deployment's under "deployments", the summary line, the pause and the last
+reload. The inner objects are JSON objects of the model's dataclasses (dataclasses.asdict) and stay loose.
+"""
+
+# No `from __future__ import annotations`: TypedDict reads NotRequired from evaluated annotations only.
+import dataclasses
+import os
+from typing import Any, NotRequired, TypedDict
+
+from . import logscan
+from .config import OWNER_LABEL, Config, ray_hash, serve_hash
+from .model import Observation, Status
+from .statefile import iso
+
+SCHEMA = 1
+
+
+class HistoryDoc(TypedDict):
+    phase: str
+    reason: str
+    kind: str
+    at: str
+
+
+class DeploymentDoc(TypedDict):
+    schema: int
+    phase: str
+    reason: str
+    reason_kind: str
+    since: str
+    history: list[HistoryDoc]
+    failures: int
+    backoff_until: str
+    verdict: dict[str, Any] | None
+    liveness: dict[str, dict[str, Any]]
+    repairs: dict[str, Any]
+    unknown: dict[str, dict[str, Any]]
+    unknown_ticks_total: dict[str, int]
+    kv_cache: dict[str, Any] | None
+    state_problems: list[str]
+    progress: str
+    load_fraction: float
+    eta_s: int | None
+    deployment: dict[str, Any]
+    config: dict[str, str]
+    daemon: dict[str, Any]
+    nodes: dict[str, dict[str, Any]]
+    ray: dict[str, Any] | None
+    serve: dict[str, Any] | None
+    bringup: dict[str, float]
+    load: NotRequired[dict[str, Any]]
+
+
+class StatusDoc(DeploymentDoc):
+    summary: str
+    deployments: list[DeploymentDoc]
+    pause: dict[str, Any] | None
+    reload: dict[str, Any] | None
+
+
+def document(st: Status, obs: Observation | None, cfg: Config, config_path: str, config_hash: str,
+             now_wall: float, mono_to_wall: float, state_problems: tuple[str, ...] = ()) -> DeploymentDoc:
+    now_mono = now_wall - mono_to_wall
+    dep = cfg.deployment
+    doc: DeploymentDoc = {
+        "schema": SCHEMA,
+        "phase": st.phase.value,
+        "reason": st.reason,
+        "reason_kind": st.why.kind,
+        "since": iso(st.since_wall),
+        "history": [{"phase": t.phase.value, "reason": t.reason, "kind": t.kind, "at": iso(t.wall)}
+                    for t in st.history],
+        "failures": st.failures,
+        "backoff_until": iso(st.backoff_until + mono_to_wall) if st.backoff_until else "",
+        "verdict": dataclasses.asdict(st.verdict) if st.verdict else None,
+        "liveness": {"health": dataclasses.asdict(st.health), "deep": dataclasses.asdict(st.deep)},
+        "repairs": {"in_window": st.repairs_in_window, "budget": cfg.healing.repair_budget,
+                    "window_s": cfg.healing.repair_window},
+        "unknown": {what: {"since_s": max(0.0, round(now_mono - since, 1)), "ticks": st.unknown_counts.get(what, 0)}
+                    for what, since in st.unknown_since.items()},
+        "unknown_ticks_total": dict(st.unknown_counts),
+        "kv_cache": {k: v for k, v in st.kv_cache.items() if k != "serve"} or None,
+        "state_problems": list(state_problems),
+        "progress": st.progress,
+        "load_fraction": round(st.load_fraction, 3),
+        "eta_s": round(st.eta_s) if st.eta_s is not None else None,
+        "deployment": {"name": dep.name, "model": dep.serve.model, "served_model_name": dep.serve.name,
+                       "tensor_parallel_size": dep.serve.tensor_parallel_size, "endpoint": cfg.endpoint(dep),
+                       "nodes": [n.name for n in cfg.members(dep)], "required": dep.required,
+                       "after": list(dep.after),
+                       "ray_hash": ray_hash(cfg, dep), "serve_hash": serve_hash(cfg, dep)},
+        "config": {"path": config_path, "hash": config_hash},
+        "daemon": {"pid": os.getpid(), "updated": iso(now_wall)},
+        "nodes": {},
+        "ray": None,
+        "serve": None,
+        "bringup": bringup(st),
+    }
+    for n in cfg.nodes:
+        entry: dict[str, Any] = {"fabric_ip": n.fabric_ip, "role": n.role}
+        o = obs.nodes.get(n.name) if obs else None
+        image = st.images.get(n.name)
+        if image is not None:
+            entry["image"] = {**dataclasses.asdict(image), "summary": image.summary(dep.uses_ray)}
+            if image.model is not None:  # its check, or a prefetch's progress (bytes and files done)
+                entry["model"] = entry["image"].pop("model") | {"summary": image.model.summary()}
+        if o is not None:
+            entry.update(error=o.error, docker_version=o.docker_version, probe_errors=list(o.probe_errors),
+                         containers=[{"name": c.name, "state": c.state, "image": c.image}
+                                     for c in o.containers if c.labels.get(OWNER_LABEL) == dep.name],
+                         gpu=dataclasses.asdict(o.gpu) if o.gpu else None,
+                         memory=dataclasses.asdict(o.memory) if o.memory else None)
+        doc["nodes"][n.name] = entry
+    if obs and obs.ray:
+        doc["ray"] = {"reachable": obs.ray.reachable, "error": obs.ray.error, "via": obs.ray.via,
+                      "nodes_alive": len(obs.ray.alive), "gpus": obs.ray.gpus,
+                      "nodes": [dataclasses.asdict(r) for r in obs.ray.nodes]}
+    if obs and obs.serve and obs.serve.log_tail:
+        p = logscan.scan(obs.serve.log_tail)
+        doc["load"] = {"version": p.version, "milestone": p.milestone, "kv_cache_tokens": p.kv_cache_tokens,
+                       "timeline": [dataclasses.asdict(x) for x in logscan.timeline(obs.serve.log_tail)]}
+    if obs and obs.serve:
+        s = obs.serve
+        serve: dict[str, Any] = {"pid": s.pid, "running": s.running, "exit_code": s.exit_code,
+                                 "started_at": s.started_at, "spec_hash": s.spec_hash,
+                                 "endpoint": dataclasses.asdict(obs.endpoint) if obs.endpoint else None}
+        if obs.followers:  # mp across nodes: the headless ranks
+            serve["ranks"] = {node: None if f is None else {
+                "pid": f.pid, "running": f.running, "exit_code": f.exit_code, "started_at": f.started_at,
+                "error": f.error} for node, f in obs.followers.items()}
+        doc["serve"] = serve
+    return doc
+
+
+
+
+def bringup(st: Status) -> dict[str, float]:
+    """Seconds spent in each phase of the last bring-up that reached SERVING (or of the one under way):
+    where the time to SERVING went, as the daemon saw it (the serve log's own steps are under "load")."""
+    hist = st.history
+    end = max((i for i, t in enumerate(hist) if t.phase.value == "SERVING"), default=len(hist) - 1)
+    start = end
+    while start > 0 and hist[start - 1].phase.value not in ("SERVING", "FAILED"):
+        start -= 1
+    out: dict[str, float] = {}
+    for a, b in zip(hist[start:end], hist[start + 1:end + 1], strict=False):
+        out[a.phase.value] = round(out.get(a.phase.value, 0.0) + (b.at - a.at), 2)
+    return out
