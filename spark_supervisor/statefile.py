@@ -14,15 +14,13 @@ import stat
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import tenacity
 
 from . import files
 from .model import Pause
-
-if TYPE_CHECKING:
-    from .statusdoc import StatusDoc
+from .model.document import StatusDoc
 
 FILE = "status.json"
 
@@ -232,7 +230,7 @@ def read(state_dir: str) -> StatusDoc:
     doc = json.loads(read_state(Path(state_dir) / FILE))
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
-    return cast("StatusDoc", doc)
+    return cast(StatusDoc, doc)
 
 
 def set_aside(path: Path, why: str, wall: float | None, then: str) -> str:

@@ -1,5 +1,5 @@
 """The status document: what the daemon writes to <state_dir>/status.json (statefile.write) and `status`,
-`status --json`, `status --follow` and the testbed read. Its shape is typed here, once, for the writer and
+`status --json`, `status --follow` and the testbed read. Its shape is typed once (model/document.py) for the writer and
 every reader: a key one side names and the other does not is a type error, not a silent 0.
 
 A deployment's document (DeploymentDoc) holds its phase and why, its history, probes, repairs, unknowns,
@@ -8,60 +8,20 @@ with one deployment) plus every deployment's under "deployments", the summary li
 reload. The inner objects are JSON objects of the model's dataclasses (dataclasses.asdict) and stay loose.
 """
 
-# No `from __future__ import annotations`: TypedDict reads NotRequired from evaluated annotations only.
+from __future__ import annotations
+
 import dataclasses
 import os
-from typing import Any, NotRequired, TypedDict
+from typing import Any
 
 from . import logscan
 from .config import OWNER_LABEL, Config, ray_hash, serve_hash
 from .model import Observation, Status
+from .model.document import DeploymentDoc, HistoryDoc, StatusDoc
 from .statefile import iso
 
 SCHEMA = 1
-
-
-class HistoryDoc(TypedDict):
-    phase: str
-    reason: str
-    kind: str
-    at: str
-
-
-class DeploymentDoc(TypedDict):
-    schema: int
-    phase: str
-    reason: str
-    reason_kind: str
-    since: str
-    history: list[HistoryDoc]
-    failures: int
-    backoff_until: str
-    verdict: dict[str, Any] | None
-    liveness: dict[str, dict[str, Any]]
-    repairs: dict[str, Any]
-    unknown: dict[str, dict[str, Any]]
-    unknown_ticks_total: dict[str, int]
-    kv_cache: dict[str, Any] | None
-    state_problems: list[str]
-    progress: str
-    load_fraction: float
-    eta_s: int | None
-    deployment: dict[str, Any]
-    config: dict[str, str]
-    daemon: dict[str, Any]
-    nodes: dict[str, dict[str, Any]]
-    ray: dict[str, Any] | None
-    serve: dict[str, Any] | None
-    bringup: dict[str, float]
-    load: NotRequired[dict[str, Any]]
-
-
-class StatusDoc(DeploymentDoc):
-    summary: str
-    deployments: list[DeploymentDoc]
-    pause: dict[str, Any] | None
-    reload: dict[str, Any] | None
+__all__ = ["SCHEMA", "DeploymentDoc", "HistoryDoc", "StatusDoc", "bringup", "document"]
 
 
 def document(st: Status, obs: Observation | None, cfg: Config, config_path: str, config_hash: str,

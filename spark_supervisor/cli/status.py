@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the document's type only: `status` stays fast to start
-    from ..statusdoc import DeploymentDoc, StatusDoc
+    from ..model.document import DeploymentDoc, StatusDoc
 
 from .base import (
     ST_DEGRADED,
