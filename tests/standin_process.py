@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -32,7 +33,7 @@ class StandinProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "spark_testbed.vllm_standin", "serve", "--distributed-executor-backend",
                  "mp", "--host", "127.0.0.1", "--port", str(self.port), *args],
-                stdout=f, stderr=subprocess.STDOUT, env=full)
+                stdout=f, stderr=subprocess.STDOUT, env=full, start_new_session=True)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -65,6 +66,9 @@ class StandinProcess:
             return e.code, e.read()
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        """The whole process group: rank 0's "worker" outlives a killed rank 0, as the real one does."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.proc.wait(timeout=10)
