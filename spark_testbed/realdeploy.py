@@ -1,14 +1,16 @@
-"""The real-vLLM deployment on the testbed (an mp deployment on the head node): shared by the tests and
-`make bench`."""
+"""The real-vLLM deployments on the testbed, shared by the tests and `make bench`: one mp deployment on the
+head node, and the real pair (vLLM's mp multi-node mode, a rank on each of spark-1 and spark-2)."""
 
 from __future__ import annotations
 
+import os
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 
-from . import realvllm, testbed
+from . import harness, realvllm, testbed
 
 NAME = "real"
 HOME = "real-vllm-spark-1"
@@ -62,5 +64,34 @@ def real_config(tmp_path: Path, *, model: str = "tiny-qwen3", extra: list[str] |
         "deployments": [real_deployment(model=model, extra=extra, eager=eager, serve=serve, model_check=model_check)],
     }
     path = tmp_path / "real.toml"
+    path.write_text(tomli_w.dumps(d))
+    return path
+
+
+PAIR = "pair"
+PAIR_HOMES = {n: f"{PAIR}-vllm-{n}" for n in testbed.NODES}  # the serve container of each rank
+
+
+def real_pair_config(tmp_path: Path, *, extra: list[str] | None = None) -> Path:
+    """The real server as a tensor-parallel-2 mp deployment across the testbed's two nodes: rank 0 (the API)
+    in spark-1's container, rank 1 `--headless` in spark-2's (its engine reached over SSH), the follower
+    joining rank 0 on the fabric IPs. Started as `vllm serve MODEL` through the testbed's launcher (the CPU
+    build's own `vllm` script fails; see vllm_launcher.py). On vLLM >= 0.20 each rank needs its own cores
+    (`nobind` crashes both ranks): each node's env binds its rank's OMP threads to one core."""
+    d = tomllib.loads(harness.write_config(tmp_path).read_text())
+    cores = os.cpu_count() or 1
+    for i, node in enumerate(d["nodes"]):
+        node.setdefault("env", {})["VLLM_CPU_OMP_THREADS_BIND"] = str(i % cores)
+    dep = real_deployment(PAIR, extra=extra, serve={
+        "command": [str(realvllm.venv_python()), str(realvllm.LAUNCHER), "serve"], "model_arg": "positional",
+        "tensor_parallel_size": 2})
+    dep["nodes"] = list(testbed.NODES)
+    dep["ray"]["volumes"] = sorted({*dep["ray"]["volumes"], f"{realvllm.LAUNCHER.parent}:{realvllm.LAUNCHER.parent}:ro"})
+    # Two ranks load on two cores: slower than one server alone, and slower still on a busy machine.
+    dep["readiness"]["deadline"] = 900
+    d["deployments"] = [dep]
+    d["healing"] = {"deep_probe_interval": 20, "deep_probe_timeout": 15, "quick_check_interval": 0.5,
+                    "node_patience": 60}
+    path = tmp_path / "pair.toml"
     path.write_text(tomli_w.dumps(d))
     return path

@@ -126,6 +126,9 @@ def _print_deployment(doc: DeploymentDoc) -> None:
         print(f"  load: {doc['progress']}")
     print(f"goal: {dep['served_model_name']} (TP {dep['tensor_parallel_size']}) on {', '.join(dep['nodes'])} "
           f"at {dep['endpoint']}")
+    if dep.get("backend"):  # older daemons did not write it
+        b = dep["backend"]
+        print(f"backend: {b['name']}" + (f" across {b['nodes']} nodes" if b["nodes"] > 1 else "") + f": {b['evidence']}")
     for name, n in doc["nodes"].items():
         _print_node(name, n)
     ray = doc.get("ray")

@@ -43,3 +43,18 @@ def test_every_key_status_reads_is_written() -> None:
     assert len(got) > 20, got  # the scan finds the reader's reads (it would pass vacuously otherwise)
     unknown = [(line, key) for line, key in got if key not in FILE_KEYS]
     assert not unknown, f"cli/status.py reads keys the daemon never writes: {unknown}"
+
+
+def test_status_says_which_serve_paths_ran_for_real_and_which_only_on_the_stand_in(capsys) -> None:
+    """Ray's executor never runs on vLLM's CPU build, so the suite proves it on the stand-in only; mp runs the
+    real server on one node and two (tests/integration/test_real_vllm.py, test_real_mp.py)."""
+    from tests.helpers import data
+    ray = statusdoc.document(Status(phase=Phase.SERVING), None, cfg(), "/etc/x.toml", "abc", time.time(), 0.0)
+    d = data()
+    d["deployments"][0]["serve"]["distributed_executor_backend"] = "mp"
+    mp = statusdoc.document(Status(phase=Phase.SERVING), None, cfg(d), "/etc/x.toml", "abc", time.time(), 0.0)
+    assert ray["deployment"]["backend"]["name"] == "ray" and "stand-in only" in ray["deployment"]["backend"]["evidence"]
+    assert mp["deployment"]["backend"] == {"name": "mp", "nodes": 2, "evidence": statusdoc.EVIDENCE["mp"]}
+    assert "real vLLM server" in statusdoc.EVIDENCE["mp"]
+    status._print_deployment(mp)
+    assert "backend: mp across 2 nodes: proven on the real vLLM server" in capsys.readouterr().out
