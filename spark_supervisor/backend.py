@@ -9,12 +9,22 @@ from typing import Any, Protocol
 
 from . import config as config_mod
 from . import probes
+from . import prove as prove_mod
 from .act import ActionFailed, Actor
 from .adapters import AdapterError
 from .adapters.quick import QuickProbe
 from .adapters.shell import control_dir
 from .config import Config
-from .model import Action, Container, EndpointObservation, ImageReport, Observation, RayObservation, Verdict
+from .model import (
+    Action,
+    Container,
+    EndpointObservation,
+    ImageReport,
+    Observation,
+    RayObservation,
+    Reason,
+    Verdict,
+)
 from .observe import Observer, World
 
 Fingerprint = tuple[frozenset[str] | None, str]
@@ -33,6 +43,7 @@ class Backend(Protocol):
     def run(self, action: Action) -> Verdict | ImageReport | None: ...
     def quick(self) -> Fingerprint: ...
     def teardown(self) -> list[str]: ...
+    def prove(self) -> Reason | None: ...
     def close(self) -> None: ...
 
 
@@ -65,6 +76,10 @@ class RealBackend:
 
     def teardown(self) -> list[str]:
         return teardown(self.world, self.log)
+
+    def prove(self) -> Reason | None:
+        """Whether this spec can start on every member (a change is proven before it replaces what serves)."""
+        return prove_mod.prove(self.world, self.actor)
 
     def close(self) -> None:
         self.quick_probe.close()

@@ -117,6 +117,8 @@ class Metrics:
                                      registry=reg)
         self.unknown_for = pc.Gauge(f"{p}observation_unknown_seconds", "seconds something has not been seen in a "
                                     "row (0: seen)", [*d, "what"], registry=reg)
+        self.changes_refused = pc.Counter(f"{p}changes_refused", "reloads refused because the new spec could not "
+                                          "be proven startable (the old one kept serving)", d, registry=reg)
         self.alerts = pc.Counter(f"{p}alerts", "alerts sent ([alerts]), by event, channel and result",
                                  [*d, "event", "via", "result"], registry=reg)
         self._unknown_seen: dict[str, set[str]] = {}  # deployment -> every `what` given a series
@@ -198,6 +200,9 @@ class Metrics:
 
     def ready_after(self, dep: str, seconds: float) -> None:
         self.ttr.labels(dep).set(round(seconds, 3))
+
+    def change_refused(self, dep: str) -> None:
+        self.changes_refused.labels(dep).inc()
 
     def alerted(self, dep: str, event: str, via: str, ok: bool) -> None:
         """One alert sent (or given up on) through one channel ("webhook", "command")."""

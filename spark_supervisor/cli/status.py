@@ -117,6 +117,8 @@ def _print_status(doc: StatusDoc) -> None:
         print(f"RELOAD FAILED {reload.get('at', '')}: {reload['error']} (running on the previous config)")
     elif reload.get("staged"):
         print(f"reload staged {reload.get('at', '')}: {reload['staged']}")
+    elif reload.get("proving"):
+        print(f"reload proving {reload.get('at', '')}: {reload['proving']}")
 
 
 def _print_deployment(doc: DeploymentDoc) -> None:

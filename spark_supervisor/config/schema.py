@@ -413,8 +413,8 @@ class Alerts(_Strict):
 
     webhook: str = ""  # http(s)://... ; may carry a token in its path, so it is never logged whole
     command: OptionalArgv = []
-    events: list[Literal["failed", "degraded", "repair", "recovered", "paused", "resumed"]] = [
-        "failed", "degraded", "repair", "recovered"]
+    events: list[Literal["failed", "degraded", "repair", "recovered", "paused", "resumed", "change_refused"]] = [
+        "failed", "degraded", "repair", "recovered", "change_refused"]
     min_interval: SecDay = 300  # the same event of the same deployment at most this often (the rest are counted)
     timeout: Sec60 = 5  # each POST or command
     attempts: Annotated[int, Field(ge=1, le=10)] = 3

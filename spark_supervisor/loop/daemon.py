@@ -28,6 +28,7 @@ from ..control import ControlServer
 from ..model import Pause, Status
 from ..notify import Notifier
 from ..retry import backoff_delay
+from . import proof
 from .reconciler import Reconciler
 from .reload import Reloader
 from .reporting import Reporter
@@ -53,14 +54,15 @@ class Daemon:
                  backend_factory: Callable[[Config], Backend] | None = None,
                  notifier: Notifier | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 rng: Callable[[], float] = random.random):
+                 rng: Callable[[], float] = random.random, prove: proof.Start = proof.start):
         self.config_path, self.log = config_path, log
         config_hash = config_mod.file_hash(config_path)
         self.notifier = notifier or Notifier()
         self.clock, self.wall, self.rng = clock, wall, rng
         self.stack = Stack(cfg, log=log, backend_factory=backend_factory,
                            watchdog=lambda: self.notifier.watchdog(self.clock()), clock=clock, wall=wall, rng=rng)
-        self.reloader = Reloader(config_path, config_hash, self.stack, self.notifier, log=log, clock=clock, wall=wall)
+        self.reloader = Reloader(config_path, config_hash, self.stack, self.notifier, log=log, clock=clock, wall=wall,
+                                 prove=prove)
         self.reporter = Reporter(self.stack, self.reloader, self.notifier, log=log)
         # Signals and control requests: (command, arguments, set when the loop has carried it out).
         self._signals: collections.deque[int | str | _Request] = collections.deque()
@@ -109,8 +111,9 @@ class Daemon:
 
     def _tick(self, *, due_only: bool) -> float:
         now = self.clock()
-        if self.reloader.due(now):
-            self.reload()  # the file read again: applied if it is the same, staged afresh if not
+        if self.reloader.due(now):  # the file read again: applied if it is the same (and proven), staged afresh if not
+            self.reloader.reload(again=True)
+            self.reporter.reloaded()
         if self.stack.pausing.ends(now):
             self.set_pause(None, "the pause's deadline passed")
         self.stack.tick(now, due_only=due_only)

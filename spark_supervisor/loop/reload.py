@@ -1,6 +1,7 @@
 """A reload (SIGHUP): the config file read again and the stack moved to it, or the previous config kept
-with the reason; and a reload that would remove or replace a deployment, staged until the file is read
-again the same."""
+with the reason; a reload that would remove or replace a deployment, staged until the file is read again
+the same; and one that would replace a serving deployment, applied only once its new spec is proven
+startable on every member while the old one keeps serving (loop.proof)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any
 
 from .. import config as config_mod
 from .. import logs, statefile
+from ..model import Reason
 from ..notify import Notifier
+from . import proof
 from .stack import Stack
 
 
@@ -30,39 +33,50 @@ class Reloader:
     SETTLE_S = 2.0
 
     def __init__(self, config_path: str, config_hash: str, stack: Stack, notifier: Notifier, *, log: Any,
-                 clock: Callable[[], float], wall: Callable[[], float]):
+                 clock: Callable[[], float], wall: Callable[[], float], prove: proof.Start = proof.start):
         self.config_path, self.config_hash, self.stack, self.notifier = config_path, config_hash, stack, notifier
+        self.prove = prove
         self.log, self.clock, self.wall = log, clock, wall
         self.reload_error = ""  # kept in STATUS= and the status file until a reload succeeds
         self.reload_at = 0.0  # wall clock of the last reload
         self.staged: _Staged | None = None
+        self.proving: proof.Proving | None = None
+        self.refused: list[Reason] = []  # the last reload's refused changes, until a reload applies
+
+    PROOF_POLL_S = 0.5  # how soon the loop looks again at a proof under way
 
     def due(self, now: float) -> bool:
-        """True when a staged reload is to read the file again."""
-        return self.staged is not None and now >= self.staged.due
+        """True when a staged reload is to read the file again, or a proof has its verdict."""
+        p = self.proving
+        return ((self.staged is not None and now >= self.staged.due)
+                or (p is not None and not p.seen and p.result.done()))
 
     def next_due(self) -> float:
-        """When (the daemon's clock) a staged reload reads the file again; inf when none is staged."""
+        """When (the daemon's clock) a staged reload reads the file again, or a proof is looked at; inf when
+        neither waits."""
+        if self.proving is not None and not self.proving.seen:
+            return self.clock() + self.PROOF_POLL_S
         return math.inf if self.staged is None else self.staged.due
 
-    def reload(self) -> None:
-        """SIGHUP: read the config again (config.load: bounded, regular files only) and move to it."""
+    def reload(self, *, again: bool = False) -> None:
+        """SIGHUP: read the config again (config.load: bounded, regular files only) and move to it.
+        ``again``: the loop reads it again for a staged reload or a proof's verdict (a SIGHUP proves afresh)."""
         self.notifier.reloading()
         self.reload_at = self.wall()
         try:
-            self._reload()
+            self._reload(again)
         except Exception as e:  # whatever the file holds, a reload must never take the supervisor down
             self.log.exception("config.unusable", path=self.config_path, kept="previous config")
             self.reload_error = f"{self.config_path}: cannot set up: {type(e).__name__}: {e}"[:300]
-            self.staged = None
+            self.staged = self.proving = None
 
-    def _reload(self) -> None:
+    def _reload(self, again: bool) -> None:
         before = config_mod.file_hash(self.config_path)
         try:
             new = config_mod.load(self.config_path)
         except config_mod.ConfigError as e:
             self.log.error("config.invalid", path=self.config_path, problems=e.problems, kept="previous config")
-            self.reload_error, self.staged = e.problems[0], None
+            self.reload_error, self.staged, self.proving = e.problems[0], None, None
             return
         cfg = self.stack.cfg
         if new.supervisor.state_dir != cfg.supervisor.state_dir:
@@ -71,14 +85,24 @@ class Reloader:
                                  f"(restart the service to move it to {new.supervisor.state_dir})")
             self.log.error("config.invalid", path=self.config_path, problems=[self.reload_error],
                            kept="previous config")
-            self.staged = None
+            self.staged = self.proving = None
             return
         self.reload_error = ""
         read_as = before if before and config_mod.file_hash(self.config_path) == before else ""
         changes = self.stack.destructive(new)
-        if changes and not self._settled(read_as, changes):
+        proving_this = self.proving is not None and bool(read_as) and self.proving.key[0] == read_as
+        if changes and not proving_this and not self._settled(read_as, changes):  # a file proven has settled
             return
         self.staged = None
+        views = self.stack.to_prove(new)
+        if views:
+            refused = self._proven(read_as, views, again)
+            if refused is None:
+                return  # proving: the loop reads the file again once the verdict is in
+            if refused:
+                self._refuse(refused)
+                return
+        self.proving, self.refused = None, []
         changed = new != cfg
         logs.register_config(new)  # a key or secret the new file brings is redacted from here on
         for w in new.warnings:
@@ -89,6 +113,34 @@ class Reloader:
         if changed:
             self.stack.apply(new)
             self.config_hash = config_mod.file_hash(self.config_path)
+
+    def _proven(self, file_hash: str, views: dict[str, config_mod.Config], again: bool) -> list[Reason] | None:
+        """The refusals of the proofs of ``views`` (empty: proven), or None while they run. A proof is started
+        when none runs for this file and these specs; a SIGHUP (not ``again``) proves a finished one afresh:
+        the operator may have loaded the missing image since."""
+        key = (file_hash, *sorted(f"{n}:{':'.join(_hashes(v))}" for n, v in views.items()))
+        p = self.proving
+        if p is None or p.key != key or not file_hash or (not again and p.result.done()):
+            self.proving = self.prove(key, views, self.stack.backend_factory, self.log)
+            self.log.warning("change.proving", deployments=sorted(views),
+                             why="a change replaces what serves only once it is proven startable on every member")
+            return None
+        if not p.result.done():
+            return None
+        p.seen = True
+        return p.result.result()
+
+    def _refuse(self, refused: list[Reason]) -> None:
+        """The change is not made: the previous config stays, and the refusal is shown, alerted and counted."""
+        self.refused = refused
+        self.reload_error = "; ".join(str(r) for r in refused)[:600]
+        for why in refused:
+            name = why.detail.split(":", 1)[0]
+            self.log.error("change.refused", deployment=name, reason=str(why), kept="previous config")
+            r = self.stack.reconcilers.get(name)
+            phase = r.status.phase.value if r is not None else ""
+            self.stack.alerter.emit(name, "change_refused", phase=phase, reason=str(why), reason_kind=why.kind)
+            self.stack.metrics.bound(name).change_refused()
 
     def _settled(self, file_hash: str, changes: list[str]) -> bool:
         """True when a reload that removes or replaces deployments read the same file SETTLE_S after it was
@@ -109,7 +161,16 @@ class Reloader:
             return f" (reload failed: {self.reload_error})"
         if self.staged is not None:
             return f" (reload staged: {self._staged_text()})"
+        if self._proving_text():
+            return f" (reload proving: {self._proving_text()})"
         return ""
+
+    def _proving_text(self) -> str:
+        p = self.proving
+        if p is None or p.seen:
+            return ""
+        return (f"replaces {', '.join(repr(n) for n in p.names)} once its new spec is proven on every member "
+                "(image and model checked); it serves on meanwhile")
 
     def _staged_text(self) -> str:
         assert self.staged is not None
@@ -118,7 +179,12 @@ class Reloader:
 
     def doc(self) -> dict[str, Any] | None:
         """The last reload, when it failed or waits: the status file's "reload"."""
-        if not self.reload_error and self.staged is None:
+        if not self.reload_error and self.staged is None and not self._proving_text():
             return None
         return {"error": self.reload_error or None, "at": statefile.iso(self.reload_at),
-                "staged": self._staged_text() if self.staged is not None and not self.reload_error else None}
+                "staged": self._staged_text() if self.staged is not None and not self.reload_error else None,
+                "proving": self._proving_text() or None, "refused": [str(r) for r in self.refused]}
+
+
+def _hashes(view: config_mod.Config) -> tuple[str, str]:
+    return config_mod.ray_hash(view, view.deployment), config_mod.serve_hash(view, view.deployment)

@@ -167,9 +167,18 @@ class Stack:
             view = wanted.get(name)
             if view is None:
                 out.append(f"removes {name!r}")
-            elif (config_mod.ray_hash(view, view.deployment), config_mod.serve_hash(view, view.deployment)) != (
-                    config_mod.ray_hash(r.cfg, r.cfg.deployment), config_mod.serve_hash(r.cfg, r.cfg.deployment)):
+            elif _spec(view) != _spec(r.cfg):
                 out.append(f"replaces {name!r}")
+        return out
+
+    def to_prove(self, new: Config) -> dict[str, Config]:
+        """The deployments a move to ``new`` would replace while they serve (SERVING or DEGRADED), with their
+        new views: what must be proven startable before anything of theirs is stopped (loop.proof)."""
+        out = {}
+        for d in new.deployments:
+            r, view = self.reconcilers.get(d.name), new.view(d)
+            if r is not None and r.status.phase in (Phase.SERVING, Phase.DEGRADED) and _spec(view) != _spec(r.cfg):
+                out[d.name] = view
         return out
 
     def apply(self, new: Config) -> None:
@@ -252,3 +261,8 @@ class Stack:
 def _view_key(view: Config) -> tuple[dict[str, Any], str]:
     """What a deployment runs on: its view, and its API key (read from a file or the environment)."""
     return view.model_dump(), view.deployment.api_key
+
+
+def _spec(view: Config) -> tuple[str, str]:
+    """What a deployment runs: its Ray and serve spec hashes (a change of either replaces it)."""
+    return config_mod.ray_hash(view, view.deployment), config_mod.serve_hash(view, view.deployment)

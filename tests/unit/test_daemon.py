@@ -10,6 +10,7 @@ import structlog
 import tomli_w
 
 from spark_supervisor.act import ActionFailed
+from spark_supervisor.loop import proof
 from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import (
     Action,
@@ -18,6 +19,7 @@ from spark_supervisor.model import (
     ImageReport,
     Observation,
     Phase,
+    Reason,
     StartContainer,
     StartServe,
     Verdict,
@@ -56,6 +58,8 @@ class FakeBackend:
         self.fail: dict[type, ActionFailed] = {}
         self.reports: dict[str, ImageReport] = {}  # what CheckImage finds, per node
         self.closed = False
+        self.refusal: Reason | None = None  # what a proof of this backend's spec finds (None: proven)
+        self.proofs = 0
 
     def observe(self, full: bool) -> Observation:
         assert self.next is not None
@@ -77,6 +81,10 @@ class FakeBackend:
     def teardown(self) -> list[str]:
         return []
 
+    def prove(self) -> Reason | None:
+        self.proofs += 1
+        return self.refusal
+
     def close(self) -> None:
         self.closed = True
 
@@ -88,7 +96,8 @@ def make(tmp_path: Path, d: dict | None = None) -> tuple[Daemon, FakeBackend, Cl
     path.write_text(tomli_w.dumps(d))
     backend, clock, notes = FakeBackend(), Clock(), Notes()
     daemon = Daemon(str(path), cfg(d), log=structlog.get_logger(), backend_factory=lambda c: backend,
-                    notifier=notes, clock=clock, wall=lambda: 1.7e9 + clock.t, rng=lambda: 1.0)
+                    notifier=notes, clock=clock, wall=lambda: 1.7e9 + clock.t, rng=lambda: 1.0,
+                    prove=proof.start_inline)
     backend.reports = daemon.status.images = images(daemon.cfg)  # checked and fit (the check: test_image_*)
     return daemon, backend, clock, notes, path
 

@@ -13,6 +13,7 @@ import structlog
 import tomli_w
 
 from spark_supervisor import config
+from spark_supervisor.loop import proof
 from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import (
     CheckImage,
@@ -108,7 +109,7 @@ def make(tmp_path: Path, d: dict[str, Any]) -> tuple[Daemon, dict[str, FakeBacke
         be.reports = images(view)
         return be
     daemon = Daemon(str(path), cfg(d), log=structlog.get_logger(), backend_factory=factory, notifier=notes,
-                    clock=clock, wall=lambda: 1.7e9 + clock.t, rng=lambda: 1.0)
+                    clock=clock, wall=lambda: 1.7e9 + clock.t, rng=lambda: 1.0, prove=proof.start_inline)
     for r in daemon.reconcilers.values():
         r.status.images = images(r.cfg)
     return daemon, backends, clock, notes, path

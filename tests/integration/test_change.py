@@ -1,0 +1,86 @@
+"""A change never costs a working model (issue 22, item 1), on the testbed: a reload that changes what a
+serving deployment runs is proven on every member first (the image there and checked, the model there as the
+image sees it) while the old one keeps serving; a proof that fails stops nothing and names the cause. One
+bring-up, shared: each test verifies the deployment SERVING on the same containers before and after."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+
+from spark_testbed import testbed
+from spark_testbed.harness import Supervisor, owned_ids, verify_serving, write_config
+from tests.integration.conftest import reset_testbed
+
+pytestmark = pytest.mark.testbed
+
+
+@pytest.fixture(scope="module")
+def daemon(tb: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Supervisor, Path]]:
+    reset_testbed()
+    tmp = tmp_path_factory.mktemp("change")
+    config = write_config(tmp, {"healing": {"deep_probe_interval": 30}})
+    d = Supervisor(config, tmp)
+    d.wait_phase("SERVING", 240)
+    yield d, config
+    if d.proc.poll() is None:
+        d.stop(signal.SIGKILL)
+    reset_testbed()
+
+
+def reload_to(d: Supervisor, config: Path, change: dict[str, Any]) -> dict[str, Any]:
+    """The operator's edit and SIGHUP; the status once the change is refused."""
+    doc = tomllib.loads(config.read_text())
+    good = config.read_text()
+    dep = doc["deployments"][0]
+    for section, values in change.items():
+        dep[section] = {**dep[section], **values}
+    config.write_text(tomli_w.dumps(doc))
+    try:
+        d.proc.send_signal(signal.SIGHUP)
+        return d.wait(lambda s: bool((s.get("reload") or {}).get("refused")), 120, "the change refused")
+    finally:
+        config.write_text(good)
+
+
+def test_a_reload_to_an_image_tag_that_does_not_exist_keeps_the_old_one_serving(daemon) -> None:
+    d, config = daemon
+    verify_serving(d)
+    before = owned_ids()
+    st = reload_to(d, config, {"ray": {"image": "spark-testbed/hostfs:no-such-tag"}})
+    refused = st["reload"]["refused"]
+    assert len(refused) == 1 and refused[0].startswith("ChangeRefused: testbed: ImageMissing"), refused
+    assert "spark-testbed/hostfs:no-such-tag" in refused[0], refused
+    assert st["phase"] == "SERVING" and st["reload"]["error"], st["reload"]
+    verify_serving(d)
+    assert owned_ids() == before and not d.repairs(), "the old deployment untouched: same containers, no repair"
+    assert [e for e in d.events("change.refused")]
+    assert not [e for e in d.events("action.started") if e.get("action") == "RemoveContainers"]
+
+
+def test_a_reload_to_a_model_missing_on_one_node_keeps_the_old_one_serving_and_names_the_node(daemon) -> None:
+    d, config = daemon
+    verify_serving(d)
+    before = owned_ids()
+    # Another model that spark-1 has and spark-2 lacks: spark-1's copy of the testbed model under a new name.
+    other = "Qwen/Only-On-Spark-1"
+    repo = testbed.model_snapshot("spark-1").parent.parent
+    copy = repo.parent / ("models--" + other.replace("/", "--"))
+    shutil.copytree(repo, copy, symlinks=True, dirs_exist_ok=True)
+    try:
+        st = reload_to(d, config, {"serve": {"model": other}})
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    refused = st["reload"]["refused"]
+    assert len(refused) == 1 and refused[0].startswith("ChangeRefused: testbed: ModelMissing"), refused
+    assert "spark-2" in refused[0] and other in refused[0], refused
+    verify_serving(d)
+    assert owned_ids() == before and not d.repairs()
+    assert "spark-1" not in refused[0].split(" Hint: ")[0], refused  # only the node that lacks it

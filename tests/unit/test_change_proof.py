@@ -1,0 +1,120 @@
+"""A change is proven before it replaces what serves (issue 22, item 1): a reload that changes a serving
+deployment's spec keeps the old one serving until the new spec is proven on every member (Backend.prove);
+a refused proof keeps the previous config whole and says why (status, alert, metric); a proven one is
+applied. The proofs run inline here (loop.proof.start_inline): the fake clock and ticks decide."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from spark_supervisor.model import Phase, Reason, RemoveContainers
+from tests.unit.test_daemon import FakeBackend
+from tests.unit.test_stack import EMBED, make, serving, stack, ticks_until
+
+NEW_IMAGE = "spark/vllm:0.34-typo"
+
+
+def running(tmp_path: Path) -> tuple[Any, dict[str, FakeBackend], Any, Path, dict[str, Any]]:
+    d = stack({**EMBED, "after": []})
+    daemon, be, clock, _, path = make(tmp_path, d)
+    serving(daemon, be, "qwen")
+    serving(daemon, be, "embed")
+    ticks_until(daemon, lambda: daemon.status_line() == "SERVING 2/2 deployments")
+    return daemon, be, clock, path, d
+
+
+def reload_to(daemon: Any, clock: Any, path: Path, d: dict[str, Any]) -> None:
+    """The operator's edit and SIGHUP, read the same again after the settle time, then the proof's verdict."""
+    path.write_text(tomli_w.dumps(d))
+    daemon.reload()
+    clock.t += daemon.SETTLE_S
+    daemon.tick()  # settled: the proof starts (inline here: its verdict is in)
+    daemon.tick()  # the verdict acted on
+
+
+def test_a_change_whose_proof_fails_stops_nothing_and_says_why(tmp_path: Path) -> None:
+    daemon, be, clock, path, d = running(tmp_path)
+    old_cfg, qwen, old_backend = daemon.cfg, daemon.reconcilers["qwen"], be["qwen"]
+    for b in be.values():
+        b.ran.clear()
+    d2 = copy.deepcopy(d)
+    d2["deployments"][0].setdefault("ray", {})["image"] = NEW_IMAGE
+
+    made: list[FakeBackend] = []
+    factory = daemon.stack.backend_factory
+
+    def refusing(view: Any) -> FakeBackend:
+        b = factory(view)
+        b.refusal = Reason("ChangeRefused", f"ImageMissing: {NEW_IMAGE} is not on spark-2")
+        made.append(b)
+        return b
+    daemon.stack.backend_factory = refusing
+    reload_to(daemon, clock, path, d2)
+    assert made and made[0].proofs == 1 and made[0].closed  # proven on a backend of its own, closed after
+    assert daemon.cfg is old_cfg and daemon.reconcilers["qwen"] is qwen and qwen.backend is old_backend
+    assert qwen.status.phase == Phase.SERVING and not old_backend.ran  # nothing stopped
+    assert not any(isinstance(a, RemoveContainers) for b in be.values() for a in b.ran)
+    assert daemon.reloader.refused == [Reason("ChangeRefused", f"qwen: ImageMissing: {NEW_IMAGE} is not on spark-2")]
+    assert f"reload failed: ChangeRefused: qwen: ImageMissing: {NEW_IMAGE} is not on spark-2" in daemon.status_line()
+    doc = json.loads((tmp_path / "state" / "status.json").read_text())
+    assert doc["reload"]["refused"] == [f"ChangeRefused: qwen: ImageMissing: {NEW_IMAGE} is not on spark-2"]
+    # Still refused a sweep later: the refusal is not tried again by the loop on its own.
+    clock.t += 10
+    daemon.tick()
+    assert daemon.cfg is old_cfg and made[0].proofs == 1 and len(made) == 1
+    # A SIGHUP with the same file proves afresh (the operator may have loaded the image since).
+    daemon.stack.backend_factory = factory
+    daemon.reload()
+    daemon.tick()
+    assert daemon.cfg is not old_cfg and daemon.reconcilers["qwen"].cfg.deployment.ray.image == NEW_IMAGE
+    assert daemon.reloader.refused == [] and "reload failed" not in daemon.status_line()
+
+
+def test_a_change_that_is_proven_is_applied_and_the_other_deployment_untouched(tmp_path: Path) -> None:
+    daemon, be, clock, path, d = running(tmp_path)
+    embed, embed_backend = daemon.reconcilers["embed"], be["embed"]
+    d2 = copy.deepcopy(d)
+    d2["deployments"][0].setdefault("ray", {})["image"] = NEW_IMAGE
+    path.write_text(tomli_w.dumps(d2))
+    daemon.reload()
+    clock.t += daemon.SETTLE_S
+    daemon.tick()
+    assert daemon.reconcilers["qwen"].cfg.deployment.ray.image != NEW_IMAGE  # proving: the old one serves on
+    assert "reload proving: replaces 'qwen'" in daemon.status_line()
+    daemon.tick()
+    assert daemon.reconcilers["qwen"].cfg.deployment.ray.image == NEW_IMAGE
+    assert daemon.reconcilers["embed"] is embed and embed.backend is embed_backend
+
+
+def test_a_change_of_a_deployment_that_does_not_serve_needs_no_proof(tmp_path: Path) -> None:
+    d = stack({**EMBED, "after": []})
+    daemon, be, clock, _, path = make(tmp_path, d)  # nothing runs yet
+    made: list[FakeBackend] = []
+    factory = daemon.stack.backend_factory
+    daemon.stack.backend_factory = lambda v: made.append(factory(v)) or made[-1]
+    d2 = copy.deepcopy(d)
+    d2["deployments"][0].setdefault("ray", {})["image"] = NEW_IMAGE
+    path.write_text(tomli_w.dumps(d2))
+    daemon.reload()
+    clock.t += daemon.SETTLE_S
+    daemon.reload()
+    assert daemon.reconcilers["qwen"].cfg.deployment.ray.image == NEW_IMAGE
+    assert not any(b.proofs for b in made)
+
+
+def test_a_settings_only_change_applies_in_place_without_a_proof(tmp_path: Path) -> None:
+    daemon, be, clock, path, d = running(tmp_path)
+    made: list[FakeBackend] = []
+    factory = daemon.stack.backend_factory
+    daemon.stack.backend_factory = lambda v: made.append(factory(v)) or made[-1]
+    d2 = copy.deepcopy(d)
+    d2["healing"] = {**d2.get("healing", {}), "deep_probe_interval": 120}
+    path.write_text(tomli_w.dumps(d2))
+    daemon.reload()
+    assert daemon.cfg.healing.deep_probe_interval == 120 and not any(b.proofs for b in made)
+    assert daemon.reloader.proving is None
