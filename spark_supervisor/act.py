@@ -12,7 +12,7 @@ from typing import Any
 from . import commands, modelcheck, redaction, statefile
 from . import retry as retry_mod
 from .adapters import AdapterError, NotFoundError
-from .config import Node, ray_hash, serve_hash
+from .config import Node, deployment_secrets, ray_hash, serve_hash
 from .model import (
     Action,
     CheckImage,
@@ -118,7 +118,7 @@ class Actor:
 
     def _redact(self, out: str) -> str:
         """A helper's output (the image could echo its environment) fit for a reason or a log line."""
-        return redaction.text(out, commands.secrets(self.world.cfg, self.world.cfg.deployment))
+        return redaction.text(out, deployment_secrets(self.world.cfg, self.world.cfg.deployment))
 
     IMAGES = "images.json"  # image checks by node, kept for as long as the image's ID and the spec stay the same
 

@@ -22,9 +22,9 @@ from .config import (
     Config,
     Deployment,
     Node,
+    deployment_secrets,
     ray_hash,
 )
-from .redaction import deployment_secrets as secrets  # commands.secrets: what act, observe and diagnose call
 
 
 def node_container_name(dep: Deployment, node: Node) -> str:
@@ -178,7 +178,7 @@ def serve_argv(dep: Deployment, ranks: list[str] | None = None) -> list[str]:
 
 def shown_argv(cfg: Config, dep: Deployment, argv: list[str]) -> list[str]:
     """An argv fit for a log line or status (secret flags by any prefix, secret NAME=value, known secrets)."""
-    return redaction.argv(argv, secrets(cfg, dep))
+    return redaction.argv(argv, deployment_secrets(cfg, dep))
 
 
 def serve_env(cfg: Config, dep: Deployment, spec_hash: str = "", node: Node | None = None) -> dict[str, str]:

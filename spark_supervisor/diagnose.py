@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from . import commands, redaction
 from .adapters import AdapterError
 from .adapters.shell import run_local
+from .config import deployment_secrets
 from .observe import NodeAdapters, World
 
 HINTS = {
@@ -51,7 +52,7 @@ def _layers(world: World, a: NodeAdapters, timeout: float) -> list[Layer]:
     cfg = world.cfg
     dep = cfg.deployment
     container = commands.node_container_name(dep, a.node)
-    secrets = commands.secrets(cfg, dep)
+    secrets = deployment_secrets(cfg, dep)
 
     def shown(e: Exception) -> str:
         return redaction.text(str(e), secrets)

@@ -22,7 +22,7 @@ import posixpath
 from typing import Any
 
 from . import redaction, script
-from .config import Config, Deployment, ray_hash
+from .config import Config, Deployment, deployment_secrets, ray_hash
 from .model import ModelReport
 
 MARK = "spark-model:"
@@ -223,7 +223,7 @@ def describe(cfg: Config, dep: Deployment, reports: dict[str, ModelReport]) -> s
     if failed:
         text += f"; the prefetch did not complete it ({'; '.join(failed)})"
     # a prefetch's error may quote what it was given
-    return redaction.text(f"{text}. Hint: {hint(cfg, dep, bad, good)}", redaction.deployment_secrets(cfg, dep))
+    return redaction.text(f"{text}. Hint: {hint(cfg, dep, bad, good)}", deployment_secrets(cfg, dep))
 
 
 def hint(cfg: Config, dep: Deployment, bad: list[ModelReport], good: list[ModelReport]) -> str:

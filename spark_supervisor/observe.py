@@ -20,7 +20,7 @@ from .adapters.nvidia import parse_meminfo, parse_smi_xml
 from .adapters.ray import RayDashboard, read_nodes
 from .adapters.shell import NodeShell, Result
 from .adapters.vllm import VllmApi
-from .config import OWNER_LABEL, RAY_STATE_LABEL, ROLE_LABEL, Config, Node
+from .config import OWNER_LABEL, RAY_STATE_LABEL, ROLE_LABEL, Config, Node, deployment_secrets
 from .model import (
     Container,
     EndpointObservation,
@@ -185,7 +185,7 @@ def _ended(a: NodeAdapters, cfg: Config, containers: tuple[Container, ...]) -> t
         if c.lost and c.labels.get(OWNER_LABEL) == dep.name and c.labels.get(ROLE_LABEL) != commands.PREFETCH_ROLE:
             try:
                 code, tail = a.docker.ended(c.name)
-                c = dataclasses.replace(c, exit_code=code, log_tail=redaction.text(tail, commands.secrets(cfg, dep)))
+                c = dataclasses.replace(c, exit_code=code, log_tail=redaction.text(tail, deployment_secrets(cfg, dep)))
             except AdapterError:
                 pass
         out.append(c)
