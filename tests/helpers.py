@@ -18,9 +18,11 @@ from spark_supervisor.model import (
     Memory,
     NodeObservation,
     Observation,
+    Phase,
     RayNode,
     RayObservation,
     ServeObservation,
+    Status,
 )
 
 BASE: dict[str, Any] = {
@@ -110,3 +112,9 @@ def recorded_serve_pid(serve_dir: str | Path) -> str:
         return Path(serve_dir, "process").read_text().split()[0]
     except (OSError, IndexError):
         return ""
+
+
+def phase_now(st: Status) -> Phase:
+    """A status's phase, read afresh: after `assert x.status.phase == A`, mypy holds x.status.phase to A across
+    the tick that changes it, and calls a later `== B` impossible."""
+    return st.phase

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from spark_supervisor import commands
 from spark_supervisor.adapters.ray import read_nodes
-from spark_supervisor.config import RAY_STATE_LABEL, serve_hash
+from spark_supervisor.config import RAY_STATE_LABEL, Config, serve_hash
 from spark_supervisor.model import (
     CheckImage,
     EndpointObservation,
+    ImageReport,
+    Observation,
     Phase,
     RayObservation,
     Reason,
@@ -28,7 +31,7 @@ from tests.helpers import cfg, data, images, node_obs, obs, ray_container
 C = cfg()
 
 
-def mp_config():
+def mp_config() -> Config:
     d = data()
     d["deployments"][0]["serve"].update(distributed_executor_backend="mp", master_port=29555)
     return cfg(d)
@@ -37,7 +40,7 @@ def mp_config():
 MP = mp_config()
 
 
-def st(phase: Phase = Phase.DETECTING, since: float = 0.0, c=C, **kw) -> Status:
+def st(phase: Phase = Phase.DETECTING, since: float = 0.0, c: Config = C, **kw: Any) -> Status:
     kw.setdefault("images", images(c))
     s = Status(**kw)
     s.advance(phase, Reason(), since, since)
@@ -66,8 +69,14 @@ def test_the_image_probe_output_is_read() -> None:
     assert not r.ray_path and not r.vllm_path and r.summary() == "no ray, no vllm"
 
 
+def _problem(c: Config, reports: dict[str, ImageReport]) -> tuple[str, str]:
+    found = image_problem(c, c.deployment, reports)
+    assert found is not None
+    return found
+
+
 def test_a_missing_ray_is_named_with_both_ways_out() -> None:
-    kind, detail = image_problem(C, C.deployment, images(C, ray_path=""))
+    kind, detail = _problem(C, images(C, ray_path=""))
     assert kind == "ImageLacksRay" and detail.startswith("spark-1, spark-2: no `ray` in vllm/vllm-openai:latest")
     assert "image built with Ray" in detail and 'distributed_executor_backend = "mp"' in detail
 
@@ -79,11 +88,11 @@ def test_an_mp_deployment_does_not_need_ray_in_its_image() -> None:
 def test_versions_that_differ_between_nodes_are_refused_before_ray_refuses_them() -> None:
     reports = images(C)
     reports["spark-2"] = dataclasses.replace(reports["spark-2"], ray_version="2.59.0")
-    kind, detail = image_problem(C, C.deployment, reports)
+    kind, detail = _problem(C, reports)
     assert kind == "ImageVersionMismatch" and "spark-1 2.60.0, spark-2 2.59.0" in detail
     reports = images(C)
     reports["spark-2"] = dataclasses.replace(reports["spark-2"], vllm_python="3.11.2")
-    assert image_problem(C, C.deployment, reports)[0] == "ImageVersionMismatch"
+    assert _problem(C, reports)[0] == "ImageVersionMismatch"
 
 
 def test_a_version_that_could_not_be_read_is_not_a_mismatch() -> None:
@@ -134,7 +143,7 @@ def test_a_gcs_that_does_not_answer_is_unknown_under_its_own_name() -> None:
 
 # ---------------------------------------------------------------------------------- mp across nodes
 def mp_obs(*, serve: ServeObservation | None = None, follower: ServeObservation | None = None,
-           deployed: bool = True, **kw):
+           deployed: bool = True, **kw: Any) -> Observation:
     nodes = {n.name: node_obs(n.name, (ray_container(MP, n.name),) if deployed else ()) for n in MP.nodes}
     followers = {"spark-2": follower} if deployed else {}
     return dataclasses.replace(obs(MP, nodes=nodes, serve=serve, **kw), followers=followers)

@@ -1,6 +1,7 @@
 """The decision table, one situation at a time, with a fake clock (plain numbers)."""
 
 from dataclasses import replace
+from typing import Any
 
 from spark_supervisor.model import (
     Container,
@@ -30,7 +31,7 @@ from tests.helpers import cfg, data, free_gpu, images, node_obs, obs, ray_contai
 C = cfg()
 
 
-def status(phase: Phase = Phase.DETECTING, since: float = 0.0, **kw) -> Status:
+def status(phase: Phase = Phase.DETECTING, since: float = 0.0, **kw: Any) -> Status:
     kw.setdefault("images", images(C))
     st = Status(**kw)
     st.advance(phase, Reason(), since, since)
@@ -257,7 +258,7 @@ def test_containers_owned_by_a_renamed_deployment_are_orphans() -> None:
 UP = EndpointObservation("up", health=200, models=("Qwen3.5",))
 
 
-def serving_status(**kw) -> Status:
+def serving_status(**kw: Any) -> Status:
     s = serve_running(C)
     return status(Phase.SERVING, since=0, verdict=Verdict(True, "ok", s.identity), **kw)
 

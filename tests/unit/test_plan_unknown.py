@@ -3,8 +3,10 @@
 An observation that failed holds the phase and is shown; only positive evidence of loss repairs."""
 
 from dataclasses import replace
+from typing import Any
 
 from spark_supervisor.model import (
+    Decision,
     EndpointObservation,
     NodeObservation,
     Phase,
@@ -27,7 +29,7 @@ UP = EndpointObservation("up", health=200, models=("Qwen3.5",))
 RAY_TIMEOUT = RayObservation(False, "RayDashboardUnreachable: ReadTimeout timed out")
 
 
-def serving(since: float = 0.0, unknown: dict[str, float] | None = None, **kw) -> Status:
+def serving(since: float = 0.0, unknown: dict[str, float] | None = None, **kw: Any) -> Status:
     st = Status(verdict=Verdict(True, "ok", serve_running(C).identity), **kw)
     st.advance(Phase.SERVING, Reason(), since, since)
     st.unknown_since = dict(unknown or {})
@@ -35,7 +37,7 @@ def serving(since: float = 0.0, unknown: dict[str, float] | None = None, **kw) -
     return st
 
 
-def destructive(d) -> bool:
+def destructive(d: Decision) -> bool:
     return bool(d.repair) or any(isinstance(a, (RemoveContainers, StopServe, StartServe, StartContainer)) for a in d.actions)
 
 

@@ -10,6 +10,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -19,23 +21,30 @@ from tests.standin_process import StandinProcess, free_port
 TIMEOUT = 5  # STANDIN_FOLLOWER_TIMEOUT for the runs that must not time out
 
 
-@pytest.fixture
-def ranks(tmp_path):
-    """start(rank, nnodes=2, timeout=...) -> a stand-in rank on 127.0.0.1; all are killed at the end."""
-    started: list[StandinProcess] = []
-    master = free_port()
+class Ranks:
+    """ranks(rank, nnodes=2, timeout=...) -> a stand-in rank on 127.0.0.1, its head at port `master`."""
 
-    def start(rank: int, nnodes: int = 2, timeout: float = TIMEOUT, tp: int | None = None,
-              port: int | None = None, extra: tuple[str, ...] = ()) -> StandinProcess:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.master = free_port()
+        self.started: list[StandinProcess] = []
+
+    def __call__(self, rank: int, nnodes: int = 2, timeout: float = TIMEOUT, tp: int | None = None,
+                 port: int | None = None, extra: tuple[str, ...] = ()) -> StandinProcess:
         args = ["--model", "tiny-qwen3", "--tensor-parallel-size", str(tp or nnodes), "--nnodes", str(nnodes),
-                "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port or master),
+                "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port or self.master),
                 *(["--headless"] if rank else []), *extra]
-        s = StandinProcess(tmp_path, args, {"STANDIN_FOLLOWER_TIMEOUT": str(timeout)})
-        started.append(s)
+        s = StandinProcess(self.tmp_path, args, {"STANDIN_FOLLOWER_TIMEOUT": str(timeout)})
+        self.started.append(s)
         return s
-    start.master = master  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def ranks(tmp_path: Path) -> Iterator[Ranks]:
+    """All the ranks started are killed at the end."""
+    start = Ranks(tmp_path)
     yield start
-    for s in started:
+    for s in start.started:
         s.close()
 
 
@@ -49,7 +58,7 @@ def _loaded(s: StandinProcess) -> None:
     assert "Model loading took" in s.text()
 
 
-def test_head_and_headless_rank_serve_and_only_the_head_has_an_api(ranks) -> None:
+def test_head_and_headless_rank_serve_and_only_the_head_has_an_api(ranks: Ranks) -> None:
     head, follower = ranks(0), ranks(1)
     head.started()
     code, body = head.request("GET", "/v1/models")
@@ -64,7 +73,7 @@ def test_head_and_headless_rank_serve_and_only_the_head_has_an_api(ranks) -> Non
     assert "Starting vLLM server" not in text and "Application startup complete." not in text
 
 
-def test_a_taken_master_port_is_torchs_eaddrinuse(ranks) -> None:
+def test_a_taken_master_port_is_torchs_eaddrinuse(ranks: Ranks) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", ranks.master))
         taken.listen()
@@ -80,7 +89,7 @@ def test_a_taken_master_port_is_torchs_eaddrinuse(ranks) -> None:
 
 
 @pytest.mark.parametrize("nnodes, joining, joined", [(2, 0, "1/2"), (3, 1, "2/3")])
-def test_followers_that_never_come_are_torchs_store_timeout(ranks, nnodes, joining, joined) -> None:
+def test_followers_that_never_come_are_torchs_store_timeout(ranks: Ranks, nnodes: int, joining: int, joined: str) -> None:
     t0 = time.monotonic()
     head = ranks(0, nnodes=nnodes, timeout=1)
     followers = [ranks(r, nnodes=nnodes, timeout=1) for r in range(1, 1 + joining)]
@@ -95,7 +104,7 @@ def test_followers_that_never_come_are_torchs_store_timeout(ranks, nnodes, joini
         assert "Connection closed by peer [127.0.0.1]" in f.text()
 
 
-def test_a_headless_rank_that_cannot_reach_the_head_gives_up_with_torchs_client_error(ranks) -> None:
+def test_a_headless_rank_that_cannot_reach_the_head_gives_up_with_torchs_client_error(ranks: Ranks) -> None:
     follower = ranks(1, timeout=1)
     assert follower.exited() == 1
     text = follower.text()
@@ -105,7 +114,7 @@ def test_a_headless_rank_that_cannot_reach_the_head_gives_up_with_torchs_client_
             f"connect to (127.0.0.1, {ranks.master}).") in text
 
 
-def test_a_killed_headless_rank_kills_the_head_with_engine_death_lines(ranks) -> None:
+def test_a_killed_headless_rank_kills_the_head_with_engine_death_lines(ranks: Ranks) -> None:
     head, follower = ranks(0), ranks(1)
     head.started()
     _loaded(follower)
@@ -118,7 +127,7 @@ def test_a_killed_headless_rank_kills_the_head_with_engine_death_lines(ranks) ->
     assert f is not None and f.reason == "EngineDied" and "Connection closed by peer" in f.line
 
 
-def test_a_killed_head_kills_the_headless_rank_with_engine_death_lines(ranks) -> None:
+def test_a_killed_head_kills_the_headless_rank_with_engine_death_lines(ranks: Ranks) -> None:
     head, follower = ranks(0), ranks(1)
     head.started()
     _loaded(follower)
@@ -131,7 +140,7 @@ def test_a_killed_head_kills_the_headless_rank_with_engine_death_lines(ranks) ->
     assert f is not None and f.reason == "EngineDied"
 
 
-def test_sigterm_to_the_head_stops_the_headless_ranks_too(ranks) -> None:
+def test_sigterm_to_the_head_stops_the_headless_ranks_too(ranks: Ranks) -> None:
     head, follower = ranks(0), ranks(1)
     head.started()
     _loaded(follower)
@@ -141,7 +150,7 @@ def test_sigterm_to_the_head_stops_the_headless_ranks_too(ranks) -> None:
     assert "ERROR" not in follower.text() and "ERROR" not in head.text()
 
 
-def test_sigterm_to_a_headless_rank_is_quiet_and_the_head_dies_of_it(ranks) -> None:
+def test_sigterm_to_a_headless_rank_is_quiet_and_the_head_dies_of_it(ranks: Ranks) -> None:
     head, follower = ranks(0), ranks(1)
     head.started()
     _loaded(follower)
@@ -151,7 +160,7 @@ def test_sigterm_to_a_headless_rank_is_quiet_and_the_head_dies_of_it(ranks) -> N
     assert head.exited() == 1 and "EngineDeadError" in head.text()
 
 
-def test_sigterm_while_the_head_waits_for_followers_is_a_quiet_exit(ranks) -> None:
+def test_sigterm_while_the_head_waits_for_followers_is_a_quiet_exit(ranks: Ranks) -> None:
     head = ranks(0, timeout=30)
     head.until(lambda: "world_size=2 rank=0" in head.text(), "the head's rendezvous")
     head.proc.terminate()
@@ -162,7 +171,7 @@ def test_sigterm_while_the_head_waits_for_followers_is_a_quiet_exit(ranks) -> No
     ((), 4, "World size (4) is larger than the number of available GPUs (1) in this node."),
     (("--distributed-executor-backend", "ray"), 2, "can only be set when distributed executor backend is mp"),
 ])
-def test_multi_node_refusals(ranks, extra, tp, line) -> None:
+def test_multi_node_refusals(ranks: Ranks, extra: tuple[str, ...], tp: int, line: str) -> None:
     head = ranks(0, tp=tp, extra=extra)
     assert head.exited() == 1 and line in head.text()
 

@@ -33,7 +33,7 @@ def reads(path: Path, names: tuple[str, ...]) -> list[tuple[int, str]]:
             on, key = node.func.value, node.args[0].value
         elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
             on, key = node.value, node.slice.value
-        if isinstance(on, ast.Name) and on.id in names and isinstance(key, str):
+        if isinstance(on, ast.Name) and on.id in names and isinstance(key, str) and isinstance(node, ast.expr):
             found.append((node.lineno, key))
     return found
 
