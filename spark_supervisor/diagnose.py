@@ -10,7 +10,9 @@ from . import commands, redaction
 from .adapters import AdapterError
 from .adapters.shell import run_local
 from .config import deployment_secrets
+from .model import ProbeResult
 from .observe import NodeAdapters, World
+from .probes import health_result
 
 HINTS = {
     "serve API": "the serve is down or loading: `spark-supervisor status`, then `spark-supervisor logscan` on its log",
@@ -59,7 +61,7 @@ def _layers(world: World, a: NodeAdapters, timeout: float) -> list[Layer]:
     out: list[Layer] = []
     if a.node.role == "head":
         ep = world.api.observe_health()
-        out.append(Layer("serve API", ep.state == "up" and ep.health == 200,
+        out.append(Layer("serve API", health_result(ep) == ProbeResult.SUCCESS,
                          f"{redaction.url(cfg.endpoint(dep))}/health: {ep.state} {ep.health or ''}".strip()))
         if out[-1].ok:
             return out

@@ -24,16 +24,19 @@ from .config import OWNER_LABEL, RAY_STATE_LABEL, ROLE_LABEL, Config, Node, depl
 from .model import (
     Container,
     EndpointObservation,
+    EndpointState,
     Gpu,
     Listener,
     Memory,
     NodeObservation,
     Observation,
+    ProbeResult,
     RayObservation,
     ServeObservation,
     Unit,
 )
 from .preflight import parse_ip_addr
+from .probes import health_result
 
 
 @dataclass
@@ -346,18 +349,18 @@ class Observer:
             return (dataclasses.replace(last or ServeObservation(False), error=f"its node: {node_error}"),
                     w.api.observe())
         if (not full and last is not None and last.running and head_c is not None and head_c.running
-                and head_c.id == last.container_id and ep_last is not None and ep_last.state == "up"):
+                and head_c.id == last.container_id and ep_last is not None and ep_last.state == EndpointState.UP):
             # Watching a healthy serve: /health 200 proves the same process still listens, so skip the
             # exec into the container and the model list until the next full observation.
             recent = self.recent()[1]
-            health = recent if recent is not None and recent.health == 200 else w.api.observe_health()
-            if health.state == "up" and health.health == 200:
+            healthy = recent is not None and health_result(recent) == ProbeResult.SUCCESS
+            if healthy or health_result(w.api.observe_health()) == ProbeResult.SUCCESS:
                 self._watched = True
-                return last, EndpointObservation("up", "", 200, ep_last.models)
+                return last, EndpointObservation(EndpointState.UP, "", 200, ep_last.models)
         serve = self._look(head_c, "", last)
         endpoint = w.api.observe() if serve is not None and (serve.running or serve.error) else None
         if endpoint is None and serve is not None:
-            endpoint = EndpointObservation("unknown")
+            endpoint = EndpointObservation(EndpointState.UNKNOWN)
         if serve is None or not serve.error:
             self._serve = serve
         self._endpoint = endpoint

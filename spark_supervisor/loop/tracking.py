@@ -14,7 +14,7 @@ from .. import logscan, probes, statefile
 from ..backend import Backend, Fingerprint, fingerprint
 from ..config import Config
 from ..metrics import DeploymentMetrics, NoMetrics
-from ..model import Decision, Observation, Phase, Status, Tracker
+from ..model import Decision, EndpointState, Observation, Phase, ProbeResult, Status, Tracker
 from ..plan import unknowns
 from ..retry import backoff_delay
 
@@ -40,11 +40,11 @@ class Liveness:
         if watched and obs.serve is not None and (obs.serve.running or obs.serve.error):
             result = probes.health_result(obs.endpoint)
             detail = obs.endpoint.detail or obs.endpoint.state if obs.endpoint else ""
-            if obs.endpoint is not None and obs.endpoint.state == "up":
+            if obs.endpoint is not None and obs.endpoint.state == EndpointState.UP:
                 detail = f"HTTP {obs.endpoint.health}"
             st.health = st.health.record(result, now, detail)
             metrics.probed("health", result)
-            if result == "failure":
+            if result == ProbeResult.FAILURE:
                 self.log.warning("probe.health_failed", failures=st.health.failures, detail=detail)
 
     def _track_unknown(self, st: Status, obs: Observation, cfg: Config, metrics: MetricsHandle, now: float) -> None:

@@ -21,12 +21,14 @@ from .action import (
 from .observation import (
     Container,
     EndpointObservation,
+    EndpointState,
     Gpu,
     GpuProcess,
     Listener,
     Memory,
     NodeObservation,
     Observation,
+    ProbeResult,
     RayNode,
     RayObservation,
     ServeObservation,
@@ -38,9 +40,9 @@ from .reports import ImageReport, ModelReport
 from .status import Status, Tracker, Transition, Verdict
 
 __all__ = [
-    "Action", "CheckImage", "Container", "Decision", "DropPageCache", "EndpointObservation", "Gpu",
+    "Action", "CheckImage", "Container", "Decision", "DropPageCache", "EndpointObservation", "EndpointState", "Gpu",
     "GpuProcess", "ImageReport", "Listener", "Memory", "ModelReport", "NodeObservation", "Observation",
-    "Pause", "Phase", "PrefetchModel", "RayNode", "RayObservation", "Reason", "RemoveContainers",
+    "Pause", "Phase", "PrefetchModel", "ProbeResult", "RayNode", "RayObservation", "Reason", "RemoveContainers",
     "ServeObservation", "StartContainer", "StartServe", "Status", "StopServe", "StopUnits", "Tracker",
     "Transition", "Unit", "Verdict", "Verify", "describe",
 ]

@@ -6,7 +6,7 @@ from .. import logscan
 from ..admission import admit, free_memory_failure, gpu_blockers
 from ..commands import serve_nodes
 from ..config import serve_hash
-from ..model import Decision, Phase, Reason, StartServe, StopServe, Verify
+from ..model import Decision, EndpointState, Phase, Reason, StartServe, StopServe, Verify
 from .facts import Facts, hold
 from .gates import model_gate
 
@@ -92,7 +92,7 @@ def readiness(f: Facts) -> Decision | None:
     if _verified(f) and st.phase in (Phase.SERVING, Phase.DEGRADED):
         return None
     ep, name = obs.endpoint, dep.serve.name
-    if ep is None or ep.state != "up" or name not in ep.models:
+    if ep is None or ep.state != EndpointState.UP or name not in ep.models:
         if s.error:  # the log tail is the last one seen: no stall or deadline is judged on it
             return Decision(hold(st), Reason("ObservationUnknown", f"serve state: {s.error}"))
         if (st.phase == Phase.LOADING and st.load_progress_at
@@ -103,9 +103,9 @@ def readiness(f: Facts) -> Decision | None:
             return f.repair("serve", Reason("LoadTimeout", f"not ready after {dep.readiness.deadline:.0f}s "
                             f"({f.progress.summary()})"), (StopServe("load timeout"),))
         why = Reason()  # progress is reported apart from the reason, so history keeps only real changes
-        if ep is not None and ep.state == "error":
+        if ep is not None and ep.state == EndpointState.ERROR:
             why = Reason("EndpointError", ep.detail)
-        elif ep is not None and ep.state == "up":
+        elif ep is not None and ep.state == EndpointState.UP:
             why = Reason(detail=f"API up, {name} not listed yet")
         return Decision(Phase.LOADING, why)
     if _verified(f):

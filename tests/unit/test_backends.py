@@ -11,6 +11,7 @@ from spark_supervisor.config import RAY_STATE_LABEL, Config, serve_hash
 from spark_supervisor.model import (
     CheckImage,
     EndpointObservation,
+    EndpointState,
     ImageReport,
     Observation,
     Phase,
@@ -179,7 +180,7 @@ def test_mp_cold_start_has_no_ray_step() -> None:
 
 def test_mp_a_rank_that_exited_is_a_serve_repair_of_every_rank() -> None:
     o = mp_obs(serve=rank(), follower=rank("spark-2", running=False, code=1),
-               endpoint=EndpointObservation("up", "", 200, ("Qwen3.5",)))
+               endpoint=EndpointObservation(EndpointState.UP, "", 200, ("Qwen3.5",)))
     d = plan(o, st(Phase.SERVING, c=MP, images=images(MP)), MP, 100)
     assert d.repair == "serve" and d.reason.startswith("ServeRankExited: spark-2 (rank 1): exit code 1")
     assert d.actions == (StopServe("rank exited"),)
@@ -187,7 +188,7 @@ def test_mp_a_rank_that_exited_is_a_serve_repair_of_every_rank() -> None:
 
 def test_mp_a_rank_that_could_not_be_looked_at_is_unknown_never_a_repair() -> None:
     lost = dataclasses.replace(rank("spark-2"), error="DockerTimeout: serve state on spark-2")
-    o = mp_obs(serve=rank(), follower=lost, endpoint=EndpointObservation("up", "", 200, ("Qwen3.5",)))
+    o = mp_obs(serve=rank(), follower=lost, endpoint=EndpointObservation(EndpointState.UP, "", 200, ("Qwen3.5",)))
     s = st(Phase.SERVING, c=MP, images=images(MP), verdict=Verdict(True, "ok", rank().identity))
     d = plan(o, s, MP, 100)
     assert not d.repair and not any(isinstance(a, StopServe) for a in d.actions)

@@ -18,6 +18,7 @@ from spark_supervisor.model import (
     Action,
     CheckImage,
     EndpointObservation,
+    EndpointState,
     ImageReport,
     Observation,
     Phase,
@@ -106,11 +107,11 @@ def test_cold_start_to_serving_sends_ready_once(tmp_path: Path) -> None:
     daemon.tick()
     assert be.ran[-1] == StartServe()
     s = serve_running(c)
-    be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation("refused"))
+    be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation(EndpointState.REFUSED))
     daemon.tick()
     assert phase_now(daemon.status) == Phase.LOADING
     assert not any(n.startswith("READY=1") for n in notes.sent)
-    be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation("up", health=200, models=("Qwen3.5",)))
+    be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",)))
     daemon.tick()
     assert phase_now(daemon.status) == Phase.VERIFYING and daemon.status.verdict is not None
     daemon.tick()
@@ -395,7 +396,7 @@ def test_a_start_with_far_less_kv_cache_than_the_best_for_its_spec_is_a_warning(
     log = ("(EngineCore pid=1) INFO 12-02 10:00:00 [kv_cache_utils.py:1] GPU KV cache size: 200,000 tokens\n"
            "INFO:     Application startup complete.\n")
     be.next = obs(c, deployed=True, serve=serve_running(c, log=log),
-                  endpoint=EndpointObservation("up", health=200, models=("Qwen3.5",)))
+                  endpoint=EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",)))
     daemon.tick()
     kv = daemon.status.kv_cache
     assert kv["tokens"] == 200000 and kv["best"] == 409856 and kv["warning"].startswith("KvCacheRegression: 200,000")
@@ -405,7 +406,7 @@ def test_a_start_with_far_less_kv_cache_than_the_best_for_its_spec_is_a_warning(
     daemon2, be2, _, _, _ = make(tmp_path)
     log2 = log.replace("200,000", "500,000")
     be2.next = obs(c, deployed=True, serve=serve_running(c, log=log2, pid=78),
-                   endpoint=EndpointObservation("up", health=200, models=("Qwen3.5",)))
+                   endpoint=EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",)))
     daemon2.tick()
     assert not daemon2.status.kv_cache["warning"]
     assert json.loads((own / "kv.json").read_text())[serve_hash(c, c.deployment)] == 500000
@@ -417,7 +418,7 @@ def test_a_load_that_moved_on_the_tick_it_would_have_stalled_is_not_stalled(tmp_
 
     def loading(shard: int) -> Observation:
         bar = f"Loading safetensors checkpoint shards:  {shard * 100 // 39}% Completed | {shard}/39 [00:40<01:30]\r"
-        return obs(c, deployed=True, serve=serve_running(c, log=bar), endpoint=EndpointObservation("refused"))
+        return obs(c, deployed=True, serve=serve_running(c, log=bar), endpoint=EndpointObservation(EndpointState.REFUSED))
     be.next = loading(1)
     daemon.tick()
     assert phase_now(daemon.status) == Phase.LOADING

@@ -14,6 +14,7 @@ from spark_supervisor.adapters.ray import parse, read_nodes
 from spark_supervisor.model import (
     Decision,
     EndpointObservation,
+    EndpointState,
     NodeObservation,
     Observation,
     Phase,
@@ -32,7 +33,7 @@ from tests.helpers import cfg, obs, serve_running
 
 C = cfg()
 HEAD, WORKER = "192.168.200.12", "192.168.200.13"
-UP = EndpointObservation("up", health=200, models=("Qwen3.5",))
+UP = EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",))
 
 
 def row(ip: object = HEAD, state: object = "ALIVE", gpu: object = 1.0, **kw: object) -> dict[str, Any]:

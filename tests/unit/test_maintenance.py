@@ -20,7 +20,7 @@ from spark_supervisor.alerts import Alerter, RateLimit, webhook_label
 from spark_supervisor.config import Alerts
 from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.maintenance import parse_duration
-from spark_supervisor.model import EndpointObservation, Pause, Phase, StartServe
+from spark_supervisor.model import EndpointObservation, EndpointState, Pause, Phase, StartServe
 from tests.helpers import data, obs, serve_running
 from tests.unit.test_daemon import FakeBackend, make
 
@@ -75,7 +75,7 @@ def receiver() -> Iterator[Receiver]:
 def to_serving(daemon: Daemon, be: FakeBackend) -> None:
     c = daemon.cfg
     s = serve_running(c)
-    be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation("up", health=200, models=("Qwen3.5",)))
+    be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",)))
     for _ in range(4):
         daemon.tick()
     assert daemon.status.phase == Phase.SERVING
@@ -94,7 +94,7 @@ def test_paused_it_observes_and_reports_but_acts_on_nothing_and_spends_no_budget
     n = len(be.ran)
     c = daemon.cfg
     be.next = obs(c, deployed=True, serve=replace(serve_running(c), running=False, exit_code=137),
-                  endpoint=EndpointObservation("refused"))
+                  endpoint=EndpointObservation(EndpointState.REFUSED))
     for _ in range(3):
         clock.t += 5
         daemon.tick()
@@ -221,7 +221,7 @@ def test_the_daemon_alerts_on_repair_failed_and_recovery(tmp_path: Path, receive
     to_serving(daemon, be)
     c = daemon.cfg
     dead = replace(serve_running(c), running=False, exit_code=137)
-    be.next = obs(c, deployed=True, serve=dead, endpoint=EndpointObservation("refused"))
+    be.next = obs(c, deployed=True, serve=dead, endpoint=EndpointObservation(EndpointState.REFUSED))
     daemon.tick()  # the serve is gone: a repair
     docs = receiver.wait(1)
     assert docs[0]["event"] == "repair" and docs[0]["budget_used"] == 1 and docs[0]["budget"] == 3

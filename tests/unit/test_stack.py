@@ -19,6 +19,7 @@ from spark_supervisor.model import (
     CheckImage,
     Container,
     EndpointObservation,
+    EndpointState,
     Phase,
     RemoveContainers,
     StartContainer,
@@ -119,7 +120,7 @@ def serving(daemon: Daemon, be: dict[str, FakeBackend], name: str) -> None:
     """What a serving deployment looks like to its own backend."""
     v = daemon.reconcilers[name].cfg
     be[name].next = obs(v, deployed=True, serve=serve_running(v),
-                        endpoint=EndpointObservation("up", health=200, models=(v.deployment.serve.name,)))
+                        endpoint=EndpointObservation(EndpointState.UP, health=200, models=(v.deployment.serve.name,)))
 
 
 def ticks_until(daemon: Daemon, done: Any, most: int = 6) -> None:
@@ -168,7 +169,7 @@ def test_a_repair_of_one_deployment_acts_on_nothing_of_the_other(tmp_path: Path)
     v = daemon.reconcilers["qwen"].cfg
     dead = serve_running(v)
     be["qwen"].next = obs(v, deployed=True, serve=type(dead)(**{**dead.__dict__, "running": False, "exit_code": 1}),
-                          endpoint=EndpointObservation("refused"))
+                          endpoint=EndpointObservation(EndpointState.REFUSED))
     clock.t += 5
     daemon.tick()
     assert daemon.reconcilers["qwen"].status.phase != Phase.SERVING and be["qwen"].ran

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from spark_supervisor import logscan, probes
-from spark_supervisor.model import EndpointObservation
+from spark_supervisor.model import EndpointObservation, EndpointState
 from tests.standin_process import StandinProcess
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_vllm"
@@ -54,7 +54,7 @@ def test_a_healthy_start_reads_the_same(standin: Standin) -> None:
     # /health: 200 with an empty body on both (tests/fixtures/real_vllm/health.txt).
     code, body = s.request("GET", "/health")
     assert (code, body) == (200, b"")
-    assert probes.health_result(EndpointObservation("up", "", code)) == "success"
+    assert probes.health_result(EndpointObservation(EndpointState.UP, "", code)) == "success"
     real_models = json.loads((FIXTURES / "models.json").read_text())
     code, models = s.request("GET", "/v1/models")
     assert code == 200 and json.loads(models)["data"][0]["id"] == real_models["data"][0]["id"] == "tiny-qwen3"
