@@ -9,7 +9,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from . import commands, modelcheck, redaction, statefile
+from . import commands, identity, modelcheck, redaction, statefile
 from . import retry as retry_mod
 from .adapters import AdapterError, NotFoundError
 from .config import Node, deployment_secrets, ray_hash, serve_hash
@@ -91,7 +91,7 @@ class Actor:
             case StartServe():
                 sh = serve_hash(cfg, dep)
                 for rank in commands.serve_nodes(cfg, dep):  # rank 0 first: the others connect to it
-                    container = commands.node_container_name(dep, rank)
+                    container = identity.node_container_name(dep, rank)
                     w.nodes[rank.name].docker.exec(container, commands.serve_launch(cfg, dep, sh, rank),
                                                    env=commands.serve_env(cfg, dep, sh, rank), detach=True)
                     self.log.info("serve.launched", node=rank.name, container=container,
@@ -168,7 +168,7 @@ class Actor:
         cfg = self.world.cfg
         dep, node = cfg.deployment, a.node
         key = modelcheck.key(cfg, dep)
-        name = commands.prefetch_name(dep, node)
+        name = identity.prefetch_name(dep, node)
         found = next((c for c in a.docker.containers() if c.name == name), None)
         detail = ""
         if found is not None:
@@ -218,7 +218,7 @@ class Actor:
     def _stop_serve(self, node: Node) -> None:
         dep = self.world.cfg.deployment
         try:
-            self.world.nodes[node.name].docker.exec(commands.node_container_name(dep, node), commands.serve_stop(dep),
+            self.world.nodes[node.name].docker.exec(identity.node_container_name(dep, node), commands.serve_stop(dep),
                                                     what="serve stop")
         except NotFoundError:
             pass  # its container is gone, and the serve with it

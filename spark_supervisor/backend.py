@@ -7,14 +7,13 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from . import config as config_mod
-from . import probes
+from . import identity, probes
 from .act import ActionFailed, Actor
 from .adapters import AdapterError
 from .adapters.quick import QuickProbe
 from .adapters.shell import control_dir
 from .config import Config
-from .model import Action, Container, EndpointObservation, ImageReport, Observation, RayObservation, Verdict
+from .model import Action, EndpointObservation, ImageReport, Observation, RayObservation, Verdict
 from .observe import Observer, World
 
 Fingerprint = tuple[frozenset[str] | None, str]
@@ -71,23 +70,15 @@ class RealBackend:
         self.world.close()
 
 
-def _ours(c: Container, deployment: str, name: str) -> bool:
-    """Its owner label names the deployment; without one, its name is the deployment's container on the node
-    (never a container another deployment or supervisor owns, whatever it is called)."""
-    owner = c.labels.get(config_mod.OWNER_LABEL)
-    return owner == deployment if owner is not None else c.name == name
-
-
 def teardown(world: World, log: Any) -> list[str]:
     """Remove every container this deployment owns, on every node, workers first."""
-    from .commands import node_container_name
     cfg = world.cfg
     dep = cfg.deployment
     removed, errors = [], []
     for node in reversed(cfg.members(dep)):
         a = world.nodes[node.name]
         try:
-            names = [c.name for c in a.docker.containers() if _ours(c, dep.name, node_container_name(dep, node))]
+            names = identity.teardown_targets(a.docker.containers(), dep, node)
             for name in names:
                 if a.docker.remove(name):
                     removed.append(f"{node.name}/{name}")

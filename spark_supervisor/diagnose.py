@@ -6,7 +6,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from dataclasses import dataclass
 
-from . import commands, redaction
+from . import commands, identity, redaction
 from .adapters import AdapterError
 from .adapters.shell import run_local
 from .config import deployment_secrets
@@ -53,7 +53,7 @@ class NodeDiagnosis:
 def _layers(world: World, a: NodeAdapters, timeout: float) -> list[Layer]:
     cfg = world.cfg
     dep = cfg.deployment
-    container = commands.node_container_name(dep, a.node)
+    container = identity.node_container_name(dep, a.node)
     secrets = deployment_secrets(cfg, dep)
 
     def shown(e: Exception) -> str:
@@ -106,7 +106,7 @@ def render(diags: list[NodeDiagnosis], world: World) -> str:
         if failing is None:
             lines.append(head + f"OK ({d.layers[0].name} answers)")
         else:
-            hint = HINTS[failing.name].format(node=d.node, container=commands.node_container_name(dep, node))
+            hint = HINTS[failing.name].format(node=d.node, container=identity.node_container_name(dep, node))
             lines.append(head + f"deepest answering: {d.deepest_ok}; first failing: {failing.name}")
             lines.append(f"  hint: {hint}")
         for lay in d.layers:

@@ -13,14 +13,14 @@ from typing import Any
 
 import httpx
 
-from . import commands, redaction
+from . import commands, identity, redaction
 from .adapters import AdapterError, Unreachable
 from .adapters.docker import DockerEngine
 from .adapters.nvidia import parse_meminfo, parse_smi_xml
 from .adapters.ray import RayDashboard, read_nodes
 from .adapters.shell import NodeShell, Result
 from .adapters.vllm import VllmApi
-from .config import OWNER_LABEL, RAY_STATE_LABEL, ROLE_LABEL, Config, Node, deployment_secrets
+from .config import Config, Node, deployment_secrets
 from .model import (
     Container,
     EndpointObservation,
@@ -185,7 +185,7 @@ def _ended(a: NodeAdapters, cfg: Config, containers: tuple[Container, ...]) -> t
     dep = cfg.deployment
     out = []
     for c in containers:
-        if c.lost and c.labels.get(OWNER_LABEL) == dep.name and c.labels.get(ROLE_LABEL) != commands.PREFETCH_ROLE:
+        if c.lost and identity.owns(c, dep):
             try:
                 code, tail = a.docker.ended(c.name)
                 c = dataclasses.replace(c, exit_code=code, log_tail=redaction.text(tail, deployment_secrets(cfg, dep)))
@@ -287,7 +287,7 @@ def _owned_pids(a: NodeAdapters, cfg: Config, containers: tuple[Container, ...],
         return None
     pids: set[int] = set()
     for c in containers:
-        if c.running and c.labels.get(OWNER_LABEL) in cfg.owners:
+        if c.running and identity.owned_by_any(c, cfg):
             try:
                 pids.update(a.docker.pids(c.name))
             except AdapterError as e:
@@ -385,7 +385,7 @@ class Observer:
         pending = {}
         for node in commands.serve_nodes(cfg, dep)[1:]:
             o, last = nodes[node.name], self._followers.get(node.name)
-            name = commands.node_container_name(dep, node)
+            name = identity.node_container_name(dep, node)
             c = next((x for x in o.containers if x.name == name), None)
             if o.error:
                 out[node.name] = dataclasses.replace(last or ServeObservation(False), error=f"its node: {o.error}")
@@ -437,10 +437,10 @@ class Observer:
             except cf.TimeoutError:
                 nodes[name] = NodeObservation(name, error=f"ObserveTimeout: no answer within {timeout:.0f}s")
         home = cfg.serve_node(dep)
-        head_name = commands.node_container_name(dep, home)
+        head_name = identity.node_container_name(dep, home)
         head_c = next((c for c in nodes[home.name].containers if c.name == head_name), None)
         if head_c is not None and not nodes[home.name].error:
-            self.ray_via = "gcs" if head_c.labels.get(RAY_STATE_LABEL) == "gcs" else "dashboard"
+            self.ray_via = identity.ray_via(head_c)
         ray: RayObservation | None = ray_recent if dep.uses_ray and self.ray_via == "dashboard" else None
         if ray_f is not None:
             try:

@@ -146,7 +146,8 @@ def resolve(cfg: Config, deployment: str | None, node: str | None) -> tuple[Depl
 
 
 def show(cfg: Config, dep: Deployment, node: Node, *, previous: bool, follow: bool, lines: int | None) -> int:
-    from .commands import node_container_name, serve_dir, serve_log_dir
+    from .commands import serve_dir, serve_log_dir
+    from .identity import node_container_name
     directory = serve_log_dir(dep, node)
     if not directory:
         raise Problem(f"{dep.name}: log_host_dir is \"\" ([deployments.serve]): the serve's log is kept in the "

@@ -14,8 +14,8 @@ import dataclasses
 import os
 from typing import Any
 
-from . import logscan
-from .config import OWNER_LABEL, Config, ray_hash, serve_hash
+from . import identity, logscan
+from .config import Config, ray_hash, serve_hash
 from .model import Observation, Status
 from .model.document import DeploymentDoc, HistoryDoc, StatusDoc
 from .statefile import iso
@@ -73,7 +73,7 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
         if o is not None:
             entry.update(error=o.error, docker_version=o.docker_version, probe_errors=list(o.probe_errors),
                          containers=[{"name": c.name, "state": c.state, "image": c.image}
-                                     for c in o.containers if c.labels.get(OWNER_LABEL) == dep.name],
+                                     for c in o.containers if identity.labelled_for(c, dep)],
                          gpu=dataclasses.asdict(o.gpu) if o.gpu else None,
                          memory=dataclasses.asdict(o.memory) if o.memory else None)
         doc["nodes"][n.name] = entry

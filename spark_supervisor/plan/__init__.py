@@ -23,11 +23,12 @@ absent, a Ray node that Ray's (reachable) dashboard does not list alive, a serve
 not running, a probe failing past its threshold.
 """
 
+from ..identity import is_orphan, is_stale  # the hygiene step's owner rules, as the plan's
 from .cluster import containers, hygiene, nodes_seen, placement, ray
 from .facts import Facts, RayView, Rule, ray_view
 from .rules import RULES, plan
 from .serving import liveness, ranks, readiness, serve
-from .stale import is_orphan, is_stale, stale_units
+from .stale import stale_units
 from .unknown import unknowns
 
 __all__ = ["RULES", "Facts", "RayView", "Rule", "containers", "hygiene", "is_orphan", "is_stale", "liveness",

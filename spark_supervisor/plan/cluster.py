@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from .. import logscan
 from ..admission import admit, gpu_blockers, gpu_unknown, port_holders
-from ..commands import node_container_name
-from ..config import HASH_LABEL, Node, ray_hash
+from ..config import Node, ray_hash
+from ..identity import is_orphan, is_stale, node_container_name, owned, spec_hash
 from ..model import (
     Action,
     Container,
@@ -17,9 +17,9 @@ from ..model import (
     StartContainer,
     StopUnits,
 )
-from .facts import DEPLOYED, Facts, hold, owned, ray_view
+from .facts import DEPLOYED, Facts, hold, ray_view
 from .gates import image_gate, model_gate
-from .stale import is_orphan, is_stale, stale_units
+from .stale import stale_units
 
 
 def nodes_seen(f: Facts) -> Decision | None:
@@ -78,12 +78,12 @@ def containers(f: Facts) -> Decision | None:
     for node in f.members:
         cs = owned(f.obs.nodes[node.name], dep)
         ok = [c for c in cs if c.name == node_container_name(dep, node) and c.running
-              and c.labels.get(HASH_LABEL) == rh]
+              and spec_hash(c) == rh]
         if ok and len(cs) == 1:
             continue
         if not cs:
             problems.append(f"{node.name}: no {f.kind} container")
-        elif any(c.labels.get(HASH_LABEL) != rh for c in cs):
+        elif any(spec_hash(c) != rh for c in cs):
             problems.append(f"{node.name}: spec changed")
         elif any(c.lost for c in cs) or len(cs) > 1:
             problems.append(f"{node.name}: {f.kind} container {cs[0].state}{_why_ended(cs[0])}")

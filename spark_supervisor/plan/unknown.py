@@ -4,8 +4,9 @@ without it (``with_unknowns``): the reason says so, and DEGRADED once it lasts p
 from __future__ import annotations
 
 from ..config import Config
+from ..identity import owned
 from ..model import Decision, Observation, Phase, Reason, Status
-from .facts import owned, ray_view
+from .facts import ray_view
 
 
 def unknowns(obs: Observation, cfg: Config, phase: Phase | None = None) -> dict[str, str]:
