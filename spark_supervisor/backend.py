@@ -13,7 +13,7 @@ from .adapters import AdapterError
 from .adapters.quick import QuickProbe
 from .adapters.shell import control_dir
 from .config import Config
-from .model import Action, EndpointObservation, ImageReport, Observation, RayObservation, Verdict
+from .model import Action, EndpointObservation, ImageReport, Kind, Observation, RayObservation, Verdict
 from .observe import Observer, World
 
 Fingerprint = tuple[frozenset[str] | None, str]
@@ -87,5 +87,5 @@ def teardown(world: World, log: Any) -> list[str]:
             errors.append(f"{node.name}: {e}")
             log.error("teardown.failed", node=node.name, error=str(e))
     if errors:
-        raise ActionFailed("TeardownIncomplete", "; ".join(errors))
+        raise ActionFailed(Kind.TEARDOWN_INCOMPLETE, "; ".join(errors))
     return removed

@@ -23,7 +23,7 @@ from typing import Any
 
 from . import redaction, script
 from .config import Config, Deployment, deployment_secrets, ray_hash
-from .model import ModelReport
+from .model import Kind, ModelReport
 
 MARK = "spark-model:"
 PROGRESS = "/tmp/spark-model-prefetch.json"  # in the prefetch container
@@ -251,5 +251,5 @@ def hint(cfg: Config, dep: Deployment, bad: list[ModelReport], good: list[ModelR
 def problem(cfg: Config, dep: Deployment, reports: dict[str, ModelReport]) -> tuple[str, str] | None:
     """(reason kind, detail) when a node lacks the model, else None."""
     if any(m.missing for m in reports.values()):
-        return ("ModelMissing", describe(cfg, dep, reports))
+        return (Kind.MODEL_MISSING, describe(cfg, dep, reports))
     return None

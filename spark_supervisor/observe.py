@@ -26,6 +26,7 @@ from .model import (
     EndpointObservation,
     EndpointState,
     Gpu,
+    Kind,
     Listener,
     Memory,
     NodeObservation,
@@ -410,16 +411,16 @@ class Observer:
         if not full and serving and last is not None and last.via == "gcs" and last.reachable:
             return last
         if head_c is None or not head_c.running:
-            return RayObservation(False, "RayHeadNotRunning", via="gcs")
+            return RayObservation(False, Kind.RAY_HEAD_NOT_RUNNING, via="gcs")
         cfg = self.world.cfg
         timeout = cfg.supervisor.io_timeout
         try:
             code, out = self.world.head().docker.exec(head_c.name, commands.ray_nodes(cfg, cfg.deployment, timeout),
                                                       what="ray nodes")
         except AdapterError as e:
-            return RayObservation(False, f"RayGcsUnreachable: {e}"[:200], via="gcs")
+            return RayObservation(False, f"{Kind.RAY_GCS_UNREACHABLE}: {e}"[:200], via="gcs")
         if code != 0:
-            return RayObservation(False, f"RayGcsUnreachable: exit {code}: {out.strip()[-200:]}", via="gcs")
+            return RayObservation(False, f"{Kind.RAY_GCS_UNREACHABLE}: exit {code}: {out.strip()[-200:]}", via="gcs")
         return read_nodes(out.strip().splitlines()[-1] if out.strip() else "", "gcs")
 
     def observe(self, full: bool) -> Observation:
@@ -446,7 +447,7 @@ class Observer:
             try:
                 ray = ray_f.result(timeout=timeout)
             except cf.TimeoutError:
-                ray = RayObservation(False, f"RayDashboardUnreachable: no answer within {timeout:.0f}s")
+                ray = RayObservation(False, f"{Kind.RAY_DASHBOARD_UNREACHABLE}: no answer within {timeout:.0f}s")
         serve, endpoint = self._serve_and_endpoint(head_c, full, nodes[home.name].error)
         followers = self._followers_of(nodes, self._watched)
         if dep.uses_ray and self.ray_via == "gcs":

@@ -21,6 +21,7 @@ from ..model import (
     Decision,
     DropPageCache,
     ImageReport,
+    Kind,
     Observation,
     Pause,
     Phase,
@@ -104,7 +105,7 @@ class Reconciler:
         self.load.update(st, obs, self.cfg, self.metrics, now)
         decision = plan(obs, dataclasses.replace(st, phase=self._paused_from), self.cfg, now)
         sees = _would(decision, self._paused_from)
-        if st.advance(Phase.PAUSED, Reason("Paused", f"{self.paused.text()}; {sees}"), now, self.wall()):
+        if st.advance(Phase.PAUSED, Reason(Kind.PAUSED, f"{self.paused.text()}; {sees}"), now, self.wall()):
             self.log.info("phase.paused", phase=Phase.PAUSED.value, sees=sees, by=self.paused.by,
                           reason=self.paused.reason)
         self.watch.saw(obs)
@@ -182,7 +183,7 @@ class Reconciler:
                 if not action.deep:
                     st.verdict = verdict
                     if not verdict.passed:
-                        failure = Reason("SanityFailed", verdict.why)
+                        failure = Reason(Kind.SANITY_FAILED, verdict.why)
         return failure, fatal
 
     def _start_repair(self, decision: Decision, now: float) -> None:

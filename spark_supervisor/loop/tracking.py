@@ -14,7 +14,7 @@ from .. import logscan, probes, statefile
 from ..backend import Backend, Fingerprint, fingerprint
 from ..config import Config
 from ..metrics import DeploymentMetrics, NoMetrics
-from ..model import Decision, EndpointState, Observation, Phase, ProbeResult, Status, Tracker
+from ..model import Decision, EndpointState, Kind, Observation, Phase, ProbeResult, Status, Tracker
 from ..plan import unknowns
 from ..retry import backoff_delay
 
@@ -103,7 +103,7 @@ class LoadProgress:
         st.kv_cache = {"serve": serve.identity, "tokens": tokens, "best": max(best, tokens), "warning": ""}
         if regressed:
             st.kv_cache["warning"] = (
-                f"KvCacheRegression: {tokens:,} tokens, {1 - tokens / best:.0%} below the best {best:,} for this "
+                f"{Kind.KV_CACHE_REGRESSION}: {tokens:,} tokens, {1 - tokens / best:.0%} below the best {best:,} for this "
                 "spec: page cache or compiler memory during the load counted as used; drop the page cache and "
                 "restart the serve at a quiet moment")
             self.log.warning("memory.kv_cache_regression", tokens=tokens, best=best, spec=serve.spec_hash)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import Config
-from ..model import Decision, Observation, Phase, Reason, Status
+from ..model import Decision, Kind, Observation, Phase, Reason, Status
 from .cluster import containers, hygiene, nodes_seen, placement, ray
 from .facts import Facts, Rule, ray_view
 from .serving import liveness, ranks, readiness, serve
@@ -46,4 +46,4 @@ def _with_strays(d: Decision, obs: Observation, cfg: Config) -> Decision:
         return d
     note = f"{', '.join(strays)} joined the head's Ray but {'is' if len(strays) == 1 else 'are'} no node of " \
            f"{dep.name} (ignored)"
-    return dataclasses.replace(d, why=Reason("RayStrayNode", f"{note}; {d.why.detail}" if d.why.detail else note))
+    return dataclasses.replace(d, why=Reason(Kind.RAY_STRAY_NODE, f"{note}; {d.why.detail}" if d.why.detail else note))

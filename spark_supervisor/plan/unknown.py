@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..config import Config
 from ..identity import owned
-from ..model import Decision, Observation, Phase, Reason, Status
+from ..model import Decision, Kind, Observation, Phase, Reason, Status
 from .facts import ray_view
 
 
@@ -38,15 +38,15 @@ def with_unknowns(d: Decision, obs: Observation, st: Status, cfg: Config, now: f
     part could not be seen from one tick to the next). Repairs, failures, cleaning and Ray's own join
     stand on their own evidence and deadlines and are left as they are."""
     seen_not = unknowns(obs, cfg, st.phase)
-    if (not seen_not or d.repair or d.fatal or d.failure or d.why.kind == "NodeLost"
+    if (not seen_not or d.repair or d.fatal or d.failure or d.why.kind == Kind.NODE_LOST
             or d.phase in (Phase.BACKOFF, Phase.STARTING_RAY)):
         return d
-    if d.why.kind == "ObservationUnknown":
+    if d.why.kind == Kind.OBSERVATION_UNKNOWN:
         why = d.why
     elif d.phase == Phase.CLEANING:
         return d
     else:
-        why = Reason("ObservationUnknown", "; ".join(f"{k}: {v}" for k, v in seen_not.items()))
+        why = Reason(Kind.OBSERVATION_UNKNOWN, "; ".join(f"{k}: {v}" for k, v in seen_not.items()))
     since = st.unknown_run_since or now
     if now - since > cfg.healing.unknown_patience:
         return Decision(Phase.DEGRADED, Reason(why.kind, f"{why.detail} (longer than {cfg.healing.unknown_patience:.0f}s)"),
