@@ -21,8 +21,12 @@ Fingerprint = tuple[frozenset[str] | None, str]
 
 def fingerprint(ray: RayObservation | None, endpoint: EndpointObservation | None) -> Fingerprint:
     """What the quick check compares between ticks: the Ray nodes alive and the /health result."""
-    alive = frozenset(n.ip for n in ray.alive) if ray is not None and ray.reachable else None
-    return alive, probes.health_result(endpoint)
+    return ray_alive(ray), probes.health_result(endpoint)
+
+
+def ray_alive(ray: RayObservation | None) -> frozenset[str] | None:
+    """The addresses Ray lists alive (None: Ray was not read)."""
+    return frozenset(n.ip for n in ray.alive) if ray is not None and ray.reachable else None
 
 
 class Backend(Protocol):

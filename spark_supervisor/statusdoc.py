@@ -25,7 +25,9 @@ __all__ = ["SCHEMA", "DeploymentDoc", "HistoryDoc", "StatusDoc", "bringup", "doc
 
 
 def document(st: Status, obs: Observation | None, cfg: Config, config_path: str, config_hash: str,
-             now_wall: float, mono_to_wall: float, state_problems: tuple[str, ...] = ()) -> DeploymentDoc:
+             now_wall: float, mono_to_wall: float, state_problems: tuple[str, ...] = (),
+             read: logscan.LoadProgress | None = None) -> DeploymentDoc:
+    """``read``: the serve's log as the tick read it (plan.seen), if it did."""
     now_mono = now_wall - mono_to_wall
     dep = cfg.deployment
     doc: DeploymentDoc = {
@@ -82,7 +84,7 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
                       "nodes_alive": len(obs.ray.alive), "gpus": obs.ray.gpus,
                       "nodes": [dataclasses.asdict(r) for r in obs.ray.nodes]}
     if obs and obs.serve and obs.serve.log_tail:
-        p = logscan.scan(obs.serve.log_tail)
+        p = read if read is not None else logscan.scan(obs.serve.log_tail)
         doc["load"] = {"version": p.version, "milestone": p.milestone, "kv_cache_tokens": p.kv_cache_tokens,
                        "timeline": [dataclasses.asdict(x) for x in logscan.timeline(obs.serve.log_tail)]}
     if obs and obs.serve:

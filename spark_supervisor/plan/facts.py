@@ -80,6 +80,7 @@ class Facts:
     st: Status
     cfg: Config
     now: float
+    read: logscan.LoadProgress | None = None  # the serve's log as the tick read it (plan.seen), if it did
 
     @cached_property
     def dep(self) -> Deployment:
@@ -100,6 +101,8 @@ class Facts:
 
     @cached_property
     def progress(self) -> logscan.LoadProgress:
+        if self.read is not None:
+            return self.read
         return logscan.scan(self.obs.serve.log_tail if self.obs.serve is not None else "")
 
     def repair(self, kind: str, reason: Reason, actions: tuple[Action, ...]) -> Decision:

@@ -32,12 +32,14 @@ def unknowns(obs: Observation, cfg: Config, phase: Phase | None = None) -> dict[
     return out
 
 
-def with_unknowns(d: Decision, obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
+def with_unknowns(d: Decision, obs: Observation, st: Status, cfg: Config, now: float,
+                  seen_unknown: dict[str, str] | None = None) -> Decision:
     """Show what could not be seen in a decision that was taken without it; DEGRADED once something has
     stayed unseen past the patience (counted from the start of an unbroken run of unknowns, whichever
     part could not be seen from one tick to the next). Repairs, failures, cleaning and Ray's own join
-    stand on their own evidence and deadlines and are left as they are."""
-    seen_not = unknowns(obs, cfg, st.phase)
+    stand on their own evidence and deadlines and are left as they are. ``seen_unknown``: what the tick
+    already read for this phase (plan.seen), else read here."""
+    seen_not = unknowns(obs, cfg, st.phase) if seen_unknown is None else seen_unknown
     if (not seen_not or d.repair or d.fatal or d.failure or d.why.kind == Kind.NODE_LOST
             or d.phase in (Phase.BACKOFF, Phase.STARTING_RAY)):
         return d
