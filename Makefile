@@ -95,7 +95,7 @@ RUN_SCRIPTS := commands.SERVE_WRAPPER commands.SERVE_STATE commands.SERVE_STOP c
 
 lint: venv
 	$(BIN)/ruff check spark_supervisor spark_testbed tests man
-	$(BIN)/mypy spark_supervisor
+	$(BIN)/mypy spark_supervisor tests spark_testbed
 	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
 	  $(BIN)/python -c 'import importlib, sys; [open(f"{sys.argv[1]}/{s}.sh", "w").write(getattr(importlib.import_module("spark_supervisor." + s.split(".")[0]), s.split(".")[1])) for s in sys.argv[2:]]' "$$d" $(RUN_SCRIPTS) && \
 	  cd "$$d" && $(BIN)/shellcheck --shell=sh --rcfile=$(CURDIR)/spark_supervisor/scripts/.shellcheckrc $(addsuffix .sh,$(RUN_SCRIPTS)) && \

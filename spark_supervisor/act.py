@@ -9,15 +9,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from . import commands, modelcheck, redaction, statefile
+from . import commands, identity, modelcheck, redaction, statefile
 from . import retry as retry_mod
 from .adapters import AdapterError, NotFoundError
-from .config import Node, ray_hash, serve_hash
+from .config import Node, deployment_secrets, ray_hash, serve_hash
 from .model import (
     Action,
     CheckImage,
     DropPageCache,
     ImageReport,
+    Kind,
     ModelReport,
     PrefetchModel,
     Reason,
@@ -29,19 +30,21 @@ from .model import (
     Verdict,
     Verify,
 )
+from .model.reason import deterministic as reason_deterministic
 from .observe import World
 from .preflight import parse_image_probe
 
 
 class ActionFailed(Exception):
     """An action could not be carried out. ``deterministic``: it would fail the same way on retry
-    (a missing image with pulls disabled): FAILED with the reason instead of burning retries."""
+    (a missing image with pulls disabled): FAILED with the reason instead of burning retries. Its kind
+    says so (Kind.deterministic) unless the case decides (``deterministic`` given)."""
 
-    def __init__(self, kind: str, detail: str, *, deterministic: bool = False):
+    def __init__(self, kind: str, detail: str, *, deterministic: bool | None = None):
         self.why = Reason(kind, detail)
         super().__init__(str(self.why))
         self.reason = str(self.why)
-        self.deterministic = deterministic
+        self.deterministic = reason_deterministic(kind) if deterministic is None else deterministic
 
 
 class Actor:
@@ -55,7 +58,8 @@ class Actor:
         try:
             return self._dispatch(action)
         except AdapterError as e:
-            raise ActionFailed(e.reason, str(e.args[0])) from None
+            # An adapter's error (an engine's or SSH's answer) is retried, whatever its kind is called.
+            raise ActionFailed(e.reason, str(e.args[0]), deterministic=False) from None
 
     def _dispatch(self, action: Action) -> Verdict | ImageReport | None:
         w, cfg = self.world, self.world.cfg
@@ -91,7 +95,7 @@ class Actor:
             case StartServe():
                 sh = serve_hash(cfg, dep)
                 for rank in commands.serve_nodes(cfg, dep):  # rank 0 first: the others connect to it
-                    container = commands.node_container_name(dep, rank)
+                    container = identity.node_container_name(dep, rank)
                     w.nodes[rank.name].docker.exec(container, commands.serve_launch(cfg, dep, sh, rank),
                                                    env=commands.serve_env(cfg, dep, sh, rank), detach=True)
                     self.log.info("serve.launched", node=rank.name, container=container,
@@ -118,7 +122,7 @@ class Actor:
 
     def _redact(self, out: str) -> str:
         """A helper's output (the image could echo its environment) fit for a reason or a log line."""
-        return redaction.text(out, commands.secrets(self.world.cfg, self.world.cfg.deployment))
+        return redaction.text(out, deployment_secrets(self.world.cfg, self.world.cfg.deployment))
 
     IMAGES = "images.json"  # image checks by node, kept for as long as the image's ID and the spec stay the same
 
@@ -145,8 +149,8 @@ class Actor:
                 pass  # another shape (an older version, a damaged file): check again
         code, out = a.docker.run_once(spec)
         if code != 0:  # the probe itself always exits 0: the image could not even run sh
-            raise ActionFailed("ImageCheckFailed", f"{node}: {spec.image} exited {code}: {self._redact(out.strip()[-200:])}",
-                               deterministic=code in (126, 127))
+            raise ActionFailed(Kind.IMAGE_CHECK_FAILED, f"{node}: {spec.image} exited {code}: {self._redact(out.strip()[-200:])}",
+                               deterministic=code in (126, 127))  # the image cannot run sh: the case decides
         report = parse_image_probe(node, spec.image, key, out)
         self.log.info("image.checked", node=node, image=spec.image, ray=report.ray_version or None,
                       ray_present=bool(report.ray_path), dashboard=report.dashboard,
@@ -168,7 +172,7 @@ class Actor:
         cfg = self.world.cfg
         dep, node = cfg.deployment, a.node
         key = modelcheck.key(cfg, dep)
-        name = commands.prefetch_name(dep, node)
+        name = identity.prefetch_name(dep, node)
         found = next((c for c in a.docker.containers() if c.name == name), None)
         detail = ""
         if found is not None:
@@ -190,11 +194,11 @@ class Actor:
         spec = commands.model_probe(cfg, dep, node)
         code, out = a.docker.run_once(spec)
         if code != 0:  # the probe exits 0 whatever it finds: the image could not run it (unknown, not missing)
-            raise ActionFailed("ModelCheckFailed", f"{node.name}: {spec.image} exited {code}: {self._redact(out.strip()[-200:])}")
+            raise ActionFailed(Kind.MODEL_CHECK_FAILED, f"{node.name}: {spec.image} exited {code}: {self._redact(out.strip()[-200:])}")
         try:
             report = modelcheck.judge(node.name, dep.serve.model, key, modelcheck.parse(out))
         except modelcheck.ProbeError as e:
-            raise ActionFailed("ModelCheckFailed", f"{node.name}: {e}") from None
+            raise ActionFailed(Kind.MODEL_CHECK_FAILED, f"{node.name}: {e}") from None
         report = dataclasses.replace(report, prefetched=found is not None, detail=detail)
         (self.log.warning if report.missing or report.unchecked else self.log.info)(
             "model.checked", node=node.name, model=dep.serve.model, path=report.path, complete=not report.missing,
@@ -218,7 +222,7 @@ class Actor:
     def _stop_serve(self, node: Node) -> None:
         dep = self.world.cfg.deployment
         try:
-            self.world.nodes[node.name].docker.exec(commands.node_container_name(dep, node), commands.serve_stop(dep),
+            self.world.nodes[node.name].docker.exec(identity.node_container_name(dep, node), commands.serve_stop(dep),
                                                     what="serve stop")
         except NotFoundError:
             pass  # its container is gone, and the serve with it
@@ -230,19 +234,19 @@ class Actor:
         if a.node.drop_caches or a.node.remote:
             r = a.shell.run(list(a.node.drop_caches) or commands.DROP_CACHES)
             if r.rc != 0:  # not allowed or not there: the same again on retry
-                raise ActionFailed("PageCacheDropFailed", f"{a.node.name}: {(r.err.strip() or f'exit {r.rc}')[-200:]} "
-                                   "(set nodes.drop_caches, or [memory] page_cache = \"never\")", deterministic=True)
+                raise ActionFailed(Kind.PAGE_CACHE_DROP_FAILED, f"{a.node.name}: {(r.err.strip() or f'exit {r.rc}')[-200:]} "
+                                   "(set nodes.drop_caches, or [memory] page_cache = \"never\")")
             return
         self._ensure_image(a, image)
         code, out = a.docker.run_once(commands.drop_caches_container(image))
         if code != 0:  # the image cannot do it (no sh, no sync, no write): the same again on retry
-            raise ActionFailed("PageCacheDropFailed", f"{a.node.name}: helper container exited {code}: {self._redact(out[-200:])} "
-                               "(set nodes.drop_caches, or [memory] page_cache = \"never\")", deterministic=True)
+            raise ActionFailed(Kind.PAGE_CACHE_DROP_FAILED, f"{a.node.name}: helper container exited {code}: {self._redact(out[-200:])} "
+                               "(set nodes.drop_caches, or [memory] page_cache = \"never\")")
 
     def _systemctl(self, a: Any, verb: str, unit: str) -> None:
         r = a.shell.run(commands.systemctl(verb, [unit]))
         if r.rc != 0:
-            raise ActionFailed("SystemctlFailed", f"systemctl {verb} {unit} on {a.node.name}: "
+            raise ActionFailed(Kind.SYSTEMCTL_FAILED, f"systemctl {verb} {unit} on {a.node.name}: "
                                f"{(r.err.strip() or f'exit {r.rc}')[-200:]}")
 
     def _ensure_image(self, a: Any, image: str) -> None:
@@ -250,9 +254,8 @@ class Actor:
             return
         policy = self.world.cfg.deployment.ray.image_pull
         if policy == "never":
-            raise ActionFailed("ImageMissing", f"{image} is not on {a.node.name} and image_pull = \"never\" "
-                               f"(load it with `docker load` or set image_pull = \"if-missing\")",
-                               deterministic=True)
+            raise ActionFailed(Kind.IMAGE_MISSING, f"{image} is not on {a.node.name} and image_pull = \"never\" "
+                               f"(load it with `docker load` or set image_pull = \"if-missing\")")
         timeout = self.world.cfg.deployment.ray.pull_timeout
         self.log.warning("image.pulling", node=a.node.name, image=image, timeout_s=timeout)
         last = [0.0]

@@ -5,7 +5,17 @@ the way), and what to do about it."""
 from __future__ import annotations
 
 from .config import Config, Deployment
-from .model import Decision, DropPageCache, NodeObservation, Observation, Phase, Reason, Status, StopServe
+from .model import (
+    Decision,
+    DropPageCache,
+    Kind,
+    NodeObservation,
+    Observation,
+    Phase,
+    Reason,
+    Status,
+    StopServe,
+)
 
 
 def _need_mib(o: NodeObservation, dep: Deployment) -> int | None:
@@ -68,14 +78,14 @@ def admit(obs: Observation, st: Status, cfg: Config, phase: Phase) -> Decision |
         return None
     figures = "; ".join(cache.values())
     if cfg.memory.page_cache == "never":
-        return Decision(Phase.FAILED, Reason("FreeMemoryBelowUtilization", f"{figures}: the page cache holds the rest and "
+        return Decision(Phase.FAILED, Reason(Kind.FREE_MEMORY_BELOW_UTILIZATION, f"{figures}: the page cache holds the rest and "
                         "[memory] page_cache = \"never\" (drop it by hand: sync; echo 3 > /proc/sys/vm/drop_caches, "
                         "or set page_cache = \"drop\", or lower gpu_memory_utilization)"), fatal=True)
     again = sorted(set(cache) & st.page_cache_dropped)
     if again:
-        return Decision(Phase.FAILED, Reason("FreeMemoryBelowUtilization", f"{figures} even after dropping the page cache "
+        return Decision(Phase.FAILED, Reason(Kind.FREE_MEMORY_BELOW_UTILIZATION, f"{figures} even after dropping the page cache "
                         "(something keeps refilling it or holds memory: lower gpu_memory_utilization)"), fatal=True)
-    return Decision(phase, Reason("PageCacheInTheWay", f"{figures}: dropping it"),
+    return Decision(phase, Reason(Kind.PAGE_CACHE_IN_THE_WAY, f"{figures}: dropping it"),
                     tuple(DropPageCache(n, "page cache in the way") for n in cache))
 
 
@@ -96,16 +106,16 @@ def free_memory_failure(obs: Observation, st: Status, cfg: Config, line: str) ->
     let the launch be retried once (no repair budget: nothing was broken)."""
     dep = cfg.deployment
     if not obs.full:
-        return Decision(st.phase, Reason("FreeMemoryBelowUtilization", "reading memory before deciding"), look_closer=True)
+        return Decision(st.phase, Reason(Kind.FREE_MEMORY_BELOW_UTILIZATION, "reading memory before deciding"), look_closer=True)
     nodes = [obs.nodes[n.name] for n in cfg.members(dep)]
     figures = "; ".join(f"{o.name}: {_mem(o)}" for o in nodes if o.memory is not None) or "memory not read"
     short = gpu_blockers(obs, cfg, dep)
     if st.page_cache_dropped or short or cfg.memory.page_cache == "never":
         why = ("after dropping the page cache" if st.page_cache_dropped else
                "with MemAvailable short too" if short else "and [memory] page_cache = \"never\"")
-        return Decision(Phase.FAILED, Reason("ServeFailed", f"FreeMemoryBelowUtilization {why}: {figures} ({line}); "
+        return Decision(Phase.FAILED, Reason(Kind.SERVE_FAILED, f"FreeMemoryBelowUtilization {why}: {figures} ({line}); "
                         "free the memory or lower gpu_memory_utilization"), (StopServe("failed"),), fatal=True)
-    return Decision(Phase.STARTING_VLLM, Reason("FreeMemoryBelowUtilization", f"{figures}: dropping the page cache, "
+    return Decision(Phase.STARTING_VLLM, Reason(Kind.FREE_MEMORY_BELOW_UTILIZATION, f"{figures}: dropping the page cache, "
                     "then one more launch"), (StopServe("free memory"), *(
                         DropPageCache(n.name, "vLLM refused on free memory") for n in cfg.members(dep))))
 

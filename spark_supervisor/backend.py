@@ -7,8 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from . import config as config_mod
-from . import probes
+from . import identity, probes
 from . import prove as prove_mod
 from .act import ActionFailed, Actor
 from .adapters import AdapterError
@@ -17,9 +16,9 @@ from .adapters.shell import control_dir
 from .config import Config
 from .model import (
     Action,
-    Container,
     EndpointObservation,
     ImageReport,
+    Kind,
     Observation,
     RayObservation,
     Reason,
@@ -32,8 +31,12 @@ Fingerprint = tuple[frozenset[str] | None, str]
 
 def fingerprint(ray: RayObservation | None, endpoint: EndpointObservation | None) -> Fingerprint:
     """What the quick check compares between ticks: the Ray nodes alive and the /health result."""
-    alive = frozenset(n.ip for n in ray.alive) if ray is not None and ray.reachable else None
-    return alive, probes.health_result(endpoint)
+    return ray_alive(ray), probes.health_result(endpoint)
+
+
+def ray_alive(ray: RayObservation | None) -> frozenset[str] | None:
+    """The addresses Ray lists alive (None: Ray was not read)."""
+    return frozenset(n.ip for n in ray.alive) if ray is not None and ray.reachable else None
 
 
 class Backend(Protocol):
@@ -86,23 +89,15 @@ class RealBackend:
         self.world.close()
 
 
-def _ours(c: Container, deployment: str, name: str) -> bool:
-    """Its owner label names the deployment; without one, its name is the deployment's container on the node
-    (never a container another deployment or supervisor owns, whatever it is called)."""
-    owner = c.labels.get(config_mod.OWNER_LABEL)
-    return owner == deployment if owner is not None else c.name == name
-
-
 def teardown(world: World, log: Any) -> list[str]:
     """Remove every container this deployment owns, on every node, workers first."""
-    from .commands import node_container_name
     cfg = world.cfg
     dep = cfg.deployment
     removed, errors = [], []
     for node in reversed(cfg.members(dep)):
         a = world.nodes[node.name]
         try:
-            names = [c.name for c in a.docker.containers() if _ours(c, dep.name, node_container_name(dep, node))]
+            names = identity.teardown_targets(a.docker.containers(), dep, node)
             for name in names:
                 if a.docker.remove(name):
                     removed.append(f"{node.name}/{name}")
@@ -111,5 +106,5 @@ def teardown(world: World, log: Any) -> list[str]:
             errors.append(f"{node.name}: {e}")
             log.error("teardown.failed", node=node.name, error=str(e))
     if errors:
-        raise ActionFailed("TeardownIncomplete", "; ".join(errors))
+        raise ActionFailed(Kind.TEARDOWN_INCOMPLETE, "; ".join(errors))
     return removed

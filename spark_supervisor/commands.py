@@ -13,23 +13,15 @@ from typing import Any
 
 from . import redaction, script
 from .config import (
-    HASH_LABEL,
-    HELPER_LABEL,
-    NODE_LABEL,
-    OWNER_LABEL,
-    RAY_STATE_LABEL,
-    ROLE_LABEL,
     Config,
     Deployment,
     Node,
+    deployment_secrets,
     ray_hash,
 )
-from .redaction import deployment_secrets as secrets  # commands.secrets: what act, observe and diagnose call
-
-
-def node_container_name(dep: Deployment, node: Node) -> str:
-    """Our one container per node of a deployment: a Ray node, or (mp) the home of the serve."""
-    return f"{dep.name}-{'ray' if dep.uses_ray else 'vllm'}-{node.name}"
+from .identity import PREFETCH_ROLE as PREFETCH_ROLE  # the prefetch's role, also named where it is built
+from .identity import helper_labels, node_container_name, node_labels, prefetch_labels
+from .identity import prefetch_name as prefetch_name  # its name, also named where it is built
 
 
 def cache_parent(dep: Deployment) -> str:
@@ -106,22 +98,8 @@ def node_container(cfg: Config, dep: Deployment, node: Node, *, dashboard: bool 
         options["gpus_all"] = True
     if ray.ulimits:
         options["ulimits"] = dict(ray.ulimits)
-    labels = {OWNER_LABEL: dep.name, HASH_LABEL: ray_hash(cfg, dep), NODE_LABEL: node.name,
-              ROLE_LABEL: f"ray-{'head' if node.name == head.name else 'worker'}" if dep.uses_ray else "serve"}
-    if dep.uses_ray and node.name == head.name:
-        labels[RAY_STATE_LABEL] = "dashboard" if dashboard else "gcs"
+    labels = node_labels(dep, node, head=node.name == head.name, spec_hash=ray_hash(cfg, dep), dashboard=dashboard)
     return ContainerSpec(node_container_name(dep, node), ray.image, command, env, labels, options)
-
-
-# The deployment's owner label only where the planner knows the role (the prefetch): any other container
-# owned by a deployment counts as one of its node containers.
-def helper_labels(role: str, dep: Deployment | None = None, node: Node | None = None) -> dict[str, str]:
-    labels = {ROLE_LABEL: role, HELPER_LABEL: role}
-    if node is not None:
-        labels[NODE_LABEL] = node.name
-    if dep is not None:
-        labels[OWNER_LABEL] = dep.name
-    return labels
 
 
 DROP_CACHES = ["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"]
@@ -178,7 +156,7 @@ def serve_argv(dep: Deployment, ranks: list[str] | None = None) -> list[str]:
 
 def shown_argv(cfg: Config, dep: Deployment, argv: list[str]) -> list[str]:
     """An argv fit for a log line or status (secret flags by any prefix, secret NAME=value, known secrets)."""
-    return redaction.argv(argv, secrets(cfg, dep))
+    return redaction.argv(argv, deployment_secrets(cfg, dep))
 
 
 def serve_env(cfg: Config, dep: Deployment, spec_hash: str = "", node: Node | None = None) -> dict[str, str]:
@@ -348,13 +326,6 @@ def image_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
                          {**options, "network_mode": "none"})
 
 
-PREFETCH_ROLE = "model-prefetch"  # ours (owner label) but not one of the deployment's node containers
-
-
-def prefetch_name(dep: Deployment, node: Node) -> str:
-    return f"{dep.name}-model-{node.name}"
-
-
 def model_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
     """The model check of one node (modelcheck.PROBE_PY), as a short-lived container of the image with the
     node container's mounts and environment: the paths vLLM will see."""
@@ -379,7 +350,7 @@ def model_prefetch(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
                           modelcheck.PREFETCH_PY, *modelcheck.probe_args(dep), m.prefetch_from,
                           f"{m.prefetch_timeout:g}", str(modelcheck.PREFETCH_KEEP_S), modelcheck.PROGRESS],
                          {**base.environment, **dep.serve.env},
-                         helper_labels(PREFETCH_ROLE, dep, node),
+                         prefetch_labels(dep, node),
                          {**options, "network_mode": "host"})
 
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 import concurrent.futures as cf
 from dataclasses import dataclass
 
-from . import commands, redaction
+from . import commands, identity, redaction
 from .adapters import AdapterError
 from .adapters.shell import run_local
+from .config import deployment_secrets
+from .model import ProbeResult
 from .observe import NodeAdapters, World
+from .probes import health_result
 
 HINTS = {
     "serve API": "the serve is down or loading: `spark-supervisor status`, then `spark-supervisor logscan` on its log",
@@ -50,15 +53,15 @@ class NodeDiagnosis:
 def _layers(world: World, a: NodeAdapters, timeout: float) -> list[Layer]:
     cfg = world.cfg
     dep = cfg.deployment
-    container = commands.node_container_name(dep, a.node)
-    secrets = commands.secrets(cfg, dep)
+    container = identity.node_container_name(dep, a.node)
+    secrets = deployment_secrets(cfg, dep)
 
     def shown(e: Exception) -> str:
         return redaction.text(str(e), secrets)
     out: list[Layer] = []
     if a.node.role == "head":
         ep = world.api.observe_health()
-        out.append(Layer("serve API", ep.state == "up" and ep.health == 200,
+        out.append(Layer("serve API", health_result(ep) == ProbeResult.SUCCESS,
                          f"{redaction.url(cfg.endpoint(dep))}/health: {ep.state} {ep.health or ''}".strip()))
         if out[-1].ok:
             return out
@@ -103,7 +106,7 @@ def render(diags: list[NodeDiagnosis], world: World) -> str:
         if failing is None:
             lines.append(head + f"OK ({d.layers[0].name} answers)")
         else:
-            hint = HINTS[failing.name].format(node=d.node, container=commands.node_container_name(dep, node))
+            hint = HINTS[failing.name].format(node=d.node, container=identity.node_container_name(dep, node))
             lines.append(head + f"deepest answering: {d.deepest_ok}; first failing: {failing.name}")
             lines.append(f"  hint: {hint}")
         for lay in d.layers:

@@ -10,6 +10,8 @@ import functools
 import re
 from dataclasses import dataclass
 
+from .model.reason import Kind
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _SPLIT = re.compile(r"[\r\n]+")
 
@@ -42,10 +44,13 @@ _ORDER = {name: i for i, (name, _) in enumerate(MILESTONES)}
 
 @dataclass(frozen=True)
 class Failure:
-    reason: str  # CamelCase
-    deterministic: bool
+    reason: Kind
     hint: str
     line: str = ""
+
+    @property
+    def deterministic(self) -> bool:
+        return self.reason.deterministic
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.line}" if self.line else self.reason
@@ -62,63 +67,64 @@ _PORTS = tuple(re.compile(p) for p in PORT_PATTERNS)
 _PORT_NUMBER = (re.compile(r"specified port is (\d+)"), re.compile(r"(?i)\bport[ =:]*(\d{1,5})\b"),
                 re.compile(r"\(\s*'[^']*',\s*(\d{1,5})\)"), re.compile(r"[\w.\]*]:(\d{1,5})\b"))
 
-# (reason, deterministic, hint, patterns): first match wins, so the more specific come first.
-FAILURES: tuple[tuple[str, bool, str, tuple[str, ...]], ...] = (
-    ("FreeMemoryBelowUtilization", True,
+# (reason, hint, patterns): first match wins, so the more specific come first. Whether a reason is
+# deterministic its Kind says.
+FAILURES: tuple[tuple[Kind, str, tuple[str, ...]], ...] = (
+    (Kind.FREE_MEMORY_BELOW_UTILIZATION,
      "other processes or page cache hold memory: free it (drop caches) or lower --gpu-memory-utilization",
      (r"Free memory on device.*is less than desired GPU memory utilization",)),
-    ("NoMemoryForKvCache", True, "lower --max-model-len or raise --gpu-memory-utilization",
+    (Kind.NO_MEMORY_FOR_KV_CACHE, "lower --max-model-len or raise --gpu-memory-utilization",
      (r"No available memory for the cache blocks", r"KV cache is needed, which is larger than the available")),
-    ("OutOfMemory", True, "the model does not fit: lower --gpu-memory-utilization or --max-model-len",
+    (Kind.OUT_OF_MEMORY, "the model does not fit: lower --gpu-memory-utilization or --max-model-len",
      (r"Failed to load model - not enough GPU memory", r"CUDA out of memory\. Tried to allocate",
       r"OutOfMemoryError", r"cudaErrorMemoryAllocation", r"NV_ERR_NO_MEMORY")),
-    ("BadArguments", True, "fix deployments.serve (extra_args) in the config",
+    (Kind.BAD_ARGUMENTS, "fix deployments.serve (extra_args) in the config",
      (r"vllm serve: error: ", r"error: unrecognized arguments: ", r"error: argument --")),
-    ("ModelNotFound", True, "deployments.serve.model is neither a directory on the node (inside the container: "
+    (Kind.MODEL_NOT_FOUND, "deployments.serve.model is neither a directory on the node (inside the container: "
      "mount it) nor a model id in the Hugging Face cache; download it first (`hf download <model>`)",
      (r"HFValidationError: Repo id must be", r"is not a local folder and is not a valid model identifier",
       r"RepositoryNotFoundError", r"does not appear to have a file named config\.json")),
-    ("HubUnreachable", False, "the model is not on the node and the hub could not be reached (network not up "
+    (Kind.HUB_UNREACHABLE, "the model is not on the node and the hub could not be reached (network not up "
      "yet?): download it first, or wait for the network",
      (r"LocalEntryNotFoundError", r"We couldn't connect to 'https://huggingface\.co'")),
-    ("UnsupportedConfiguration", True, "this vLLM build cannot run this model's shape or dtype on this "
+    (Kind.UNSUPPORTED_CONFIGURATION, "this vLLM build cannot run this model's shape or dtype on this "
      "hardware: change the model, --dtype or the vLLM image",
      (r"Unsupported \w+ attention configuration",)),
-    ("CacheDirNotOurs", True, "deployments.serve.cache_dir/<deployment> holds files spark-supervisor did not "
+    (Kind.CACHE_DIR_NOT_OURS, "deployments.serve.cache_dir/<deployment> holds files spark-supervisor did not "
      "create: point cache_dir at a directory of its own, or empty that one (nothing was deleted)",
      (r"^spark-serve: CacheDirNotOurs: ",)),
-    ("CommandNotFound", True, "the serve's command (or setsid, which runs it) is not in the image: fix "
+    (Kind.COMMAND_NOT_FOUND, "the serve's command (or setsid, which runs it) is not in the image: fix "
      "deployments.serve.command or use an image that has it",
      (r"^(?:sh|setsid|spark-serve): (?:\d+: )?\S+: (?:not found|No such file or directory)",
       r"^setsid: failed to execute \S+: No such file or directory")),
-    ("MissingRayBackend", True, "pass --distributed-executor-backend ray for multi-node tensor parallelism",
+    (Kind.MISSING_RAY_BACKEND, "pass --distributed-executor-backend ray for multi-node tensor parallelism",
      (r"World size \(\d+\) is larger than the number of available GPUs",)),
-    ("PlacementGroupTimeout", True, "node IPs do not match VLLM_HOST_IP or GPUs are missing: check `ray status`",
+    (Kind.PLACEMENT_GROUP_TIMEOUT, "node IPs do not match VLLM_HOST_IP or GPUs are missing: check `ray status`",
      (r"Cannot provide a placement group .*within (\d+) seconds",)),
-    ("NoNodeCanFulfill", True, "set VLLM_HOST_IP per node to its fabric IP; check GPUs per node",
+    (Kind.NO_NODE_CAN_FULFILL, "set VLLM_HOST_IP per node to its fabric IP; check GPUs per node",
      (r"No available node types can fulfill (?:resource requests?|placement group requests)",)),
-    ("NcclError", False, "check NCCL_SOCKET_IFNAME / NCCL_IB_HCA on every node",
+    (Kind.NCCL_ERROR, "check NCCL_SOCKET_IFNAME / NCCL_IB_HCA on every node",
      (r"NCCL error: ", r"DistBackendError: NCCL error in:")),
-    ("EngineReadyTimeout", False, "raise VLLM_ENGINE_READY_TIMEOUT_S above the load time (e.g. 1800)",
+    (Kind.ENGINE_READY_TIMEOUT, "raise VLLM_ENGINE_READY_TIMEOUT_S above the load time (e.g. 1800)",
      (r"Timed out waiting for engine core processes to start",)),
-    ("RayOomKill", False, "set RAY_memory_monitor_refresh_ms=0 on every node",
+    (Kind.RAY_OOM_KILL, "set RAY_memory_monitor_refresh_ms=0 on every node",
      (r"killed due to memory pressure \(OOM\)", r"Task was killed due to the node running low on memory")),
     # vLLM's mp mode across nodes (torch's rendezvous at the head's master_addr:master_port).
-    ("MasterPortInUse", False, "something on the head already listens on deployments.serve.master_port: stop it "
+    (Kind.MASTER_PORT_IN_USE, "something on the head already listens on deployments.serve.master_port: stop it "
      "or choose another port",
      (r"failed to listen on any local network address.*EADDRINUSE",)),
-    ("PortInUse", True, PORT_HINT, PORT_PATTERNS),
-    ("RanksNeverJoined", False, "a headless rank did not reach rank 0: read that rank's serve log on its node, "
+    (Kind.PORT_IN_USE, PORT_HINT, PORT_PATTERNS),
+    (Kind.RANKS_NEVER_JOINED, "a headless rank did not reach rank 0: read that rank's serve log on its node, "
      "and check that the head's fabric IP answers on master_port",
      # (not "The client socket has failed to connect": torch prints that warning on every retry)
      (r"Timed out after \d+ seconds waiting for clients", r"client socket has timed out after")),
-    ("EngineDied", False, "a worker or node died; the whole stack is restarted",
+    (Kind.ENGINE_DIED, "a worker or node died; the whole stack is restarted",
      (r"RayWorkerProc rank=\S+ died unexpectedly", r"Engine core proc \S+ died unexpectedly",
       r"EngineCore encountered a fatal error", r"EngineCore encountered an issue")),
-    ("EngineStartFailed", False, "see the lines above it in the serve log",
+    (Kind.ENGINE_START_FAILED, "see the lines above it in the serve log",
      (r"Engine core initialization failed", r"EngineCore failed to start")),
 )
-_FAILURES = tuple((r, d, h, tuple(re.compile(p) for p in ps)) for r, d, h, ps in FAILURES)
+_FAILURES = tuple((r, h, tuple(re.compile(p) for p in ps)) for r, h, ps in FAILURES)
 
 
 _TQDM_RATE = re.compile(r"\d+/\d+ \[[^<\]]*<[^,\]]*,\s*([\d.]+)(s/it|it/s)\]")
@@ -200,13 +206,13 @@ def classify(text: str) -> Failure | None:
     (vLLM prints the cause in the worker's traceback, several lines above "EngineCore encountered ...")."""
     all_lines = lines(text)
     for line in all_lines:
-        for reason, det, hint, pats in _FAILURES:
+        for reason, hint, pats in _FAILURES:
             if any(p.search(line) for p in pats):
                 shown = line
-                if reason in ("EngineDied", "EngineStartFailed"):
+                if reason in (Kind.ENGINE_DIED, Kind.ENGINE_START_FAILED):
                     shown = next((ln for ln in all_lines if _ROOT_CAUSE.search(ln) and not _GENERIC.search(ln)
                                   and not _CHATTER.search(ln)), line)
-                return Failure(reason, det, hint, shown.strip()[-300:])
+                return Failure(reason, hint, shown.strip()[-300:])
     return None
 
 

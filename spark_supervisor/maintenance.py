@@ -18,7 +18,8 @@ _WAIT_S = 150.0
 def parse_duration(text: str) -> float:
     """"30m", "1h30m", "90s", "2 hours", "1:30:00" -> seconds; a bare number is minutes. At most
     Pause.MAX_S: a longer pause is a typo, or a deployment left unsupervised."""
-    from pytimeparse import parse
+    # pytimeparse.parse, named by its own module (the package does not re-export it for mypy --strict)
+    from pytimeparse.timeparse import timeparse as parse
     text = text.strip()
     try:
         seconds = float(text) * 60 if text.replace(".", "", 1).isdigit() else parse(text)

@@ -15,7 +15,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
 
-from .model import Observation, Phase, Status, Verdict
+from .model import Kind, Observation, Phase, Status, Verdict
 
 if TYPE_CHECKING:
     from .config import Config
@@ -172,7 +172,7 @@ class Metrics:
         if obs.ray is not None:
             # Unknown is not absent: Ray that did not answer is NaN (no comparison holds), not 0 nodes alive.
             # No head container is a real 0.
-            known = obs.ray.reachable or obs.ray.error.startswith("RayHeadNotRunning")
+            known = obs.ray.reachable or obs.ray.error == Kind.RAY_HEAD_NOT_RUNNING
             self.ray_nodes.labels(dep).set(len(obs.ray.alive) if known else math.nan)
             self.gpus.labels(dep).set(obs.ray.gpus if known else math.nan)
 

@@ -22,8 +22,8 @@ import posixpath
 from typing import Any
 
 from . import redaction, script
-from .config import Config, Deployment, ray_hash
-from .model import ModelReport
+from .config import Config, Deployment, deployment_secrets, ray_hash
+from .model import Kind, ModelReport
 
 MARK = "spark-model:"
 PROGRESS = "/tmp/spark-model-prefetch.json"  # in the prefetch container
@@ -223,7 +223,7 @@ def describe(cfg: Config, dep: Deployment, reports: dict[str, ModelReport]) -> s
     if failed:
         text += f"; the prefetch did not complete it ({'; '.join(failed)})"
     # a prefetch's error may quote what it was given
-    return redaction.text(f"{text}. Hint: {hint(cfg, dep, bad, good)}", redaction.deployment_secrets(cfg, dep))
+    return redaction.text(f"{text}. Hint: {hint(cfg, dep, bad, good)}", deployment_secrets(cfg, dep))
 
 
 def hint(cfg: Config, dep: Deployment, bad: list[ModelReport], good: list[ModelReport]) -> str:
@@ -251,5 +251,5 @@ def hint(cfg: Config, dep: Deployment, bad: list[ModelReport], good: list[ModelR
 def problem(cfg: Config, dep: Deployment, reports: dict[str, ModelReport]) -> tuple[str, str] | None:
     """(reason kind, detail) when a node lacks the model, else None."""
     if any(m.missing for m in reports.values()):
-        return ("ModelMissing", describe(cfg, dep, reports))
+        return (Kind.MODEL_MISSING, describe(cfg, dep, reports))
     return None

@@ -13,27 +13,31 @@ from typing import Any
 
 import httpx
 
-from . import commands, redaction
+from . import commands, identity, redaction
 from .adapters import AdapterError, Unreachable
 from .adapters.docker import DockerEngine
 from .adapters.nvidia import parse_meminfo, parse_smi_xml
 from .adapters.ray import RayDashboard, read_nodes
 from .adapters.shell import NodeShell, Result
 from .adapters.vllm import VllmApi
-from .config import OWNER_LABEL, RAY_STATE_LABEL, ROLE_LABEL, Config, Node
+from .config import Config, Node, deployment_secrets
 from .model import (
     Container,
     EndpointObservation,
+    EndpointState,
     Gpu,
+    Kind,
     Listener,
     Memory,
     NodeObservation,
     Observation,
+    ProbeResult,
     RayObservation,
     ServeObservation,
     Unit,
 )
 from .preflight import parse_ip_addr
+from .probes import health_result
 
 
 @dataclass
@@ -182,10 +186,10 @@ def _ended(a: NodeAdapters, cfg: Config, containers: tuple[Container, ...]) -> t
     dep = cfg.deployment
     out = []
     for c in containers:
-        if c.lost and c.labels.get(OWNER_LABEL) == dep.name and c.labels.get(ROLE_LABEL) != commands.PREFETCH_ROLE:
+        if c.lost and identity.owns(c, dep):
             try:
                 code, tail = a.docker.ended(c.name)
-                c = dataclasses.replace(c, exit_code=code, log_tail=redaction.text(tail, commands.secrets(cfg, dep)))
+                c = dataclasses.replace(c, exit_code=code, log_tail=redaction.text(tail, deployment_secrets(cfg, dep)))
             except AdapterError:
                 pass
         out.append(c)
@@ -284,7 +288,7 @@ def _owned_pids(a: NodeAdapters, cfg: Config, containers: tuple[Container, ...],
         return None
     pids: set[int] = set()
     for c in containers:
-        if c.running and c.labels.get(OWNER_LABEL) in cfg.owners:
+        if c.running and identity.owned_by_any(c, cfg):
             try:
                 pids.update(a.docker.pids(c.name))
             except AdapterError as e:
@@ -344,17 +348,17 @@ class Observer:
             return (dataclasses.replace(last or ServeObservation(False), error=f"its node: {node_error}"),
                     w.api.observe())
         if (not full and last is not None and last.running and head_c is not None and head_c.running
-                and head_c.id == last.container_id and ep_last is not None and ep_last.state == "up"):
+                and head_c.id == last.container_id and ep_last is not None and ep_last.state == EndpointState.UP):
             # Watching a healthy serve: /health 200 proves the same process still listens, so skip the
             # exec into the container and the model list until the next full observation.
             recent = self.recent()[1]
-            health = recent if recent is not None and recent.health == 200 else w.api.observe_health()
-            if health.state == "up" and health.health == 200:
-                return last, EndpointObservation("up", "", 200, ep_last.models)
+            healthy = recent is not None and health_result(recent) == ProbeResult.SUCCESS
+            if healthy or health_result(w.api.observe_health()) == ProbeResult.SUCCESS:
+                return last, EndpointObservation(EndpointState.UP, "", 200, ep_last.models)
         serve = self._look(head_c, "", last)
         endpoint = w.api.observe() if serve is not None and (serve.running or serve.error) else None
         if endpoint is None and serve is not None:
-            endpoint = EndpointObservation("unknown")
+            endpoint = EndpointObservation(EndpointState.UNKNOWN)
         if serve is None or not serve.error:
             self._serve = serve
         self._endpoint = endpoint
@@ -380,7 +384,7 @@ class Observer:
         pending = {}
         for node in commands.serve_nodes(cfg, dep)[1:]:
             o, last = nodes[node.name], self._followers.get(node.name)
-            name = commands.node_container_name(dep, node)
+            name = identity.node_container_name(dep, node)
             c = next((x for x in o.containers if x.name == name), None)
             if o.error:
                 out[node.name] = dataclasses.replace(last or ServeObservation(False), error=f"its node: {o.error}")
@@ -403,16 +407,16 @@ class Observer:
         if not full and serving and last is not None and last.via == "gcs" and last.reachable:
             return last
         if head_c is None or not head_c.running:
-            return RayObservation(False, "RayHeadNotRunning", via="gcs")
+            return RayObservation(False, Kind.RAY_HEAD_NOT_RUNNING, via="gcs")
         cfg = self.world.cfg
         timeout = cfg.supervisor.io_timeout
         try:
             code, out = self.world.head().docker.exec(head_c.name, commands.ray_nodes(cfg, cfg.deployment, timeout),
                                                       what="ray nodes")
         except AdapterError as e:
-            return RayObservation(False, f"RayGcsUnreachable: {e}"[:200], via="gcs")
+            return RayObservation(False, f"{Kind.RAY_GCS_UNREACHABLE}: {e}"[:200], via="gcs")
         if code != 0:
-            return RayObservation(False, f"RayGcsUnreachable: exit {code}: {out.strip()[-200:]}", via="gcs")
+            return RayObservation(False, f"{Kind.RAY_GCS_UNREACHABLE}: exit {code}: {out.strip()[-200:]}", via="gcs")
         return read_nodes(out.strip().splitlines()[-1] if out.strip() else "", "gcs")
 
     def observe(self, full: bool) -> Observation:
@@ -430,16 +434,16 @@ class Observer:
             except cf.TimeoutError:
                 nodes[name] = NodeObservation(name, error=f"ObserveTimeout: no answer within {timeout:.0f}s")
         home = cfg.serve_node(dep)
-        head_name = commands.node_container_name(dep, home)
+        head_name = identity.node_container_name(dep, home)
         head_c = next((c for c in nodes[home.name].containers if c.name == head_name), None)
         if head_c is not None and not nodes[home.name].error:
-            self.ray_via = "gcs" if head_c.labels.get(RAY_STATE_LABEL) == "gcs" else "dashboard"
+            self.ray_via = identity.ray_via(head_c)
         ray: RayObservation | None = ray_recent if dep.uses_ray and self.ray_via == "dashboard" else None
         if ray_f is not None:
             try:
                 ray = ray_f.result(timeout=timeout)
             except cf.TimeoutError:
-                ray = RayObservation(False, f"RayDashboardUnreachable: no answer within {timeout:.0f}s")
+                ray = RayObservation(False, f"{Kind.RAY_DASHBOARD_UNREACHABLE}: no answer within {timeout:.0f}s")
         serve, endpoint = self._serve_and_endpoint(head_c, full, nodes[home.name].error)
         followers = self._followers_of(nodes)
         if dep.uses_ray and self.ray_via == "gcs":

@@ -7,7 +7,7 @@ import ipaddress
 from . import modelcheck
 from .commands import node_env
 from .config import Config, Deployment
-from .model import ImageReport, Observation
+from .model import ImageReport, Kind, Observation
 
 _IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 
@@ -89,19 +89,19 @@ def image_problem(cfg: Config, dep: Deployment, reports: dict[str, ImageReport])
     if dep.uses_ray:
         lacking = [r.node for r in got if not r.ray_path]
         if lacking:
-            return ("ImageLacksRay", f"{', '.join(lacking)}: no `{dep.ray.command[0]}` in {image} (vLLM images "
+            return (Kind.IMAGE_LACKS_RAY, f"{', '.join(lacking)}: no `{dep.ray.command[0]}` in {image} (vLLM images "
                     "after 0.19.1 ship without Ray): use an image built with Ray (e.g. the Spark community "
                     "images), or set deployments.serve.distributed_executor_backend = \"mp\"")
     lacking = [r.node for r in got if not r.vllm_path]
     if lacking:
-        return ("ImageLacksVllm", f"{', '.join(lacking)}: no `{dep.serve.command[0]}` in {image}: set "
+        return (Kind.IMAGE_LACKS_VLLM, f"{', '.join(lacking)}: no `{dep.serve.command[0]}` in {image}: set "
                 "deployments.serve.command to the image's vLLM entry point")
     fields = [("Ray", "ray_version"), ("Python of Ray", "ray_python")] if dep.uses_ray else []
     fields += [("vLLM", "vllm_version"), ("Python of vLLM", "vllm_python")]
     for what, attr in fields:
         seen = {r.node: getattr(r, attr) for r in got if getattr(r, attr)}
         if len(set(seen.values())) > 1:
-            return ("ImageVersionMismatch", f"{what} differs between nodes ("
+            return (Kind.IMAGE_VERSION_MISMATCH, f"{what} differs between nodes ("
                     + ", ".join(f"{n} {v}" for n, v in seen.items()) + f"): the nodes must run the same {what} "
                     f"(pull the same {image} on every node)")
     if dep.model.check and not dep.model.prefetch:  # with prefetch the planner fills the nodes first (plan.gates.model_gate)

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from .model import EndpointObservation, Verdict
+from .model import EndpointObservation, EndpointState, ProbeResult, Verdict
 
 
 def chat_request(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -113,15 +113,16 @@ def judge_completion(status_code: int, body: bytes | str, *, serve: str = "",
     return verdict(False, f"empty answer (finish_reason={finish or 'none'})", finish)
 
 
-def health_result(ep: EndpointObservation | None) -> str:
-    """/health while a serve runs: 200 is success; refused or 503 is failure; anything else unknown."""
-    if ep is None or ep.state in ("unknown", "error"):
-        return "unknown"
-    if ep.state == "refused":
-        return "failure"
-    return "success" if ep.health == 200 else "failure"
+def health_result(ep: EndpointObservation | None) -> ProbeResult:
+    """/health while a serve runs: 200 is success; refused or 503 is failure; anything else unknown. The one
+    judge of /health: the liveness tracker, the quick watch's fingerprint and the healthy watch ask it."""
+    if ep is None or ep.state in (EndpointState.UNKNOWN, EndpointState.ERROR):
+        return ProbeResult.UNKNOWN
+    if ep.state == EndpointState.REFUSED:
+        return ProbeResult.FAILURE
+    return ProbeResult.SUCCESS if ep.health == 200 else ProbeResult.FAILURE
 
 
-def deep_result(v: Verdict) -> str:
-    return "unknown" if not v.ran else ("success" if v.passed else "failure")
+def deep_result(v: Verdict) -> ProbeResult:
+    return ProbeResult.UNKNOWN if not v.ran else (ProbeResult.SUCCESS if v.passed else ProbeResult.FAILURE)
 

@@ -9,11 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .act import ActionFailed, Actor
 from .adapters import AdapterError
-from .model import CheckImage, ImageReport, Reason
+from .model import CheckImage, ImageReport, Kind, Reason
 from .observe import World
 from .preflight import image_problem
 
-REFUSED = "ChangeRefused"
+REFUSED = Kind.CHANGE_REFUSED
 
 
 def prove(world: World, actor: Actor) -> Reason | None:

@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
-
-if TYPE_CHECKING:  # for the annotations only: config imports this module
-    from .config import Config, Deployment
 
 MARK = "[redacted]"
 
@@ -98,9 +94,3 @@ def text(s: str, secrets: Iterable[str] = ()) -> str:
             s = s.replace(secret, MARK)
     return s
 
-
-def deployment_secrets(cfg: Config, dep: Deployment) -> list[str]:
-    """What never goes into a log line or status: the API key, and every secret-named variable's value the
-    deployment's containers get."""
-    envs = [dep.serve.env, dep.ray.env, dep.ray.head_env, *(n.env for n in cfg.members(dep))]
-    return [x for x in (dep.api_key, *(v for e in envs for k, v in e.items() if secret_env(k))) if x]

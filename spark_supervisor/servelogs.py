@@ -18,9 +18,13 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from . import files, script
+
+if TYPE_CHECKING:  # imported where used at run time: `spark-supervisor logs` starts without them
+    from .adapters.shell import NodeShell
+    from .config import Config, Deployment, Node
 
 # The wrapper's names: a start to the second (a second launch within it gets _1, _2, ...), the node (which
 # may hold '-'), the spec hash (never '-' or '_').
@@ -117,7 +121,7 @@ def redact(data: bytes, key: str) -> bytes:
 
 
 # ----------------------------------------------------------------------------------------------------
-def resolve(cfg: Any, deployment: str | None, node: str | None) -> tuple[Any, Any]:
+def resolve(cfg: Config, deployment: str | None, node: str | None) -> tuple[Deployment, Node]:
     """The deployment (named, or the only one) and the node to read (named, or the serve's: rank 0)."""
     from .commands import serve_nodes
     names = [d.name for d in cfg.deployments]
@@ -141,8 +145,9 @@ def resolve(cfg: Any, deployment: str | None, node: str | None) -> tuple[Any, An
     return dep, found
 
 
-def show(cfg: Any, dep: Any, node: Any, *, previous: bool, follow: bool, lines: int | None) -> int:
-    from .commands import node_container_name, serve_dir, serve_log_dir
+def show(cfg: Config, dep: Deployment, node: Node, *, previous: bool, follow: bool, lines: int | None) -> int:
+    from .commands import serve_dir, serve_log_dir
+    from .identity import node_container_name
     directory = serve_log_dir(dep, node)
     if not directory:
         raise Problem(f"{dep.name}: log_host_dir is \"\" ([deployments.serve]): the serve's log is kept in the "
@@ -212,13 +217,13 @@ def _lines(dirfd: int, name: str) -> Iterator[bytes]:
             yield line
 
 
-def _shell(cfg: Any, node: Any) -> Any:
+def _shell(cfg: Config, node: Node) -> NodeShell:
     from .adapters.shell import NodeShell
     sup = cfg.supervisor
     return NodeShell(node.name, node.ssh, timeout=sup.io_timeout, connect_timeout=sup.ssh_connect_timeout)
 
 
-def _list(shell: Any, directory: str, node: str) -> list[str]:
+def _list(shell: NodeShell, directory: str, node: str) -> list[str]:
     """The names in a node's log directory ([] when it has none yet)."""
     if not shell.target:
         try:

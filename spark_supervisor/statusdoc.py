@@ -14,8 +14,8 @@ import dataclasses
 import os
 from typing import Any
 
-from . import logscan
-from .config import OWNER_LABEL, Config, Deployment, ray_hash, serve_hash
+from . import identity, logscan
+from .config import Config, Deployment, ray_hash, serve_hash
 from .model import Observation, Status
 from .model.document import DeploymentDoc, HistoryDoc, StatusDoc
 from .statefile import iso
@@ -40,7 +40,9 @@ def backend(cfg: Config, dep: Deployment) -> dict[str, Any]:
 
 
 def document(st: Status, obs: Observation | None, cfg: Config, config_path: str, config_hash: str,
-             now_wall: float, mono_to_wall: float, state_problems: tuple[str, ...] = ()) -> DeploymentDoc:
+             now_wall: float, mono_to_wall: float, state_problems: tuple[str, ...] = (),
+             read: logscan.LoadProgress | None = None) -> DeploymentDoc:
+    """``read``: the serve's log as the tick read it (plan.seen), if it did."""
     now_mono = now_wall - mono_to_wall
     dep = cfg.deployment
     doc: DeploymentDoc = {
@@ -88,7 +90,7 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
         if o is not None:
             entry.update(error=o.error, docker_version=o.docker_version, probe_errors=list(o.probe_errors),
                          containers=[{"name": c.name, "state": c.state, "image": c.image}
-                                     for c in o.containers if c.labels.get(OWNER_LABEL) == dep.name],
+                                     for c in o.containers if identity.labelled_for(c, dep)],
                          gpu=dataclasses.asdict(o.gpu) if o.gpu else None,
                          memory=dataclasses.asdict(o.memory) if o.memory else None)
         doc["nodes"][n.name] = entry
@@ -97,7 +99,7 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
                       "nodes_alive": len(obs.ray.alive), "gpus": obs.ray.gpus,
                       "nodes": [dataclasses.asdict(r) for r in obs.ray.nodes]}
     if obs and obs.serve and obs.serve.log_tail:
-        p = logscan.scan(obs.serve.log_tail)
+        p = read if read is not None else logscan.scan(obs.serve.log_tail)
         doc["load"] = {"version": p.version, "milestone": p.milestone, "kv_cache_tokens": p.kv_cache_tokens,
                        "timeline": [dataclasses.asdict(x) for x in logscan.timeline(obs.serve.log_tail)]}
     if obs and obs.serve:

@@ -57,7 +57,7 @@ def dockerd_pid(node: str) -> int:
 def containerd_pid(node: str) -> int:
     """The containerd that the node's dockerd started and manages (its child, with the engine's exec root)."""
     parent = dockerd_pid(node)
-    found = [p.pid for p in psutil.Process(parent).children()
+    found: list[int] = [p.pid for p in psutil.Process(parent).children()
              if p.name() == "containerd" and str(testbed.DIR / node / "exec") in " ".join(p.cmdline())]
     if len(found) != 1:
         raise FaultError(f"expected one containerd under dockerd {parent} of {node}, found {found}")
@@ -74,7 +74,7 @@ def container_init(node: str, container: str) -> int:
 def dashboard_pid(node: str = "spark-1", container: str = OWNED["spark-1"]) -> int:
     """The Ray dashboard head process, among the descendants of the head container's init only."""
     root = psutil.Process(container_init(node, container))
-    found = []
+    found: list[int] = []
     for p in root.children(recursive=True):
         try:
             cmd = p.cmdline()
@@ -89,7 +89,7 @@ def dashboard_pid(node: str = "spark-1", container: str = OWNED["spark-1"]) -> i
 
 def is_stopped(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+        return bool(psutil.Process(pid).status() == psutil.STATUS_STOPPED)
     except psutil.Error:
         return False
 

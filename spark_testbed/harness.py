@@ -193,7 +193,8 @@ def container_processes(node: str, container: str) -> list[psutil.Process]:
     shim = psutil.Process(testbed.container_pid(node, container)).parent()
     if shim is None or not shim.name().startswith("containerd-shim"):
         raise RuntimeError(f"the parent of {container}'s init is not its containerd shim: {shim}")
-    return shim.children(recursive=True)
+    children: list[psutil.Process] = shim.children(recursive=True)
+    return children
 
 
 def is_serve(argv: list[str]) -> bool:

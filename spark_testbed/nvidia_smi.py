@@ -111,7 +111,8 @@ def load_state(path: str) -> dict[str, Any]:
 def xml(state: dict[str, Any]) -> str:
     total = state["total_mib"]
     used = sum(p["used_mib"] for p in state["processes"])
-    mib = (lambda v: f"{v} MiB") if total is not None else (lambda v: "N/A")
+    def mib(v: int) -> str:
+        return f"{v} MiB" if total is not None else "N/A"
     out = XML_HEAD.format(ts=time.strftime("%a %b %d %H:%M:%S %Y"), driver=state["driver"], name=state["name"],
                           total=mib(total), reserved=mib(0), used=mib(used),
                           free=mib((total or 0) - used))

@@ -116,8 +116,8 @@ def capture(out: Path) -> dict[str, Any]:
     time.sleep(30)
     report["c_follower_alive_30s_after"] = r1.proc.poll() is None
     report["c_follower_log_grew"] = (out / "c-rank1.log").stat().st_size - size
-    code, took = r1.stop()
-    report["c_follower_stop"] = [code, round(took, 1)]
+    stopped, took = r1.stop()
+    report["c_follower_stop"] = [stopped, round(took, 1)]
     r0.stop()
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     return report

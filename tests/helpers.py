@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from spark_supervisor import config
-from spark_supervisor.commands import node_container_name
 from spark_supervisor.config import HASH_LABEL, NODE_LABEL, OWNER_LABEL, ray_hash
+from spark_supervisor.identity import node_container_name
 from spark_supervisor.model import (
     Container,
     EndpointObservation,
@@ -18,9 +18,11 @@ from spark_supervisor.model import (
     Memory,
     NodeObservation,
     Observation,
+    Phase,
     RayNode,
     RayObservation,
     ServeObservation,
+    Status,
 )
 
 BASE: dict[str, Any] = {
@@ -110,3 +112,9 @@ def recorded_serve_pid(serve_dir: str | Path) -> str:
         return Path(serve_dir, "process").read_text().split()[0]
     except (OSError, IndexError):
         return ""
+
+
+def phase_now(st: Status) -> Phase:
+    """A status's phase, read afresh: after `assert x.status.phase == A`, mypy holds x.status.phase to A across
+    the tick that changes it, and calls a later `== B` impossible."""
+    return st.phase

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from spark_testbed.testbed import until
 
@@ -55,7 +56,7 @@ class StandinProcess:
         self.until(lambda: self.proc.poll() is not None, "the stand-in exits")
         return int(self.proc.returncode)
 
-    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
                                      data=json.dumps(body).encode() if body else None,
                                      headers={"content-type": "application/json"})

@@ -13,6 +13,7 @@ import urllib.parse
 import tenacity
 
 from ..model import EndpointObservation, RayObservation
+from .health import observed
 from .ray import parse
 
 
@@ -58,11 +59,9 @@ class QuickProbe:
     def health(self) -> EndpointObservation:
         try:
             status, _ = self.api.get("/health")
-        except ConnectionRefusedError:
-            return EndpointObservation("refused")
         except (OSError, http.client.HTTPException) as e:
-            return EndpointObservation("error", type(e).__name__)
-        return EndpointObservation("up", "", status)
+            return observed(failure=e)
+        return observed(status)
 
     def close(self) -> None:
         for k in (self.ray, self.api):

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from ..model import RayNode, RayObservation
+from ..model import Kind, RayNode, RayObservation
 
 _STATES = {"ALIVE": True, "DEAD": False}
 
@@ -71,7 +71,7 @@ def read_nodes(text: str, via: str) -> RayObservation:
     try:
         return parse(json.loads(text), via)
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        return RayObservation(False, f"RayStateUnreadable: {type(e).__name__} {e}"[:200], via=via)
+        return RayObservation(False, f"{Kind.RAY_STATE_UNREADABLE}: {type(e).__name__} {e}"[:200], via=via)
 
 
 class RayDashboard:
@@ -84,6 +84,6 @@ class RayDashboard:
             r.raise_for_status()
             return parse(r.json())
         except httpx.HTTPError as e:
-            return RayObservation(False, f"RayDashboardUnreachable: {type(e).__name__} {e}"[:200])
+            return RayObservation(False, f"{Kind.RAY_DASHBOARD_UNREACHABLE}: {type(e).__name__} {e}"[:200])
         except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-            return RayObservation(False, f"RayDashboardUnreadable: {type(e).__name__} {e}"[:200])
+            return RayObservation(False, f"{Kind.RAY_DASHBOARD_UNREADABLE}: {type(e).__name__} {e}"[:200])

@@ -6,8 +6,9 @@ import time
 
 import httpx
 
-from ..model import EndpointObservation, Verdict
+from ..model import EndpointObservation, EndpointState, Verdict
 from ..probes import judge, sanity_request
+from .health import observed
 
 
 class VllmApi:
@@ -19,25 +20,23 @@ class VllmApi:
         """/health alone (the cheap check). Refused is a load in progress: vLLM listens only once loaded."""
         try:
             code = self.http.get(f"{self.url}/health", timeout=self.timeout).status_code
-        except httpx.ConnectError:
-            return EndpointObservation("refused")
         except httpx.HTTPError as e:
-            return EndpointObservation("error", f"/health: {type(e).__name__}")
-        return EndpointObservation("up", "", code)
+            return observed(failure=e)
+        return observed(code)
 
     def observe(self) -> EndpointObservation:
         """/health, then the served models."""
         ep = self.observe_health()
-        if ep.state != "up":
+        if ep.state != EndpointState.UP:
             return ep
         try:
             r = self.http.get(f"{self.url}/v1/models", headers=self.headers, timeout=self.timeout)
             if r.status_code != 200:
-                return EndpointObservation("error", f"/v1/models answered HTTP {r.status_code}", ep.health)
+                return EndpointObservation(EndpointState.ERROR, f"/v1/models answered HTTP {r.status_code}", ep.health)
             models = tuple(str(m.get("id")) for m in r.json().get("data", []))
         except (httpx.HTTPError, ValueError, AttributeError) as e:
-            return EndpointObservation("error", f"/v1/models: {type(e).__name__}", ep.health)
-        return EndpointObservation("up", "", ep.health, models)
+            return EndpointObservation(EndpointState.ERROR, f"/v1/models: {type(e).__name__}", ep.health)
+        return EndpointObservation(EndpointState.UP, "", ep.health, models)
 
     def sanity(self, model: str, prompt: str, max_tokens: int, timeout: float, serve: str,
                kind: str = "chat") -> Verdict:

@@ -53,8 +53,9 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    import argcomplete
-    print(argcomplete.shellcode(["spark-supervisor"], shell=args.shell), end="")
+    # argcomplete.shellcode, named by its own module (the package does not re-export it for mypy --strict)
+    from argcomplete.shell_integration import shellcode
+    print(shellcode(["spark-supervisor"], shell=args.shell), end="")
     return 0
 
 

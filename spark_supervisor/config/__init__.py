@@ -25,7 +25,7 @@ from .labels import (
     ROLE_LABEL,
 )
 from .loader import ConfigError, load, parse
-from .root import Config, deployment_dir
+from .root import Config, deployment_dir, deployment_secrets
 from .schema import (
     Alerts,
     Deployment,
@@ -46,5 +46,5 @@ __all__ = [
     "API_KEY_ENV", "FABRIC_ENV", "HASH_LABEL", "HELPER_LABEL", "LABEL_PREFIX", "MAX_CONFIG_BYTES", "MAX_KEY_BYTES",
     "NODE_LABEL", "OWNER_LABEL", "RAY_STATE_LABEL", "ROLE_LABEL", "Alerts", "Config", "ConfigError",
     "Deployment", "Healing", "Memory", "Metrics", "ModelFiles", "Node", "Ray", "Readiness", "Retry", "Serve",
-    "Stale", "Supervisor", "deployment_dir", "file_hash", "load", "parse", "ray_hash", "serve_hash",
+    "Stale", "Supervisor", "deployment_dir", "deployment_secrets", "file_hash", "load", "parse", "ray_hash", "serve_hash",
 ]

@@ -7,16 +7,36 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from .fields import _SSH_URL, _TCP_URL, _inside, _loopback, _overlap, _q
-from .schema import Deployment, Node
+from .schema import Alerts, Deployment, Memory, Metrics, Node, Stale, Supervisor
 
-if TYPE_CHECKING:
-    from .root import Config
 
-Rule = Callable[["Config"], list[tuple[str, str]]]
+class Config(Protocol):
+    """What the rules read of the whole config (root.Config, which runs them, is one): its tables, and a
+    deployment's members. A protocol, so that this module need not import the Config that imports it."""
+
+    @property
+    def supervisor(self) -> Supervisor: ...
+    @property
+    def memory(self) -> Memory: ...
+    @property
+    def metrics(self) -> Metrics: ...
+    @property
+    def alerts(self) -> Alerts: ...
+    @property
+    def nodes(self) -> list[Node]: ...
+    @property
+    def stale(self) -> Stale: ...
+    @property
+    def deployments(self) -> list[Deployment]: ...
+
+    def members(self, dep: Deployment) -> list[Node]: ...
+
+
+Rule = Callable[[Config], list[tuple[str, str]]]
 
 
 def _node_names(cfg: Config) -> list[tuple[str, str]]:

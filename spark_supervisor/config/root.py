@@ -7,6 +7,7 @@ import os
 
 from pydantic import PrivateAttr, model_validator
 
+from ..redaction import secret_env
 from .checks import RULES
 from .fields import _raise, _Strict
 from .schema import Alerts, Deployment, Healing, Memory, Metrics, Node, Retry, Stale, Supervisor
@@ -14,6 +15,13 @@ from .schema import Alerts, Deployment, Healing, Memory, Metrics, Node, Retry, S
 
 def deployment_dir(state_dir: str, name: str) -> str:
     return os.path.join(state_dir, "deployments", name)
+
+
+def deployment_secrets(cfg: Config, dep: Deployment) -> list[str]:
+    """What never goes into a log line or status: the API key, and every secret-named variable's value the
+    deployment's containers get."""
+    envs = [dep.serve.env, dep.ray.env, dep.ray.head_env, *(n.env for n in cfg.members(dep))]
+    return [x for x in (dep.api_key, *(v for e in envs for k, v in e.items() if secret_env(k))) if x]
 
 
 class Config(_Strict):

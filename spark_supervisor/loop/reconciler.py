@@ -21,6 +21,7 @@ from ..model import (
     Decision,
     DropPageCache,
     ImageReport,
+    Kind,
     Observation,
     Pause,
     Phase,
@@ -32,7 +33,7 @@ from ..model import (
     Verify,
     describe,
 )
-from ..plan import plan
+from ..plan import Seen, derive, plan
 from ..preflight import preflight
 from ..retry import backoff_delay
 from .tracking import Liveness, LoadProgress, QuickWatch, RepairBudget, StartProgress
@@ -56,6 +57,7 @@ class Reconciler:
         self.name = cfg.deployment.name
         self.status = Status()
         self.last_obs: Observation | None = None
+        self.last_seen: Seen | None = None  # what the tick derived from last_obs (plan.seen)
         self.last_full: Observation | None = None
         self.due_at = 0.0  # when its next tick is due (the daemon's clock)
         self.start = StartProgress(clock)
@@ -87,27 +89,28 @@ class Reconciler:
         st, cfg, now = self.status, self.cfg, self.clock()
         obs = self.backend.observe(self._want_full(now))
         self.last_obs = obs
+        self.last_seen = seen = derive(obs, st.phase, cfg)  # once: trackers, plan, quick watch, status
         if obs.full:
             self.last_full = obs
             st.preflight = tuple(preflight(cfg, obs))
-        self.liveness.track(st, obs, cfg, self.metrics, now)
+        self.liveness.track(st, obs, seen, self.metrics, now)
         if self.paused is not None:
-            return self._paused_tick(obs, now)
-        return self._reconcile(obs, now)
+            return self._paused_tick(obs, seen, now)
+        return self._reconcile(obs, seen, now)
 
-    def _paused_tick(self, obs: Observation, now: float) -> float:
+    def _paused_tick(self, obs: Observation, seen: Seen, now: float) -> float:
         """Paused: plan as usual, to report what would be done, but do none of it and count no repair."""
         st = self.status
         assert self.paused is not None
         if st.phase != Phase.PAUSED:
             self._paused_from = st.phase
-        self.load.update(st, obs, self.cfg, self.metrics, now)
-        decision = plan(obs, dataclasses.replace(st, phase=self._paused_from), self.cfg, now)
+        self.load.update(st, obs, seen, self.cfg, self.metrics, now)
+        decision = plan(obs, dataclasses.replace(st, phase=self._paused_from), self.cfg, now, seen)
         sees = _would(decision, self._paused_from)
-        if st.advance(Phase.PAUSED, Reason("Paused", f"{self.paused.text()}; {sees}"), now, self.wall()):
+        if st.advance(Phase.PAUSED, Reason(Kind.PAUSED, f"{self.paused.text()}; {sees}"), now, self.wall()):
             self.log.info("phase.paused", phase=Phase.PAUSED.value, sees=sees, by=self.paused.by,
                           reason=self.paused.reason)
-        self.watch.saw(obs)
+        self.watch.saw(obs, seen)
         self.metrics.update(st, obs, self.clock(), self.cfg)
         self.changed()
         return self.cfg.supervisor.interval
@@ -124,26 +127,26 @@ class Reconciler:
         self.changed()
         self.due_at = 0.0
 
-    def _reconcile(self, obs: Observation, now: float, *, again: bool = True) -> float:
+    def _reconcile(self, obs: Observation, seen: Seen, now: float, *, again: bool = True) -> float:
         """Plan and act on one observation; returns the seconds until the next tick."""
         st, cfg = self.status, self.cfg
         st.repairs_in_window = self.budget.used(cfg)
         progress_before = st.progress
-        self.load.update(st, obs, cfg, self.metrics, now)  # before the plan: a load that moved this tick is not judged stalled
-        decision = plan(obs, st, cfg, now)
+        self.load.update(st, obs, seen, cfg, self.metrics, now)  # before the plan: a load that moved this tick is not judged stalled
+        decision = plan(obs, st, cfg, now, seen)
         self._look_closer = decision.look_closer
         if decision.repair:
             self._start_repair(decision, now)
         failure, fatal = self._act(decision)
         self._advance(decision, failure, fatal, now)
         self.start.note(st, progress_before, now)
-        self.watch.saw(obs)
+        self.watch.saw(obs, seen)
         self.metrics.update(st, obs, self.clock(), self.cfg)
         self.changed()
         if (again and decision.actions and not failure and st.phase != Phase.FAILED
                 and all(isinstance(a, CheckImage) for a in decision.actions)):
             # Only looked at the images: decide on at once with the same (fresh) observation.
-            return self._reconcile(obs, self.clock(), again=False)
+            return self._reconcile(obs, seen, self.clock(), again=False)
         if (decision.actions or decision.look_closer) and not failure and st.phase not in (Phase.SERVING,
                                                                                              Phase.FAILED):
             self._eager += 1
@@ -182,7 +185,7 @@ class Reconciler:
                 if not action.deep:
                     st.verdict = verdict
                     if not verdict.passed:
-                        failure = Reason("SanityFailed", verdict.why)
+                        failure = Reason(Kind.SANITY_FAILED, verdict.why)
         return failure, fatal
 
     def _start_repair(self, decision: Decision, now: float) -> None:
@@ -263,10 +266,10 @@ class Reconciler:
         key = (config_path, config_hash, problems, self.repairs.problem)
         if self._doc is not None and key == self._doc_key:
             return self._doc
-        self._doc_key = key
+        self._doc_key, read = key, self.last_seen.progress if self.last_seen is not None else None
         self._doc = statusdoc.document(self.status, _with_slow_facts(self.last_obs, self.last_full), self.cfg,
                                        config_path, config_hash, self.wall(), self.wall() - now,
-                                       tuple(p for p in (self.repairs.problem, *problems) if p))
+                                       tuple(p for p in (self.repairs.problem, *problems) if p), read)
         return self._doc
 
     def reconfigure(self, cfg: Config, backend: Backend, why: str) -> None:

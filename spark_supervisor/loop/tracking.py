@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .. import logscan, probes, statefile
-from ..backend import Backend, Fingerprint, fingerprint
+from .. import statefile
+from ..backend import Backend, Fingerprint, ray_alive
 from ..config import Config
 from ..metrics import DeploymentMetrics, NoMetrics
-from ..model import Decision, Observation, Phase, Status, Tracker
-from ..plan import unknowns
+from ..model import Decision, EndpointState, Kind, Observation, Phase, ProbeResult, Status, Tracker
+from ..plan import Seen
 from ..retry import backoff_delay
 
 MetricsHandle = DeploymentMetrics | NoMetrics  # one deployment's handle, or metrics off
@@ -28,28 +28,28 @@ class Liveness:
         self.log = log
         self._tracked_serve = ""
 
-    def track(self, st: Status, obs: Observation, cfg: Config, metrics: MetricsHandle, now: float) -> None:
+    def track(self, st: Status, obs: Observation, seen: Seen, metrics: MetricsHandle, now: float) -> None:
         """Liveness of the serve that is SERVING; a new serve instance starts its trackers afresh."""
         identity = obs.serve.identity if obs.serve is not None and obs.serve.present else ""
         if identity != self._tracked_serve:
             self._tracked_serve = identity
             st.health, st.deep = Tracker(), Tracker(last_at=now)
-        self._track_unknown(st, obs, cfg, metrics, now)
+        self._track_unknown(st, seen, metrics, now)
         watched = st.phase == Phase.SERVING or (st.phase == Phase.DEGRADED and st.verdict is not None
                                                  and st.verdict.passed and st.verdict.serve == identity)
         if watched and obs.serve is not None and (obs.serve.running or obs.serve.error):
-            result = probes.health_result(obs.endpoint)
+            result = seen.health
             detail = obs.endpoint.detail or obs.endpoint.state if obs.endpoint else ""
-            if obs.endpoint is not None and obs.endpoint.state == "up":
+            if obs.endpoint is not None and obs.endpoint.state == EndpointState.UP:
                 detail = f"HTTP {obs.endpoint.health}"
             st.health = st.health.record(result, now, detail)
             metrics.probed("health", result)
-            if result == "failure":
+            if result == ProbeResult.FAILURE:
                 self.log.warning("probe.health_failed", failures=st.health.failures, detail=detail)
 
-    def _track_unknown(self, st: Status, obs: Observation, cfg: Config, metrics: MetricsHandle, now: float) -> None:
+    def _track_unknown(self, st: Status, seen: Seen, metrics: MetricsHandle, now: float) -> None:
         """What could not be seen: since when (for the planner's patience), and how often (shown)."""
-        seen_not = unknowns(obs, cfg, st.phase)
+        seen_not = seen.unknown
         if not seen_not:
             st.unknown_run_since = 0.0
         elif not st.unknown_run_since:
@@ -72,12 +72,12 @@ class LoadProgress:
         self._milestone = ""
         self._load_key: tuple[object, ...] | None = None
 
-    def update(self, st: Status, obs: Observation, cfg: Config, metrics: MetricsHandle, now: float) -> None:
+    def update(self, st: Status, obs: Observation, seen: Seen, cfg: Config, metrics: MetricsHandle, now: float) -> None:
         if obs.serve is None or not obs.serve.present:
             st.progress, st.load_fraction, st.eta_s, self._milestone = "", 0.0, None, ""
             self._load_key = None
             return
-        p = logscan.scan(obs.serve.log_tail)
+        p = seen.progress
         st.progress, st.load_fraction, st.eta_s = p.summary(), p.fraction, p.eta_s
         if p.ready:
             self._kv_cache(st, obs, cfg, metrics, p.kv_cache_tokens)
@@ -103,7 +103,7 @@ class LoadProgress:
         st.kv_cache = {"serve": serve.identity, "tokens": tokens, "best": max(best, tokens), "warning": ""}
         if regressed:
             st.kv_cache["warning"] = (
-                f"KvCacheRegression: {tokens:,} tokens, {1 - tokens / best:.0%} below the best {best:,} for this "
+                f"{Kind.KV_CACHE_REGRESSION}: {tokens:,} tokens, {1 - tokens / best:.0%} below the best {best:,} for this "
                 "spec: page cache or compiler memory during the load counted as used; drop the page cache and "
                 "restart the serve at a quiet moment")
             self.log.warning("memory.kv_cache_regression", tokens=tokens, best=best, spec=serve.spec_hash)
@@ -199,9 +199,9 @@ class QuickWatch:
         self.log = log
         self.fingerprint: Fingerprint = (None, "unknown")
 
-    def saw(self, obs: Observation) -> None:
+    def saw(self, obs: Observation, seen: Seen) -> None:
         """What a tick saw: the quick checks until the next one compare with it."""
-        self.fingerprint = fingerprint(obs.ray, obs.endpoint)
+        self.fingerprint = ray_alive(obs.ray), seen.health
 
     def changed(self, backend: Backend, phase: Phase) -> bool:
         """True when Ray's nodes or /health changed since the last tick."""

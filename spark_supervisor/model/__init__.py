@@ -21,26 +21,28 @@ from .action import (
 from .observation import (
     Container,
     EndpointObservation,
+    EndpointState,
     Gpu,
     GpuProcess,
     Listener,
     Memory,
     NodeObservation,
     Observation,
+    ProbeResult,
     RayNode,
     RayObservation,
     ServeObservation,
     Unit,
 )
 from .phase import Pause, Phase
-from .reason import Reason
+from .reason import Kind, Reason
 from .reports import ImageReport, ModelReport
 from .status import Status, Tracker, Transition, Verdict
 
 __all__ = [
-    "Action", "CheckImage", "Container", "Decision", "DropPageCache", "EndpointObservation", "Gpu",
-    "GpuProcess", "ImageReport", "Listener", "Memory", "ModelReport", "NodeObservation", "Observation",
-    "Pause", "Phase", "PrefetchModel", "RayNode", "RayObservation", "Reason", "RemoveContainers",
+    "Action", "CheckImage", "Container", "Decision", "DropPageCache", "EndpointObservation", "EndpointState", "Gpu",
+    "GpuProcess", "ImageReport", "Kind", "Listener", "Memory", "ModelReport", "NodeObservation", "Observation",
+    "Pause", "Phase", "PrefetchModel", "ProbeResult", "RayNode", "RayObservation", "Reason", "RemoveContainers",
     "ServeObservation", "StartContainer", "StartServe", "Status", "StopServe", "StopUnits", "Tracker",
     "Transition", "Unit", "Verdict", "Verify", "describe",
 ]

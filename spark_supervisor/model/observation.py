@@ -4,6 +4,7 @@ its endpoint."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 
 @dataclass(frozen=True)
@@ -144,9 +145,26 @@ class ServeObservation:
         return f"{self.container_id}:{self.pid}:{self.started_at}"
 
 
+class EndpointState(StrEnum):
+    """What the serve's API answered. A str: written, logged and compared as its value."""
+
+    UP = "up"  # /health answered (any HTTP status)
+    REFUSED = "refused"  # no connection could be made: nothing listens (vLLM listens only once loaded)
+    ERROR = "error"  # connected, but no usable answer (a timeout, a reset, a bad /v1/models)
+    UNKNOWN = "unknown"  # not asked: the serve's state could not be read
+
+
+class ProbeResult(StrEnum):
+    """A liveness probe's result (/health, the deep probe): the tracker's and the metrics' label."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+    UNKNOWN = "unknown"
+
+
 @dataclass(frozen=True)
 class EndpointObservation:
-    state: str  # "refused" | "up" | "error" | "unknown"
+    state: EndpointState
     detail: str = ""
     health: int | None = None
     models: tuple[str, ...] = ()

@@ -7,8 +7,9 @@ the first that returns a decision decides.
 The package, by job (each module pure, importing no I/O): ``rules`` (the table and ``plan``), ``facts``
 (what the steps read), ``cluster`` (steps 1-5: nodes, hygiene, containers, placement, Ray), ``serving``
 (steps 6-9: serve, ranks, readiness, liveness), ``gates`` (the image and model before a start),
-``stale`` (stale and orphaned things), ``unknown`` (what could not be seen), ``outcome`` (a repair's
-budget and backoff).
+``stale`` (stale units; stale and orphaned containers: identity), ``unknown`` (what could not be seen),
+``outcome`` (a repair's budget and backoff), ``seen`` (what a tick derives from its observation once: the
+log read, the unknowns, /health's result, for the plan, the trackers and the status).
 
 The phase follows from what is observed, never from memory of what was done: stale things present
 -> CLEANING; no healthy Ray cluster -> STARTING_RAY; no serve -> STARTING_VLLM; serve not answering
@@ -23,13 +24,15 @@ absent, a Ray node that Ray's (reachable) dashboard does not list alive, a serve
 not running, a probe failing past its threshold.
 """
 
+from ..identity import is_orphan, is_stale  # the hygiene step's owner rules, as the plan's
 from .cluster import containers, hygiene, nodes_seen, placement, ray
 from .facts import Facts, RayView, Rule, ray_view
 from .rules import RULES, plan
+from .seen import Seen, derive
 from .serving import liveness, ranks, readiness, serve
-from .stale import is_orphan, is_stale, stale_units
+from .stale import stale_units
 from .unknown import unknowns
 
-__all__ = ["RULES", "Facts", "RayView", "Rule", "containers", "hygiene", "is_orphan", "is_stale", "liveness",
+__all__ = ["RULES", "Facts", "RayView", "Rule", "Seen", "containers", "derive", "hygiene", "is_orphan", "is_stale", "liveness",
            "nodes_seen", "placement", "plan", "ranks", "ray", "ray_view", "readiness", "serve", "stale_units",
            "unknowns"]

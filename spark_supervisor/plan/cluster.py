@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from .. import logscan
 from ..admission import admit, gpu_blockers, gpu_unknown, port_holders
-from ..commands import node_container_name
-from ..config import HASH_LABEL, Node, ray_hash
+from ..config import Node, ray_hash
+from ..identity import is_orphan, is_stale, node_container_name, owned, spec_hash
 from ..model import (
     Action,
     Container,
     Decision,
+    Kind,
     NodeObservation,
     Phase,
     Reason,
@@ -17,9 +18,9 @@ from ..model import (
     StartContainer,
     StopUnits,
 )
-from .facts import DEPLOYED, Facts, hold, owned, ray_view
+from .facts import DEPLOYED, Facts, hold, ray_view
 from .gates import image_gate, model_gate
-from .stale import is_orphan, is_stale, stale_units
+from .stale import stale_units
 
 
 def nodes_seen(f: Facts) -> Decision | None:
@@ -34,13 +35,13 @@ def nodes_seen(f: Facts) -> Decision | None:
     why = "; ".join(f"{o.name}: {o.error}" for o in down)
     deployed = any(owned(o, f.dep) for o in obs.nodes.values()) or st.phase in DEPLOYED
     if not deployed:
-        return Decision(Phase.BACKOFF, Reason("NodeUnreachable", why), failure=True)
+        return Decision(Phase.BACKOFF, Reason(Kind.NODE_UNREACHABLE, why), failure=True)
     view = ray_view(obs.ray, f.members) if obs.ray is not None and obs.ray.reachable else None
     gone = [o.name for o in down if view is not None and view.state[o.name] in ("dead", "unlisted")]
     if gone:  # Ray, which can still be asked, confirms the loss: wait for the node to come back
-        return Decision(Phase.DEGRADED, Reason("NodeLost", f"{', '.join(gone)} unreachable and not alive in Ray "
+        return Decision(Phase.DEGRADED, Reason(Kind.NODE_LOST, f"{', '.join(gone)} unreachable and not alive in Ray "
                         f"({why}); waiting for it to return"))
-    return Decision(hold(st), Reason("ObservationUnknown", f"{why}"))
+    return Decision(hold(st), Reason(Kind.OBSERVATION_UNKNOWN, f"{why}"))
 
 
 def hygiene(f: Facts) -> Decision | None:
@@ -65,7 +66,7 @@ def hygiene(f: Facts) -> Decision | None:
         if orphans:
             actions.append(RemoveContainers(node.name, orphans, "orphan"))
             found.append(f"{node.name}: orphans {', '.join(orphans)}")
-    return Decision(Phase.CLEANING, Reason("StaleFound", "; ".join(found)), tuple(actions)) if actions else None
+    return Decision(Phase.CLEANING, Reason(Kind.STALE_FOUND, "; ".join(found)), tuple(actions)) if actions else None
 
 
 def containers(f: Facts) -> Decision | None:
@@ -78,33 +79,33 @@ def containers(f: Facts) -> Decision | None:
     for node in f.members:
         cs = owned(f.obs.nodes[node.name], dep)
         ok = [c for c in cs if c.name == node_container_name(dep, node) and c.running
-              and c.labels.get(HASH_LABEL) == rh]
+              and spec_hash(c) == rh]
         if ok and len(cs) == 1:
             continue
         if not cs:
             problems.append(f"{node.name}: no {f.kind} container")
-        elif any(c.labels.get(HASH_LABEL) != rh for c in cs):
+        elif any(spec_hash(c) != rh for c in cs):
             problems.append(f"{node.name}: spec changed")
         elif any(c.lost for c in cs) or len(cs) > 1:
             problems.append(f"{node.name}: {f.kind} container {cs[0].state}{_why_ended(cs[0])}")
             bind = next((b for c in cs if c.lost and (b := logscan.port_in_use(c.log_tail)) is not None), None)
             if bind is not None and not f.obs.full:  # who holds it is in a full observation: the next tick's
-                return Decision(hold(st), Reason("PortInUse", f"{node.name}: {f.kind} container exited: "
+                return Decision(hold(st), Reason(Kind.PORT_IN_USE, f"{node.name}: {f.kind} container exited: "
                                 f"port {bind.port or '?'} in use (looking who holds it)"), look_closer=True)
             if bind is not None:  # the same again on every restart: say who holds it, restart nothing
-                return Decision(Phase.FAILED, Reason("PortInUse", f"{node.name}: {f.kind} container exited: "
+                return Decision(Phase.FAILED, Reason(Kind.PORT_IN_USE, f"{node.name}: {f.kind} container exited: "
                                 f"{_holder(f.obs.nodes[node.name], node, bind.port)}: {logscan.PORT_HINT} ({bind.line})"),
                                 f.teardown("port in use"), fatal=True)
         else:  # paused, restarting, removing: neither running nor gone
             between.append(f"{node.name}: {f.kind} container {cs[0].state}")
     if f.any_owned and problems:
         if all("spec changed" in p for p in problems):
-            return Decision(Phase.CLEANING, Reason("SpecChanged", "replacing the deployment"), f.teardown("replace"))
-        return f.repair("gang", Reason("PartialDeployment", "; ".join(problems)), f.teardown("gang restart"))
+            return Decision(Phase.CLEANING, Reason(Kind.SPEC_CHANGED, "replacing the deployment"), f.teardown("replace"))
+        return f.repair("gang", Reason(Kind.PARTIAL_DEPLOYMENT, "; ".join(problems)), f.teardown("gang restart"))
     if between:
-        return Decision(hold(st), Reason("ContainerInTransition", "; ".join(between)))
+        return Decision(hold(st), Reason(Kind.CONTAINER_IN_TRANSITION, "; ".join(between)))
     if not f.any_owned and st.phase in DEPLOYED:  # all we ran vanished (a power cut, `docker rm -f` everywhere)
-        return f.repair("gang", Reason("DeploymentLost", f"no {f.kind} container on any node"), ())
+        return f.repair("gang", Reason(Kind.DEPLOYMENT_LOST, f"no {f.kind} container on any node"), ())
     return None
 
 
@@ -131,7 +132,7 @@ def placement(f: Facts) -> Decision | None:
     if not obs.full:
         return Decision(Phase.DETECTING, Reason())
     if st.waiting_for:  # deployments.after: theirs first (the daemon says which do not answer yet)
-        return Decision(Phase.WAITING, Reason("WaitingFor", st.waiting_for))
+        return Decision(Phase.WAITING, Reason(Kind.WAITING_FOR, st.waiting_for))
     checked = image_gate(st, cfg, dep) or model_gate(f, st.phase if st.phase in (Phase.DETECTING, Phase.CLEANING)
                                               else Phase.DETECTING)
     if checked is not None:
@@ -140,19 +141,19 @@ def placement(f: Facts) -> Decision | None:
     dashboard = head_report is None or head_report.dashboard
     busy, ports_unseen = port_holders(obs, cfg, dep, dashboard)
     if busy:  # before any container starts and any budget is spent: what would only exit, named
-        return Decision(Phase.FAILED, Reason("PortInUse", "; ".join(busy) + f": {logscan.PORT_HINT}"), fatal=True)
+        return Decision(Phase.FAILED, Reason(Kind.PORT_IN_USE, "; ".join(busy) + f": {logscan.PORT_HINT}"), fatal=True)
     unseen = ports_unseen + gpu_unknown(obs, cfg, dep)
     if unseen:  # nothing starts on a guess; DEGRADED once it lasts
         late = st.phase == Phase.DEGRADED or (st.phase == Phase.CLEANING
                                               and st.in_phase(f.now) > cfg.healing.unknown_patience)
         return Decision(Phase.DEGRADED if late else Phase.CLEANING,
-                        Reason("ObservationUnknown", ("GPU memory: " if not ports_unseen else "") + "; ".join(unseen)))
+                        Reason(Kind.OBSERVATION_UNKNOWN, ("GPU memory: " if not ports_unseen else "") + "; ".join(unseen)))
     held = gpu_blockers(obs, cfg, dep)
     if held:
         if st.phase == Phase.CLEANING and st.in_phase(f.now) > cfg.stale.memory_free_timeout:
-            return Decision(Phase.FAILED, Reason("GpuMemoryHeld", f"still held after {cfg.stale.memory_free_timeout:.0f}s: "
+            return Decision(Phase.FAILED, Reason(Kind.GPU_MEMORY_HELD, f"still held after {cfg.stale.memory_free_timeout:.0f}s: "
                             + "; ".join(held) + " (not ours: stop it, then `spark-supervisor reset`)"), fatal=True)
-        return Decision(Phase.CLEANING, Reason("WaitingForGpuMemory", "; ".join(held)))
+        return Decision(Phase.CLEANING, Reason(Kind.WAITING_FOR_GPU_MEMORY, "; ".join(held)))
     admitted = admit(obs, st, cfg, Phase.CLEANING)
     if admitted is not None:
         return admitted
@@ -172,11 +173,11 @@ def ray(f: Facts) -> Decision | None:
             return None
         if st.phase == Phase.STARTING_RAY and st.in_phase(f.now) > dep.ray.join_timeout:
             why = (r.error if r else "") or "no answer"
-            return f.repair("gang", Reason("RayJoinTimeout", f"Ray not reachable after {dep.ray.join_timeout:.0f}s ({why})"),
+            return f.repair("gang", Reason(Kind.RAY_JOIN_TIMEOUT, f"Ray not reachable after {dep.ray.join_timeout:.0f}s ({why})"),
                             f.teardown("join timeout"))
         if st.phase == Phase.STARTING_RAY:
             return Decision(Phase.STARTING_RAY, Reason(detail=f"0/{len(members)} nodes (dashboard not answering yet)"))
-        return Decision(hold(st), Reason("ObservationUnknown", f"ray {r.via if r else 'dashboard'}: "
+        return Decision(hold(st), Reason(Kind.OBSERVATION_UNKNOWN, f"ray {r.via if r else 'dashboard'}: "
                         f"{(r.error if r else '') or 'no answer'}"))
     view = ray_view(r, members)
     want_gpus = float(sum(n.gpus for n in members))
@@ -196,24 +197,24 @@ def ray(f: Facts) -> Decision | None:
         # is held, not torn down for.
         dead = [n for n in missing if view.state[n] == "dead"]
         if dead or (short and not missing):
-            return f.repair("gang", Reason("RayNodeLost", f"{', '.join(dead or short)} ({status})"),
+            return f.repair("gang", Reason(Kind.RAY_NODE_LOST, f"{', '.join(dead or short)} ({status})"),
                             f.teardown("ray node lost"))
         unknown = [n for n in missing if view.state[n] == "unknown"]
         if unknown:
-            return Decision(hold(st), Reason("ObservationUnknown", f"ray nodes: {', '.join(unknown)} not placed in "
+            return Decision(hold(st), Reason(Kind.OBSERVATION_UNKNOWN, f"ray nodes: {', '.join(unknown)} not placed in "
                             f"Ray's answer ({'; '.join(view.gaps) or status})"))
-        return Decision(hold(st), Reason("RayNodeNotListed", f"{', '.join(missing or short)} not in Ray's node list "
+        return Decision(hold(st), Reason(Kind.RAY_NODE_NOT_LISTED, f"{', '.join(missing or short)} not in Ray's node list "
                         f"({status})"))
     if st.phase == Phase.STARTING_RAY and st.in_phase(f.now) > dep.ray.join_timeout:
         unknown = [n for n in missing if view.state[n] == "unknown"]
         if unknown:  # the join may well be complete: Ray's answer cannot say, and a deadline is no evidence
-            return Decision(Phase.DEGRADED, Reason("ObservationUnknown", f"ray nodes: {', '.join(unknown)} not placed "
+            return Decision(Phase.DEGRADED, Reason(Kind.OBSERVATION_UNKNOWN, f"ray nodes: {', '.join(unknown)} not placed "
                             f"in Ray's answer after {dep.ray.join_timeout:.0f}s ({'; '.join(view.gaps)})"))
         unlisted = [n for n in missing if view.state[n] == "unlisted"]
         if view.strays and unlisted:  # ours never came on its fabric IP, and others did: a config problem
-            return Decision(Phase.FAILED, Reason("RayNodeWrongIp", f"{', '.join(unlisted)} never registered on its "
+            return Decision(Phase.FAILED, Reason(Kind.RAY_NODE_WRONG_IP, f"{', '.join(unlisted)} never registered on its "
                             f"fabric IP while {', '.join(view.strays)} registered ({status}): set fabric_ip/VLLM_HOST_IP "
                             "per node"), f.teardown("wrong ip"), fatal=True)
-        return f.repair("gang", Reason("RayJoinTimeout", f"{status} after {dep.ray.join_timeout:.0f}s "
+        return f.repair("gang", Reason(Kind.RAY_JOIN_TIMEOUT, f"{status} after {dep.ray.join_timeout:.0f}s "
                         f"(waiting for {', '.join(missing or short)})"), f.teardown("join timeout"))
     return Decision(Phase.STARTING_RAY, Reason(detail=status))

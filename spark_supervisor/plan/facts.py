@@ -1,5 +1,6 @@
-"""What every rule step reads (``Facts``), and the readings of it several steps share: the containers a
-deployment owns, Ray's answer read for its members, the phase to hold while something is unseen. Pure."""
+"""What every rule step reads (``Facts``), and the readings of it several steps share: Ray's answer read for
+the deployment's members, the phase to hold while something is unseen (the containers it owns: identity).
+Pure."""
 
 from __future__ import annotations
 
@@ -8,13 +9,11 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from .. import logscan
-from ..commands import PREFETCH_ROLE
-from ..config import OWNER_LABEL, ROLE_LABEL, Config, Deployment, Node
+from ..config import Config, Deployment, Node
+from ..identity import owned
 from ..model import (
     Action,
-    Container,
     Decision,
-    NodeObservation,
     Observation,
     Phase,
     RayObservation,
@@ -26,10 +25,6 @@ from . import outcome
 
 # Phases in which a deployment was known to run: losing it there is a fault to repair.
 DEPLOYED = {Phase.STARTING_VLLM, Phase.LOADING, Phase.VERIFYING, Phase.SERVING, Phase.DEGRADED}
-
-
-def owned(o: NodeObservation, dep: Deployment) -> list[Container]:
-    return [c for c in o.containers if c.labels.get(OWNER_LABEL) == dep.name and c.labels.get(ROLE_LABEL) != PREFETCH_ROLE]
 
 
 def hold(st: Status) -> Phase:
@@ -85,6 +80,7 @@ class Facts:
     st: Status
     cfg: Config
     now: float
+    read: logscan.LoadProgress | None = None  # the serve's log as the tick read it (plan.seen), if it did
 
     @cached_property
     def dep(self) -> Deployment:
@@ -105,6 +101,8 @@ class Facts:
 
     @cached_property
     def progress(self) -> logscan.LoadProgress:
+        if self.read is not None:
+            return self.read
         return logscan.scan(self.obs.serve.log_tail if self.obs.serve is not None else "")
 
     def repair(self, kind: str, reason: Reason, actions: tuple[Action, ...]) -> Decision:

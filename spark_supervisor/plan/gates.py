@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .. import modelcheck
 from ..config import Config, Deployment, ray_hash
-from ..model import CheckImage, Decision, Phase, PrefetchModel, Reason, Status
+from ..model import CheckImage, Decision, Kind, Phase, PrefetchModel, Reason, Status
 from ..preflight import image_problem
 from .facts import Facts
 
@@ -20,7 +20,7 @@ def image_gate(st: Status, cfg: Config, dep: Deployment) -> Decision | None:
     todo = [n.name for n in members if (r := st.images.get(n.name)) is None or r.key != key or r.start != st.starts]
     if todo:  # part of getting ready to start: no phase of its own (CLEANING stays CLEANING)
         phase = st.phase if st.phase in (Phase.DETECTING, Phase.CLEANING) else Phase.DETECTING
-        return Decision(phase, Reason("CheckingImage", f"{dep.ray.image} on {', '.join(todo)}"),
+        return Decision(phase, Reason(Kind.CHECKING_IMAGE, f"{dep.ray.image} on {', '.join(todo)}"),
                         tuple(CheckImage(n) for n in todo))
     problem = image_problem(cfg, dep, st.images)
     if problem is not None:
@@ -40,16 +40,16 @@ def model_gate(f: Facts, phase: Phase) -> Decision | None:
     reports = {n.name: r.model for n in f.members if (r := st.images.get(n.name)) is not None and r.model is not None}
     stale = [n for n, m in reports.items() if m.key != key]
     if stale:
-        return Decision(phase, Reason("CheckingModel", f"{dep.serve.model} on {', '.join(stale)}"),
+        return Decision(phase, Reason(Kind.CHECKING_MODEL, f"{dep.serve.model} on {', '.join(stale)}"),
                         tuple(CheckImage(n) for n in stale))
     source = dep.model.prefetch_from or "the hub"
     running = [n for n, m in reports.items() if m.prefetch == "running"]
     if running:
-        return Decision(phase, Reason("PrefetchingModel", f"{dep.serve.model} on {', '.join(running)} from {source}"),
+        return Decision(phase, Reason(Kind.PREFETCHING_MODEL, f"{dep.serve.model} on {', '.join(running)} from {source}"),
                         tuple(CheckImage(n) for n in running))
     todo = [n for n, m in reports.items() if m.missing and not m.prefetched]
     if dep.model.prefetch and todo:
-        return Decision(phase, Reason("PrefetchingModel", f"{dep.serve.model} on {', '.join(todo)} from {source}"),
+        return Decision(phase, Reason(Kind.PREFETCHING_MODEL, f"{dep.serve.model} on {', '.join(todo)} from {source}"),
                         tuple(PrefetchModel(n) for n in todo))
     problem = modelcheck.problem(f.cfg, dep, reports)
     return Decision(Phase.FAILED, Reason(*problem), fatal=True) if problem else None

@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import Config
-from ..model import Decision, Observation, Phase, Reason, Status
+from ..model import Decision, Kind, Observation, Phase, Reason, Status
 from .cluster import containers, hygiene, nodes_seen, placement, ray
 from .facts import Facts, Rule, ray_view
+from .seen import Seen, unknown_in
 from .serving import liveness, ranks, readiness, serve
 from .unknown import with_unknowns
 
@@ -16,18 +17,20 @@ from .unknown import with_unknowns
 RULES: tuple[Rule, ...] = (nodes_seen, hygiene, containers, placement, ray, serve, ranks, readiness, liveness)
 
 
-def plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
+def plan(obs: Observation, st: Status, cfg: Config, now: float, seen: Seen | None = None) -> Decision:
     """One tick's decision. FAILED, and a BACKOFF not yet over, hold; else the first rule step that decides,
-    with what could not be seen and Ray's strays shown in it."""
+    with what could not be seen and Ray's strays shown in it. ``seen``: what the tick derived from ``obs``
+    (plan.seen.derive), read here otherwise."""
     if st.phase == Phase.FAILED:  # until a config change (SIGHUP) or `spark-supervisor reset`
         return Decision(Phase.FAILED, st.why)
     if st.phase == Phase.BACKOFF and now < st.backoff_until:
         return Decision(Phase.BACKOFF, st.why)
-    return _with_strays(with_unknowns(_plan(obs, st, cfg, now), obs, st, cfg, now), obs, cfg)
+    seen_unknown = unknown_in(seen, obs, cfg, st.phase) if seen is not None else None
+    return _with_strays(with_unknowns(_plan(obs, st, cfg, now, seen), obs, st, cfg, now, seen_unknown), obs, cfg)
 
 
-def _plan(obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
-    facts = Facts(obs, st, cfg, now)
+def _plan(obs: Observation, st: Status, cfg: Config, now: float, seen: Seen | None) -> Decision:
+    facts = Facts(obs, st, cfg, now, seen.progress if seen is not None else None)
     for rule in RULES:
         d = rule(facts)
         if d is not None:
@@ -46,4 +49,4 @@ def _with_strays(d: Decision, obs: Observation, cfg: Config) -> Decision:
         return d
     note = f"{', '.join(strays)} joined the head's Ray but {'is' if len(strays) == 1 else 'are'} no node of " \
            f"{dep.name} (ignored)"
-    return dataclasses.replace(d, why=Reason("RayStrayNode", f"{note}; {d.why.detail}" if d.why.detail else note))
+    return dataclasses.replace(d, why=Reason(Kind.RAY_STRAY_NODE, f"{note}; {d.why.detail}" if d.why.detail else note))

@@ -6,7 +6,7 @@ from .. import logscan
 from ..admission import admit, free_memory_failure, gpu_blockers
 from ..commands import serve_nodes
 from ..config import serve_hash
-from ..model import Decision, Phase, Reason, StartServe, StopServe, Verify
+from ..model import Decision, EndpointState, Kind, Phase, Reason, StartServe, StopServe, Verify
 from .facts import Facts, hold
 from .gates import model_gate
 
@@ -17,22 +17,22 @@ def serve(f: Facts) -> Decision | None:
     endpoint's own evidence still counts."""
     obs, st, cfg, dep, s = f.obs, f.st, f.cfg, f.dep, f.obs.serve
     if s is not None and s.error and not s.present:
-        return Decision(hold(st), Reason("ObservationUnknown", f"serve state: {s.error}"))
+        return Decision(hold(st), Reason(Kind.OBSERVATION_UNKNOWN, f"serve state: {s.error}"))
     if s is None or not s.present:
         strays = [n for n, x in obs.followers.items() if x is not None and x.present and (x.running or x.error)]
         if strays:  # ranks left from an earlier serve would wait for a head that is not theirs
-            return Decision(Phase.STARTING_VLLM, Reason("RanksWithoutHead", f"stopping the serve on {', '.join(strays)} "
+            return Decision(Phase.STARTING_VLLM, Reason(Kind.RANKS_WITHOUT_HEAD, f"stopping the serve on {', '.join(strays)} "
                             "before the launch"), (StopServe("ranks without their head"),))
         if st.preflight:  # a fabric mistake: found now instead of after a 15-minute load
-            return Decision(Phase.FAILED, Reason("PreflightFailed", "; ".join(st.preflight)), fatal=True)
+            return Decision(Phase.FAILED, Reason(Kind.PREFLIGHT_FAILED, "; ".join(st.preflight)), fatal=True)
         if not obs.full:  # admission reads every member's memory first, on the next tick, at once
             return Decision(Phase.STARTING_VLLM, Reason(detail="reading memory before the launch"), look_closer=True)
         held = gpu_blockers(obs, cfg, dep)
         if held:
             if st.phase == Phase.STARTING_VLLM and st.in_phase(f.now) > cfg.stale.memory_free_timeout:
-                return Decision(Phase.FAILED, Reason("GpuMemoryHeld", f"still held after {cfg.stale.memory_free_timeout:.0f}s: "
+                return Decision(Phase.FAILED, Reason(Kind.GPU_MEMORY_HELD, f"still held after {cfg.stale.memory_free_timeout:.0f}s: "
                                 + "; ".join(held)), fatal=True)
-            return Decision(Phase.STARTING_VLLM, Reason("WaitingForGpuMemory", "; ".join(held)))
+            return Decision(Phase.STARTING_VLLM, Reason(Kind.WAITING_FOR_GPU_MEMORY, "; ".join(held)))
         admitted = admit(obs, st, cfg, Phase.STARTING_VLLM) or model_gate(f, Phase.STARTING_VLLM)
         if admitted is not None:
             return admitted
@@ -40,16 +40,16 @@ def serve(f: Facts) -> Decision | None:
     if s.error:
         return None
     if s.spec_hash != serve_hash(cfg, dep):
-        return Decision(Phase.STARTING_VLLM, Reason("ServeSpecChanged", "relaunching"), (StopServe("spec changed"),))
+        return Decision(Phase.STARTING_VLLM, Reason(Kind.SERVE_SPEC_CHANGED, "relaunching"), (StopServe("spec changed"),))
     if s.running:
         return None
     fail = f.progress.failure
-    if fail is not None and fail.reason == "FreeMemoryBelowUtilization":
+    if fail is not None and fail.reason == Kind.FREE_MEMORY_BELOW_UTILIZATION:
         return free_memory_failure(obs, st, cfg, fail.line)
     if fail is not None and fail.deterministic:  # the same again on retry: stop and say why
-        return Decision(Phase.FAILED, Reason("ServeFailed", f"{fail.reason}: {fail.hint} ({fail.line})"),
+        return Decision(Phase.FAILED, Reason(Kind.SERVE_FAILED, f"{fail.reason}: {fail.hint} ({fail.line})"),
                         (StopServe("failed"),), fatal=True)
-    why = Reason("ServeFailed", f"{fail.reason} ({fail.line})") if fail else Reason("ServeExited", f"exit code {s.exit_code}")
+    why = Reason(Kind.SERVE_FAILED, f"{fail.reason} ({fail.line})") if fail else Reason(Kind.SERVE_EXITED, f"exit code {s.exit_code}")
     return f.repair("serve", why, (StopServe("exited"),))
 
 
@@ -64,18 +64,18 @@ def ranks(f: Facts) -> Decision | None:
         if x is None or x.error:
             continue
         if not x.present:
-            return f.repair("serve", Reason("ServeRankMissing", f"no serve on {node} (rank {rank})"),
+            return f.repair("serve", Reason(Kind.SERVE_RANK_MISSING, f"no serve on {node} (rank {rank})"),
                             (StopServe("rank missing"),))
         if x.spec_hash != sh:
-            return Decision(Phase.STARTING_VLLM, Reason("ServeSpecChanged", f"rank {rank} on {node}: relaunching"),
+            return Decision(Phase.STARTING_VLLM, Reason(Kind.SERVE_SPEC_CHANGED, f"rank {rank} on {node}: relaunching"),
                             (StopServe("spec changed"),))
         if not x.running:
             fail = logscan.scan(x.log_tail).failure
             if fail is not None and fail.deterministic:
-                return Decision(Phase.FAILED, Reason("ServeFailed", f"{fail.reason} on {node} (rank {rank}): {fail.hint} "
+                return Decision(Phase.FAILED, Reason(Kind.SERVE_FAILED, f"{fail.reason} on {node} (rank {rank}): {fail.hint} "
                                 f"({fail.line})"), (StopServe("failed"),), fatal=True)
             why = f"{fail.reason} ({fail.line})" if fail else f"exit code {x.exit_code}"
-            return f.repair("serve", Reason("ServeRankExited", f"{node} (rank {rank}): {why}"), (StopServe("rank exited"),))
+            return f.repair("serve", Reason(Kind.SERVE_RANK_EXITED, f"{node} (rank {rank}): {why}"), (StopServe("rank exited"),))
     return None
 
 
@@ -92,26 +92,26 @@ def readiness(f: Facts) -> Decision | None:
     if _verified(f) and st.phase in (Phase.SERVING, Phase.DEGRADED):
         return None
     ep, name = obs.endpoint, dep.serve.name
-    if ep is None or ep.state != "up" or name not in ep.models:
+    if ep is None or ep.state != EndpointState.UP or name not in ep.models:
         if s.error:  # the log tail is the last one seen: no stall or deadline is judged on it
-            return Decision(hold(st), Reason("ObservationUnknown", f"serve state: {s.error}"))
+            return Decision(hold(st), Reason(Kind.OBSERVATION_UNKNOWN, f"serve state: {s.error}"))
         if (st.phase == Phase.LOADING and st.load_progress_at
                 and f.now - st.load_progress_at > dep.readiness.stall_timeout):
-            return f.repair("serve", Reason("LoadStalled", f"no progress for {dep.readiness.stall_timeout:.0f}s at "
+            return f.repair("serve", Reason(Kind.LOAD_STALLED, f"no progress for {dep.readiness.stall_timeout:.0f}s at "
                             f"{f.progress.summary()}"), (StopServe("load stalled"),))
         if st.phase == Phase.LOADING and st.in_phase(f.now) > dep.readiness.deadline:
-            return f.repair("serve", Reason("LoadTimeout", f"not ready after {dep.readiness.deadline:.0f}s "
+            return f.repair("serve", Reason(Kind.LOAD_TIMEOUT, f"not ready after {dep.readiness.deadline:.0f}s "
                             f"({f.progress.summary()})"), (StopServe("load timeout"),))
         why = Reason()  # progress is reported apart from the reason, so history keeps only real changes
-        if ep is not None and ep.state == "error":
-            why = Reason("EndpointError", ep.detail)
-        elif ep is not None and ep.state == "up":
+        if ep is not None and ep.state == EndpointState.ERROR:
+            why = Reason(Kind.ENDPOINT_ERROR, ep.detail)
+        elif ep is not None and ep.state == EndpointState.UP:
             why = Reason(detail=f"API up, {name} not listed yet")
         return Decision(Phase.LOADING, why)
     if _verified(f):
         return None
     if st.deep.failures >= f.cfg.healing.deep_failure_threshold:
-        return f.repair("serve", Reason("ServeWedged", f"{st.deep.failures} sanity completions failed ({st.deep.detail})"),
+        return f.repair("serve", Reason(Kind.SERVE_WEDGED, f"{st.deep.failures} sanity completions failed ({st.deep.detail})"),
                         (StopServe("wedged"),))
     return Decision(Phase.VERIFYING, Reason(detail="sanity completion"), (Verify(s.identity),))
 
@@ -121,10 +121,10 @@ def liveness(f: Facts) -> Decision:
     h, dep, st, s = f.cfg.healing, f.dep, f.st, f.obs.serve
     assert s is not None
     if st.health.failures >= h.health_failure_threshold:
-        return f.repair("serve", Reason("ServeUnhealthy", f"/health failed {st.health.failures} times ({st.health.detail})"),
+        return f.repair("serve", Reason(Kind.SERVE_UNHEALTHY, f"/health failed {st.health.failures} times ({st.health.detail})"),
                         (StopServe("unhealthy"),))
     if st.deep.failures >= h.deep_failure_threshold:
-        return f.repair("serve", Reason("ServeWedged", f"{st.deep.failures} deep probes failed ({st.deep.detail})"),
+        return f.repair("serve", Reason(Kind.SERVE_WEDGED, f"{st.deep.failures} deep probes failed ({st.deep.detail})"),
                         (StopServe("wedged"),))
     n = len(f.members)
     serving = f"{dep.serve.name} on {n} node{'' if n == 1 else 's'}"

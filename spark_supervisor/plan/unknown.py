@@ -4,8 +4,9 @@ without it (``with_unknowns``): the reason says so, and DEGRADED once it lasts p
 from __future__ import annotations
 
 from ..config import Config
-from ..model import Decision, Observation, Phase, Reason, Status
-from .facts import owned, ray_view
+from ..identity import owned
+from ..model import Decision, Kind, Observation, Phase, Reason, Status
+from .facts import ray_view
 
 
 def unknowns(obs: Observation, cfg: Config, phase: Phase | None = None) -> dict[str, str]:
@@ -31,21 +32,23 @@ def unknowns(obs: Observation, cfg: Config, phase: Phase | None = None) -> dict[
     return out
 
 
-def with_unknowns(d: Decision, obs: Observation, st: Status, cfg: Config, now: float) -> Decision:
+def with_unknowns(d: Decision, obs: Observation, st: Status, cfg: Config, now: float,
+                  seen_unknown: dict[str, str] | None = None) -> Decision:
     """Show what could not be seen in a decision that was taken without it; DEGRADED once something has
     stayed unseen past the patience (counted from the start of an unbroken run of unknowns, whichever
     part could not be seen from one tick to the next). Repairs, failures, cleaning and Ray's own join
-    stand on their own evidence and deadlines and are left as they are."""
-    seen_not = unknowns(obs, cfg, st.phase)
-    if (not seen_not or d.repair or d.fatal or d.failure or d.why.kind == "NodeLost"
+    stand on their own evidence and deadlines and are left as they are. ``seen_unknown``: what the tick
+    already read for this phase (plan.seen), else read here."""
+    seen_not = unknowns(obs, cfg, st.phase) if seen_unknown is None else seen_unknown
+    if (not seen_not or d.repair or d.fatal or d.failure or d.why.kind == Kind.NODE_LOST
             or d.phase in (Phase.BACKOFF, Phase.STARTING_RAY)):
         return d
-    if d.why.kind == "ObservationUnknown":
+    if d.why.kind == Kind.OBSERVATION_UNKNOWN:
         why = d.why
     elif d.phase == Phase.CLEANING:
         return d
     else:
-        why = Reason("ObservationUnknown", "; ".join(f"{k}: {v}" for k, v in seen_not.items()))
+        why = Reason(Kind.OBSERVATION_UNKNOWN, "; ".join(f"{k}: {v}" for k, v in seen_not.items()))
     since = st.unknown_run_since or now
     if now - since > cfg.healing.unknown_patience:
         return Decision(Phase.DEGRADED, Reason(why.kind, f"{why.detail} (longer than {cfg.healing.unknown_patience:.0f}s)"),

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from spark_testbed import testbed
-from spark_testbed.harness import BIN, containers, write_config
+from spark_testbed.harness import BIN, Supervisor, containers, write_config
 
 FAST = {"supervisor": {"backoff_base": 0.5, "backoff_max": 2}}
 
 
-def test_unreachable_worker_is_a_reason_and_heals_when_it_answers(clean, supervisor, tmp_path: Path) -> None:
+def test_unreachable_worker_is_a_reason_and_heals_when_it_answers(clean: None, supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
     testbed.plant_stale("spark-1", ("vllm_node",))
     testbed.stop_sshd()
     try:
@@ -30,7 +31,7 @@ def test_unreachable_worker_is_a_reason_and_heals_when_it_answers(clean, supervi
     assert "vllm_node" not in containers("spark-1")
 
 
-def test_a_stopped_docker_engine_is_a_reason(clean, supervisor, tmp_path: Path) -> None:
+def test_a_stopped_docker_engine_is_a_reason(clean: None, supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
     pid = int((testbed.DIR / "spark-2" / "dockerd.pid").read_text())
     os.kill(pid, 15)
     testbed.until(lambda: not testbed._alive(testbed.DIR / "spark-2" / "dockerd.pid"), 30, "dockerd to stop")
@@ -45,7 +46,7 @@ def test_a_stopped_docker_engine_is_a_reason(clean, supervisor, tmp_path: Path) 
     d.wait(lambda s: s["phase"] in ("STARTING_RAY", "STARTING_VLLM", "LOADING", "SERVING"), 60, "recovery")
 
 
-def test_a_missing_image_is_never_pulled_silently(clean, supervisor, tmp_path: Path) -> None:
+def test_a_missing_image_is_never_pulled_silently(clean: None, supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
     cfg = write_config(tmp_path, FAST, deployment={"ray": {"image": "spark-testbed/absent:1"}})
     d = supervisor(cfg)
     st = d.wait_phase("FAILED", 60)  # deterministic: retrying cannot make the image appear
@@ -56,7 +57,7 @@ def test_a_missing_image_is_never_pulled_silently(clean, supervisor, tmp_path: P
     assert d.proc.poll() is None, "FAILED keeps the daemon up and reporting"
 
 
-def test_a_serve_that_exits_at_once_is_retried_within_the_budget(clean, supervisor, tmp_path: Path) -> None:
+def test_a_serve_that_exits_at_once_is_retried_within_the_budget(clean: None, supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
     cfg = write_config(tmp_path, FAST, deployment={"serve": {"env": {"STANDIN_FAIL": "exit"}}})
     d = supervisor(cfg)
     st = d.wait_phase("FAILED", 120)
@@ -67,7 +68,7 @@ def test_a_serve_that_exits_at_once_is_retried_within_the_budget(clean, supervis
 
 
 def test_a_free_memory_refusal_drops_the_page_cache_once_then_is_named_with_its_numbers(
-        clean, supervisor, tmp_path: Path) -> None:
+        clean: None, supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
     cfg = write_config(tmp_path, FAST, deployment={"serve": {"env": {"STANDIN_FAIL": "free-memory"}}})
     d = supervisor(cfg)
     st = d.wait_phase("FAILED", 120)
@@ -79,7 +80,7 @@ def test_a_free_memory_refusal_drops_the_page_cache_once_then_is_named_with_its_
     assert len(d.events("serve.launched")) == 2 and not d.events("repair.started")
 
 
-def test_gpu_memory_held_by_a_foreign_process_names_it_and_leaves_it_alone(clean, supervisor,
+def test_gpu_memory_held_by_a_foreign_process_names_it_and_leaves_it_alone(clean: None, supervisor: Callable[..., Supervisor],
                                                                           tmp_path: Path) -> None:
     holder = subprocess.Popen(["sleep", "600"])
     try:

@@ -50,7 +50,8 @@ def reload_to(d: Supervisor, config: Path, change: dict[str, Any]) -> dict[str, 
         config.write_text(good)
 
 
-def test_a_reload_to_an_image_tag_that_does_not_exist_keeps_the_old_one_serving(daemon) -> None:
+def test_a_reload_to_an_image_tag_that_does_not_exist_keeps_the_old_one_serving(
+        daemon: tuple[Supervisor, Path]) -> None:
     d, config = daemon
     verify_serving(d)
     before = owned_ids()
@@ -65,7 +66,8 @@ def test_a_reload_to_an_image_tag_that_does_not_exist_keeps_the_old_one_serving(
     assert not [e for e in d.events("action.started") if e.get("action") == "RemoveContainers"]
 
 
-def test_a_reload_to_a_model_missing_on_one_node_keeps_the_old_one_serving_and_names_the_node(daemon) -> None:
+def test_a_reload_to_a_model_missing_on_one_node_keeps_the_old_one_serving_and_names_the_node(
+        daemon: tuple[Supervisor, Path]) -> None:
     d, config = daemon
     verify_serving(d)
     before = owned_ids()

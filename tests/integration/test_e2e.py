@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from spark_testbed import testbed
-from spark_testbed.harness import BIN, containers, write_config
+from spark_testbed.harness import BIN, Supervisor, containers, write_config
 
 OWNED = {"spark-1": "testbed-ray-spark-1", "spark-2": "testbed-ray-spark-2"}
 
 
-def test_reboot_mess_to_serving_then_a_restarted_daemon_adopts(clean, supervisor, tmp_path: Path) -> None:
+def test_reboot_mess_to_serving_then_a_restarted_daemon_adopts(clean: None, supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
     for node in testbed.NODES:
         testbed.plant_stale(node)
     assert set(containers("spark-2")) == set(testbed.STALE)
@@ -62,7 +63,7 @@ def test_reboot_mess_to_serving_then_a_restarted_daemon_adopts(clean, supervisor
     assert second.stop() == 0
 
 
-def test_plan_changes_nothing_and_teardown_removes_only_what_we_own(clean, tmp_path: Path) -> None:
+def test_plan_changes_nothing_and_teardown_removes_only_what_we_own(clean: None, tmp_path: Path) -> None:
     testbed.plant_stale("spark-1", ("vllm_node",))
     config = write_config(tmp_path)
     out = subprocess.run([str(BIN / "spark-supervisor"), "plan", "--json", "--config", str(config)],

@@ -75,7 +75,7 @@ class Fault:
     def __init__(self, d: Supervisor):
         self.d = d
         st = d.status() or {}
-        self.repairs_before = st.get("repairs", {}).get("in_window", 0)
+        self.repairs_before = int(st.get("repairs", {}).get("in_window", 0))
         self.events_before = len(d.events())
         self.ids = owned_ids()
         self.at = 0.0

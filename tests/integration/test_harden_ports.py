@@ -11,6 +11,7 @@ import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from spark_testbed import testbed
 from spark_testbed.harness import BIN, Supervisor, containers, verify_serving, write_config
@@ -32,11 +33,11 @@ def listening(address: str, port: int) -> Iterator[socket.socket]:
         s.close()
 
 
-def started(d: Supervisor, action: str) -> list[dict]:
+def started(d: Supervisor, action: str) -> list[dict[str, Any]]:
     return [e for e in d.events("action.started") if e.get("action") == action]
 
 
-def assert_nothing_started(d: Supervisor, st: dict) -> None:
+def assert_nothing_started(d: Supervisor, st: dict[str, Any]) -> None:
     assert not started(d, "StartContainer") and not started(d, "StartServe")
     for node in testbed.NODES:
         assert containers(node) == {}, containers(node)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,13 @@ EVENTS = ["failed", "degraded", "repair", "recovered", "paused", "resumed"]
 def cli(*args: str, timeout: float = 200) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(BIN / "spark-supervisor"), *args], capture_output=True, text=True, timeout=timeout,
                           check=False)
+
+
+def now(d: Supervisor) -> dict[str, Any]:
+    """The daemon's status document as it is now (one is written by then)."""
+    doc = d.status()
+    assert doc is not None
+    return doc
 
 
 @pytest.fixture
@@ -57,14 +65,14 @@ def test_alerts_then_a_teardown_under_pause_spends_no_budget(
     assert receiver.wait(3)[2]["event"] == "paused"
     status = cli("status", "-c", conf)
     assert status.stdout.startswith("PAUSED") and "would " in status.stdout, status.stdout
-    seen = d.status()["daemon"]["updated"]
+    seen = now(d)["daemon"]["updated"]
     d.wait(lambda s: s["daemon"]["updated"] != seen, 60, "another pass while paused")
     assert all(OWNED[node] not in containers(node) for node in testbed.NODES), "nothing was started while paused"
-    assert len(d.repairs()) == repairs_before and d.status()["repairs"]["in_window"] == used, "no budget spent"
+    assert len(d.repairs()) == repairs_before and now(d)["repairs"]["in_window"] == used, "no budget spent"
 
     # resume: detected afresh, brought up again, announced.
     out = cli("resume", "-c", conf)
     assert out.returncode == 0 and "resumed" in out.stdout, out
     d.wait_phase("SERVING", 240)
     assert "resumed" in [x["event"] for x in receiver.wait(4)]
-    assert d.status()["repairs"]["in_window"] == used
+    assert now(d)["repairs"]["in_window"] == used

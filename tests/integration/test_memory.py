@@ -14,7 +14,7 @@ from spark_testbed.harness import OWNED, Supervisor, containers, serve_processes
 PATCH = {"healing": {"repair_budget": 50}, "supervisor": {"backoff_base": 0.5, "backoff_max": 2}}
 
 
-def test_a_gang_repair_with_the_page_cache_full_drops_it_and_serves(clean, supervisor: Callable[..., Supervisor],
+def test_a_gang_repair_with_the_page_cache_full_drops_it_and_serves(clean: None, supervisor: Callable[..., Supervisor],
                                                                      tmp_path: Path) -> None:
     for node in testbed.NODES:  # a previous load's shards in the page cache on both nodes
         testbed.write_gpu(node, meminfo=testbed.page_cache_full())
@@ -36,7 +36,7 @@ def test_a_gang_repair_with_the_page_cache_full_drops_it_and_serves(clean, super
 
 
 def test_page_cache_full_with_the_drop_disabled_is_failed_with_the_numbers(
-        clean, supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
+        clean: None, supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
     testbed.write_gpu("spark-2", meminfo=testbed.page_cache_full())
     d = supervisor(write_config(tmp_path, {**PATCH, "memory": {"page_cache": "never"}}))
     st = d.wait_phase("FAILED", 120)
@@ -45,7 +45,7 @@ def test_page_cache_full_with_the_drop_disabled_is_failed_with_the_numbers(
     assert not d.events("memory.page_cache_dropped") and not containers("spark-1")  # nothing started
 
 
-def test_memavailable_short_is_failed_without_a_drop_loop(clean, supervisor: Callable[..., Supervisor],
+def test_memavailable_short_is_failed_without_a_drop_loop(clean: None, supervisor: Callable[..., Supervisor],
                                                           tmp_path: Path) -> None:
     testbed.write_gpu("spark-2", meminfo=testbed.memory_held())
     d = supervisor(write_config(tmp_path, PATCH))
@@ -54,7 +54,7 @@ def test_memavailable_short_is_failed_without_a_drop_loop(clean, supervisor: Cal
     assert not d.events("memory.page_cache_dropped") and not d.events("repair.started")
 
 
-def test_a_start_with_far_less_kv_cache_than_before_is_a_warning(clean, supervisor: Callable[..., Supervisor],
+def test_a_start_with_far_less_kv_cache_than_before_is_a_warning(clean: None, supervisor: Callable[..., Supervisor],
                                                                   tmp_path: Path) -> None:
     config = write_config(tmp_path, PATCH)
     from spark_supervisor import config as config_mod

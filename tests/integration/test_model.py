@@ -14,6 +14,7 @@ import threading
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from spark_testbed import testbed
 from spark_testbed.harness import BIN, Supervisor, containers, verify_serving, write_config
@@ -26,7 +27,7 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(BIN / "spark-supervisor"), *args], capture_output=True, text=True, timeout=timeout)
 
 
-def started(d: Supervisor, action: str) -> list[dict]:
+def started(d: Supervisor, action: str) -> list[dict[str, Any]]:
     return [e for e in d.events("action.started") if e.get("action") == action]
 
 

@@ -39,13 +39,13 @@ def serve_count() -> int:
 
 
 @pytest.fixture
-def real(built: None, clean: None, supervisor: Callable[..., Supervisor], tmp_path: Path):
+def real(built: None, clean: None, supervisor: Callable[..., Supervisor], tmp_path: Path) -> Callable[..., Supervisor]:
     def start(**kw: Any) -> Supervisor:
         return supervisor(real_config(tmp_path, **kw))
     return start
 
 
-def test_reboot_mess_to_serving_on_the_real_server(real) -> None:
+def test_reboot_mess_to_serving_on_the_real_server(real: Callable[..., Supervisor]) -> None:
     testbed.plant_stale("spark-1")
     d = real()
     st = d.wait_phase("SERVING", timeout=400)
@@ -62,7 +62,7 @@ def test_reboot_mess_to_serving_on_the_real_server(real) -> None:
     assert cache.is_dir()  # VLLM_CACHE_ROOT on the node's disk, per deployment and spec
 
 
-def test_serve_killed_then_daemon_restarts_adopt_without_relaunch(real) -> None:
+def test_serve_killed_then_daemon_restarts_adopt_without_relaunch(real: Callable[..., Supervisor]) -> None:
     d = real()
     d.wait_phase("SERVING", timeout=400)
     pid = api_pid()
@@ -84,7 +84,7 @@ def test_serve_killed_then_daemon_restarts_adopt_without_relaunch(real) -> None:
                                                        if e.get("action") == "StartServe"]
 
 
-def test_daemon_restarted_while_the_real_serve_loads_adopts_the_load(real) -> None:
+def test_daemon_restarted_while_the_real_serve_loads_adopts_the_load(real: Callable[..., Supervisor]) -> None:
     d = real()
     d.wait(lambda s: s["phase"] == "LOADING", 200, "LOADING")
     pid = api_pid()
@@ -95,7 +95,7 @@ def test_daemon_restarted_while_the_real_serve_loads_adopts_the_load(real) -> No
     assert not [e for e in again.events("action.started") if e.get("action") == "StartServe"]
 
 
-def test_engine_core_killed_is_repaired_at_the_serve(real) -> None:
+def test_engine_core_killed_is_repaired_at_the_serve(real: Callable[..., Supervisor]) -> None:
     d = real()
     d.wait_phase("SERVING", timeout=400)
     pid = api_pid()
@@ -116,7 +116,8 @@ def test_engine_core_killed_is_repaired_at_the_serve(real) -> None:
     ({"model": "no-such-model", "model_check": False}, "ServeFailed: ModelNotFound", "HFValidationError"),
     ({"model": "tiny-qwen3-hd16"}, "ServeFailed: UnsupportedConfiguration", "Unsupported CPU attention configuration"),
 ])
-def test_a_deterministic_real_failure_is_failed_with_its_line_and_no_retries(real, kw, reason, line) -> None:
+def test_a_deterministic_real_failure_is_failed_with_its_line_and_no_retries(real: Callable[..., Supervisor], kw: dict[str, Any], reason: str,
+                                                                          line: str) -> None:
     d = real(**kw)
     st = d.wait_phase("FAILED", timeout=400)
     assert st["reason"].startswith(reason) and line in st["reason"], st["reason"]

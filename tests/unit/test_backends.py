@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from spark_supervisor import commands
 from spark_supervisor.adapters.ray import read_nodes
-from spark_supervisor.config import RAY_STATE_LABEL, serve_hash
+from spark_supervisor.config import RAY_STATE_LABEL, Config, serve_hash
 from spark_supervisor.model import (
     CheckImage,
     EndpointObservation,
+    EndpointState,
+    ImageReport,
+    Observation,
     Phase,
     RayObservation,
     Reason,
@@ -28,7 +32,7 @@ from tests.helpers import cfg, data, images, node_obs, obs, ray_container
 C = cfg()
 
 
-def mp_config():
+def mp_config() -> Config:
     d = data()
     d["deployments"][0]["serve"].update(distributed_executor_backend="mp", master_port=29555)
     return cfg(d)
@@ -37,7 +41,7 @@ def mp_config():
 MP = mp_config()
 
 
-def st(phase: Phase = Phase.DETECTING, since: float = 0.0, c=C, **kw) -> Status:
+def st(phase: Phase = Phase.DETECTING, since: float = 0.0, c: Config = C, **kw: Any) -> Status:
     kw.setdefault("images", images(c))
     s = Status(**kw)
     s.advance(phase, Reason(), since, since)
@@ -66,8 +70,14 @@ def test_the_image_probe_output_is_read() -> None:
     assert not r.ray_path and not r.vllm_path and r.summary() == "no ray, no vllm"
 
 
+def _problem(c: Config, reports: dict[str, ImageReport]) -> tuple[str, str]:
+    found = image_problem(c, c.deployment, reports)
+    assert found is not None
+    return found
+
+
 def test_a_missing_ray_is_named_with_both_ways_out() -> None:
-    kind, detail = image_problem(C, C.deployment, images(C, ray_path=""))
+    kind, detail = _problem(C, images(C, ray_path=""))
     assert kind == "ImageLacksRay" and detail.startswith("spark-1, spark-2: no `ray` in vllm/vllm-openai:latest")
     assert "image built with Ray" in detail and 'distributed_executor_backend = "mp"' in detail
 
@@ -79,11 +89,11 @@ def test_an_mp_deployment_does_not_need_ray_in_its_image() -> None:
 def test_versions_that_differ_between_nodes_are_refused_before_ray_refuses_them() -> None:
     reports = images(C)
     reports["spark-2"] = dataclasses.replace(reports["spark-2"], ray_version="2.59.0")
-    kind, detail = image_problem(C, C.deployment, reports)
+    kind, detail = _problem(C, reports)
     assert kind == "ImageVersionMismatch" and "spark-1 2.60.0, spark-2 2.59.0" in detail
     reports = images(C)
     reports["spark-2"] = dataclasses.replace(reports["spark-2"], vllm_python="3.11.2")
-    assert image_problem(C, C.deployment, reports)[0] == "ImageVersionMismatch"
+    assert _problem(C, reports)[0] == "ImageVersionMismatch"
 
 
 def test_a_version_that_could_not_be_read_is_not_a_mismatch() -> None:
@@ -134,7 +144,7 @@ def test_a_gcs_that_does_not_answer_is_unknown_under_its_own_name() -> None:
 
 # ---------------------------------------------------------------------------------- mp across nodes
 def mp_obs(*, serve: ServeObservation | None = None, follower: ServeObservation | None = None,
-           deployed: bool = True, **kw):
+           deployed: bool = True, **kw: Any) -> Observation:
     nodes = {n.name: node_obs(n.name, (ray_container(MP, n.name),) if deployed else ()) for n in MP.nodes}
     followers = {"spark-2": follower} if deployed else {}
     return dataclasses.replace(obs(MP, nodes=nodes, serve=serve, **kw), followers=followers)
@@ -170,7 +180,7 @@ def test_mp_cold_start_has_no_ray_step() -> None:
 
 def test_mp_a_rank_that_exited_is_a_serve_repair_of_every_rank() -> None:
     o = mp_obs(serve=rank(), follower=rank("spark-2", running=False, code=1),
-               endpoint=EndpointObservation("up", "", 200, ("Qwen3.5",)))
+               endpoint=EndpointObservation(EndpointState.UP, "", 200, ("Qwen3.5",)))
     d = plan(o, st(Phase.SERVING, c=MP, images=images(MP)), MP, 100)
     assert d.repair == "serve" and d.reason.startswith("ServeRankExited: spark-2 (rank 1): exit code 1")
     assert d.actions == (StopServe("rank exited"),)
@@ -178,7 +188,7 @@ def test_mp_a_rank_that_exited_is_a_serve_repair_of_every_rank() -> None:
 
 def test_mp_a_rank_that_could_not_be_looked_at_is_unknown_never_a_repair() -> None:
     lost = dataclasses.replace(rank("spark-2"), error="DockerTimeout: serve state on spark-2")
-    o = mp_obs(serve=rank(), follower=lost, endpoint=EndpointObservation("up", "", 200, ("Qwen3.5",)))
+    o = mp_obs(serve=rank(), follower=lost, endpoint=EndpointObservation(EndpointState.UP, "", 200, ("Qwen3.5",)))
     s = st(Phase.SERVING, c=MP, images=images(MP), verdict=Verdict(True, "ok", rank().identity))
     d = plan(o, s, MP, 100)
     assert not d.repair and not any(isinstance(a, StopServe) for a in d.actions)

@@ -28,6 +28,20 @@ def running(tmp_path: Path) -> tuple[Any, dict[str, FakeBackend], Any, Path, dic
     return daemon, be, clock, path, d
 
 
+def recording(daemon: Any) -> list[FakeBackend]:
+    """Every backend the stack makes from here on (a proof's among them)."""
+    made: list[FakeBackend] = []
+    factory = daemon.stack.backend_factory
+
+    def record(view: Any) -> FakeBackend:
+        b = factory(view)
+        assert isinstance(b, FakeBackend)
+        made.append(b)
+        return b
+    daemon.stack.backend_factory = record
+    return made
+
+
 def reload_to(daemon: Any, clock: Any, path: Path, d: dict[str, Any]) -> None:
     """The operator's edit and SIGHUP, read the same again after the settle time, then the proof's verdict."""
     path.write_text(tomli_w.dumps(d))
@@ -50,6 +64,7 @@ def test_a_change_whose_proof_fails_stops_nothing_and_says_why(tmp_path: Path) -
 
     def refusing(view: Any) -> FakeBackend:
         b = factory(view)
+        assert isinstance(b, FakeBackend)
         b.refusal = Reason("ChangeRefused", f"ImageMissing: {NEW_IMAGE} is not on spark-2")
         made.append(b)
         return b
@@ -94,9 +109,7 @@ def test_a_change_that_is_proven_is_applied_and_the_other_deployment_untouched(t
 def test_a_change_of_a_deployment_that_does_not_serve_needs_no_proof(tmp_path: Path) -> None:
     d = stack({**EMBED, "after": []})
     daemon, be, clock, _, path = make(tmp_path, d)  # nothing runs yet
-    made: list[FakeBackend] = []
-    factory = daemon.stack.backend_factory
-    daemon.stack.backend_factory = lambda v: made.append(factory(v)) or made[-1]
+    made = recording(daemon)
     d2 = copy.deepcopy(d)
     d2["deployments"][0].setdefault("ray", {})["image"] = NEW_IMAGE
     path.write_text(tomli_w.dumps(d2))
@@ -109,9 +122,7 @@ def test_a_change_of_a_deployment_that_does_not_serve_needs_no_proof(tmp_path: P
 
 def test_a_settings_only_change_applies_in_place_without_a_proof(tmp_path: Path) -> None:
     daemon, be, clock, path, d = running(tmp_path)
-    made: list[FakeBackend] = []
-    factory = daemon.stack.backend_factory
-    daemon.stack.backend_factory = lambda v: made.append(factory(v)) or made[-1]
+    made = recording(daemon)
     d2 = copy.deepcopy(d)
     d2["healing"] = {**d2.get("healing", {}), "deep_probe_interval": 120}
     path.write_text(tomli_w.dumps(d2))

@@ -13,7 +13,7 @@ import tomllib
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import pytest
 import tomli_w
@@ -21,22 +21,24 @@ import tomli_w
 from spark_supervisor import cli, statefile, statusdoc
 from spark_supervisor.loop.daemon import lock_state_dir
 from spark_supervisor.model import Phase, Status
+from spark_supervisor.model.document import StatusDoc
 from tests.helpers import cfg, data
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def doc(phase: str = "SERVING", name: str = "qwen", required: bool = True) -> dict[str, Any]:
-    """A status document as the daemon writes it, for one deployment."""
+def doc(phase: str = "SERVING", name: str = "qwen", required: bool = True) -> StatusDoc:
+    """A status document as the daemon writes it, for one deployment. Typed as the whole document (without
+    the stack's keys, which status_code and the renderers read with .get, as they read any file)."""
     c = cfg(data(deployments=[{**data()["deployments"][0], "name": name, "required": required}]))
     d = statusdoc.document(Status(phase=Phase.SERVING), None, c, "/etc/x.toml", "abc", time.time(), 0.0)
     d["phase"] = phase  # any string: the lead's PAUSED and phases this version does not know
-    return d
+    return cast(StatusDoc, d)
 
 
-def stack(*docs: dict[str, Any]) -> dict[str, Any]:
+def stack(*docs: StatusDoc) -> StatusDoc:
     """Several deployments: the first one's fields on top, every one under "deployments" (loop/reporting.py)."""
-    return {**docs[0], "deployments": list(docs), "summary": f"{len(docs)} deployments"}
+    return cast(StatusDoc, {**docs[0], "deployments": list(docs), "summary": f"{len(docs)} deployments"})
 
 
 # ---- the exit code, a pure function -------------------------------------------------------------
@@ -61,7 +63,7 @@ def test_not_running_and_unknown() -> None:
     assert cli.status_code(None, running=True) == 4  # running, but no readable status
     assert cli.status_code(doc("SERVING"), running=None) == 4  # cannot tell whether it runs
     assert cli.status_code(doc("SOMETHING_NEW"), running=True) == 4
-    assert cli.status_code({"phase": None}, running=True) == 4
+    assert cli.status_code(cast(StatusDoc, {"phase": None}), running=True) == 4  # as a file may say
 
 
 def test_only_required_deployments_count() -> None:

@@ -1,10 +1,12 @@
 import os
 import shlex
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from spark_supervisor import commands
-from spark_supervisor.config import OWNER_LABEL
+from spark_supervisor.config import HELPER_LABEL, OWNER_LABEL
 from spark_testbed.testbed import until
 from tests.helpers import cfg, data, recorded_serve_pid
 
@@ -59,15 +61,15 @@ def test_systemctl_names_units() -> None:
     assert commands.systemctl("stop", ["vllm-proxy", "x.socket"]) == ["systemctl", "stop", "vllm-proxy.service", "x.socket"]
 
 
-def _sh(argv: list[str], **kw) -> subprocess.CompletedProcess[str]:
+def _sh(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False, **kw)
 
 
-def _wait(cond, what: str) -> None:
+def _wait(cond: Callable[[], object], what: str) -> None:
     until(cond, 10, what, every=0.02)
 
 
-def test_the_wrapper_records_the_serve_refuses_a_second_one_and_stop_ends_its_process_group(tmp_path) -> None:
+def test_the_wrapper_records_the_serve_refuses_a_second_one_and_stop_ends_its_process_group(tmp_path: Path) -> None:
     d = str(tmp_path / "serve")
     cache = tmp_path / "cache"
     wrapper = ["sh", "-c", commands.SERVE_WRAPPER, "spark-serve", d, "0123456789ab", str(cache), "2", "1000", "", "n", "5", "1", "1"]
@@ -94,7 +96,7 @@ def test_the_wrapper_records_the_serve_refuses_a_second_one_and_stop_ends_its_pr
         first.kill()
 
 
-def test_the_wrapper_keeps_the_newest_spec_caches(tmp_path) -> None:
+def test_the_wrapper_keeps_the_newest_spec_caches(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / commands.CACHE_MARK).touch()
@@ -109,7 +111,7 @@ def test_the_wrapper_keeps_the_newest_spec_caches(tmp_path) -> None:
     assert sorted(p.name for p in cache.iterdir()) == [commands.CACHE_MARK, "aaaaaaaaaaa3", "bbbbbbbbbbbb"]
 
 
-def test_the_api_key_reaches_vllm_through_its_environment_never_argv(tmp_path) -> None:
+def test_the_api_key_reaches_vllm_through_its_environment_never_argv(tmp_path: Path) -> None:
     key = tmp_path / "key"
     key.write_text("sk-secret-123\n")
     d = data()
@@ -150,7 +152,7 @@ def test_every_helper_container_says_it_is_a_spark_supervisor_helper_and_its_rol
                commands.PREFETCH_ROLE: commands.model_prefetch(C, DEP, node),
                "drop-caches": commands.drop_caches_container("img")}
     for role, spec in helpers.items():
-        assert spec.labels[commands.HELPER_LABEL] == role and spec.labels["spark-supervisor.role"] == role
+        assert spec.labels[HELPER_LABEL] == role and spec.labels["spark-supervisor.role"] == role
     for role in ("image-check", "model-check", commands.PREFETCH_ROLE):
         assert helpers[role].labels["spark-supervisor.node"] == node.name
     # The owner label only where the planner tells the container from a node container by its role.

@@ -1,4 +1,6 @@
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -9,7 +11,7 @@ from tests.helpers import BASE, cfg, data
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def problems(d: dict, env: dict | None = None) -> list[str]:
+def problems(d: dict[str, Any], env: dict[str, str] | None = None) -> list[str]:
     with pytest.raises(config.ConfigError) as e:
         config.parse(d, "/etc/spark-supervisor/x.toml", env=env or {})
     return e.value.problems
@@ -56,7 +58,7 @@ def test_dollar_dollar_is_a_literal_dollar() -> None:
     (lambda d: d["deployments"][0]["serve"].pop("model"), "deployments[0].serve.model: required key is missing"),
     (lambda d: d["deployments"].append(d["deployments"][0]), "deployments[1].name: duplicate deployment 'qwen'"),
 ])
-def test_each_problem_names_file_and_key(mutate, expected) -> None:
+def test_each_problem_names_file_and_key(mutate: Callable[[dict[str, Any]], None], expected: str) -> None:
     d = data()
     mutate(d)
     found = problems(d)
@@ -83,7 +85,7 @@ def test_spec_hashes_separate_ray_from_serve_and_ignore_probe_settings() -> None
     assert config.serve_hash(a, a.deployment) != config.serve_hash(c, c.deployment)
 
 
-def test_check_command_exit_codes(tmp_path, capsys) -> None:
+def test_check_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = tmp_path / "good.toml"
     good.write_text((ROOT / "etc" / "spark-supervisor.toml").read_text())
     assert main(["check", "--config", str(good)]) == 0
@@ -95,7 +97,7 @@ def test_check_command_exit_codes(tmp_path, capsys) -> None:
     assert f"{bad}: supervisor.intervall: unknown key" in capsys.readouterr().err
 
 
-def test_unreadable_and_invalid_toml(tmp_path) -> None:
+def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
     with pytest.raises(config.ConfigError, match="cannot read"):
         config.load(tmp_path / "missing.toml")
     p = tmp_path / "broken.toml"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from spark_supervisor import config
 from spark_supervisor.cli import main
@@ -350,7 +351,7 @@ def _tables(d: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 
 def test_odd_values_anywhere_raise_only_config_errors() -> None:
     rng = random.Random(7)
-    fields = {"supervisor": config.Supervisor, "healing": config.Healing, "retry": config.Retry,
+    fields: dict[str, type[BaseModel]] = {"supervisor": config.Supervisor, "healing": config.Healing, "retry": config.Retry,
               "metrics": config.Metrics, "stale": config.Stale}
     for _ in range(300):
         d = data()
@@ -418,7 +419,7 @@ def test_a_new_key_is_a_change_and_relaunches_the_serve(tmp_path: Path) -> None:
     assert config.serve_hash(none, none.deployment) not in {config.serve_hash(a, a.deployment)}
     assert config.ray_hash(a, a.deployment) == config.ray_hash(b, b.deployment)  # Ray stays
     with pytest.raises(Exception, match="frozen"):
-        a.deployment.readiness.api_key_file = "/x"  # type: ignore[misc]
+        a.deployment.readiness.api_key_file = "/x"
 
 
 def test_the_key_from_an_environment_variable() -> None:

@@ -5,17 +5,21 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import structlog
 import tomli_w
 
+from spark_supervisor import config
 from spark_supervisor.act import ActionFailed
+from spark_supervisor.backend import Backend, Fingerprint
 from spark_supervisor.loop import proof
 from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import (
     Action,
     CheckImage,
     EndpointObservation,
+    EndpointState,
     ImageReport,
     Observation,
     Phase,
@@ -27,7 +31,7 @@ from spark_supervisor.model import (
 )
 from spark_supervisor.notify import Notifier
 from spark_supervisor.retry import backoff_delay
-from tests.helpers import cfg, data, images, obs, serve_running
+from tests.helpers import cfg, data, images, obs, phase_now, serve_running
 
 
 class Clock:
@@ -65,7 +69,7 @@ class FakeBackend:
         assert self.next is not None
         return self.next
 
-    def run(self, action: Action) -> Verdict | None:
+    def run(self, action: Action) -> Verdict | ImageReport | None:
         self.ran.append(action)
         if type(action) in self.fail:
             raise self.fail[type(action)]
@@ -75,7 +79,7 @@ class FakeBackend:
             return self.reports[action.node]
         return None
 
-    def quick(self):
+    def quick(self) -> Fingerprint:
         return (None, "unknown")
 
     def teardown(self) -> list[str]:
@@ -89,7 +93,7 @@ class FakeBackend:
         self.closed = True
 
 
-def make(tmp_path: Path, d: dict | None = None) -> tuple[Daemon, FakeBackend, Clock, Notes, Path]:
+def make(tmp_path: Path, d: dict[str, Any] | None = None) -> tuple[Daemon, FakeBackend, Clock, Notes, Path]:
     d = d or data()
     d["supervisor"]["state_dir"] = str(tmp_path / "state")
     path = tmp_path / "c.toml"
@@ -102,25 +106,25 @@ def make(tmp_path: Path, d: dict | None = None) -> tuple[Daemon, FakeBackend, Cl
     return daemon, backend, clock, notes, path
 
 
-def test_cold_start_to_serving_sends_ready_once(tmp_path) -> None:
+def test_cold_start_to_serving_sends_ready_once(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     c = daemon.cfg
     be.next = obs(c)
     daemon.tick()
-    assert be.ran == [StartContainer("spark-1"), StartContainer("spark-2")] and daemon.status.phase == Phase.STARTING_RAY
+    assert be.ran == [StartContainer("spark-1"), StartContainer("spark-2")] and phase_now(daemon.status) == Phase.STARTING_RAY
     be.next = obs(c, deployed=True)
     daemon.tick()
     assert be.ran[-1] == StartServe()
     s = serve_running(c)
-    be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation("refused"))
+    be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation(EndpointState.REFUSED))
     daemon.tick()
-    assert daemon.status.phase == Phase.LOADING
+    assert phase_now(daemon.status) == Phase.LOADING
     assert not any(n.startswith("READY=1") for n in notes.sent)
-    be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation("up", health=200, models=("Qwen3.5",)))
+    be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",)))
     daemon.tick()
-    assert daemon.status.phase == Phase.VERIFYING and daemon.status.verdict is not None
+    assert phase_now(daemon.status) == Phase.VERIFYING and daemon.status.verdict is not None
     daemon.tick()
-    assert daemon.status.phase == Phase.SERVING
+    assert phase_now(daemon.status) == Phase.SERVING
     daemon.tick()
     assert [n for n in notes.sent if n.startswith("READY=1")] == ["READY=1\nSTATUS=SERVING Qwen3.5 on 2 nodes"]
     doc = json.loads((tmp_path / "state" / "status.json").read_text())
@@ -128,7 +132,7 @@ def test_cold_start_to_serving_sends_ready_once(tmp_path) -> None:
     assert [h["phase"] for h in doc["history"]] == ["STARTING_RAY", "STARTING_VLLM", "LOADING", "VERIFYING", "SERVING"]
 
 
-def test_failures_back_off_exponentially_and_the_status_says_why(tmp_path) -> None:
+def test_failures_back_off_exponentially_and_the_status_says_why(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     be.next = obs(daemon.cfg)
     be.fail[StartContainer] = ActionFailed("DockerError", "500 Server Error: engine hiccup")
@@ -154,7 +158,7 @@ def test_backoff_delay_is_capped_and_jittered() -> None:
     assert backoff_delay(3, 5, 300, 0.0) == 10
 
 
-def test_reload_with_a_broken_file_keeps_the_old_config(tmp_path) -> None:
+def test_reload_with_a_broken_file_keeps_the_old_config(tmp_path: Path) -> None:
     daemon, be, clock, notes, path = make(tmp_path)
     old = daemon.cfg
     path.write_text("[nodes\n")
@@ -168,7 +172,7 @@ def test_reload_with_a_broken_file_keeps_the_old_config(tmp_path) -> None:
     assert "reload failed" in daemon.status_line()  # and it stays there until a reload succeeds
 
 
-def test_reload_with_a_changed_interval_applies_in_place(tmp_path) -> None:
+def test_reload_with_a_changed_interval_applies_in_place(tmp_path: Path) -> None:
     daemon, be, clock, notes, path = make(tmp_path)
     d = data()
     d["supervisor"] = {"state_dir": str(tmp_path / "state"), "interval": 2}
@@ -177,7 +181,7 @@ def test_reload_with_a_changed_interval_applies_in_place(tmp_path) -> None:
     assert daemon.cfg.supervisor.interval == 2 and be.closed
 
 
-def test_a_second_sigterm_exits_at_once(tmp_path) -> None:
+def test_a_second_sigterm_exits_at_once(tmp_path: Path) -> None:
     daemon, *_ = make(tmp_path)
     daemon._on_signal(signal.SIGTERM, None)
     try:
@@ -188,12 +192,12 @@ def test_a_second_sigterm_exits_at_once(tmp_path) -> None:
         raise AssertionError("no exit")
 
 
-def test_status_lines_are_ascii(tmp_path) -> None:
+def test_status_lines_are_ascii(tmp_path: Path) -> None:
     from spark_supervisor.notify import ascii_status
     assert ascii_status("LOADING 12/39 shards \u2014 ETA 8m\n") == "LOADING 12/39 shards ? ETA 8m "
 
 
-def test_start_timeout_is_extended_only_while_the_start_progresses(tmp_path) -> None:
+def test_start_timeout_is_extended_only_while_the_start_progresses(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     c = daemon.cfg
     be.next = obs(c)
@@ -209,7 +213,7 @@ def test_start_timeout_is_extended_only_while_the_start_progresses(tmp_path) -> 
     assert not any(n.startswith("EXTEND_TIMEOUT_USEC") for n in notes.sent)
 
 
-def test_a_deterministic_failure_is_failed_until_reset(tmp_path) -> None:
+def test_a_deterministic_failure_is_failed_until_reset(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     be.next = obs(daemon.cfg)
     be.fail[StartContainer] = ActionFailed("ImageMissing", "vllm/vllm-openai:latest is not on spark-1", deterministic=True)
@@ -223,10 +227,10 @@ def test_a_deterministic_failure_is_failed_until_reset(tmp_path) -> None:
     daemon.rearm("reset")
     daemon.tick()  # a reset checks the image again (it may have been fixed under the same name), then starts
     assert be.ran[-4:-2] == [CheckImage("spark-1"), CheckImage("spark-2")]
-    assert daemon.status.phase == Phase.STARTING_RAY
+    assert phase_now(daemon.status) == Phase.STARTING_RAY
 
 
-def test_the_image_is_checked_on_every_node_before_anything_starts(tmp_path) -> None:
+def test_the_image_is_checked_on_every_node_before_anything_starts(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     daemon.status.images = {}
     be.next = obs(daemon.cfg)
@@ -237,7 +241,7 @@ def test_the_image_is_checked_on_every_node_before_anything_starts(tmp_path) -> 
     assert [h.kind for h in daemon.status.history] == ["CheckingImage", ""]
 
 
-def test_an_image_without_ray_is_failed_before_any_container_starts(tmp_path) -> None:
+def test_an_image_without_ray_is_failed_before_any_container_starts(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     daemon.status.images = {}
     be.reports = images(daemon.cfg, ray_path="", ray_version="", ray_python="", dashboard=False)
@@ -251,7 +255,7 @@ def test_an_image_without_ray_is_failed_before_any_container_starts(tmp_path) ->
     assert daemon.status.phase == Phase.FAILED and len(be.ran) == 2  # not checked again until a reset
 
 
-def test_without_a_dashboard_the_ray_head_starts_without_one(tmp_path) -> None:
+def test_without_a_dashboard_the_ray_head_starts_without_one(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     daemon.status.images = {}
     be.reports = images(daemon.cfg, dashboard=False)
@@ -260,7 +264,7 @@ def test_without_a_dashboard_the_ray_head_starts_without_one(tmp_path) -> None:
     assert be.ran[2:] == [StartContainer("spark-1", dashboard=False), StartContainer("spark-2", dashboard=False)]
 
 
-def test_the_repair_budget_survives_a_daemon_restart(tmp_path) -> None:
+def test_the_repair_budget_survives_a_daemon_restart(tmp_path: Path) -> None:
     from dataclasses import replace as dc_replace
     daemon, be, clock, notes, _ = make(tmp_path)
     c = daemon.cfg
@@ -277,7 +281,7 @@ def test_the_repair_budget_survives_a_daemon_restart(tmp_path) -> None:
     assert again.status.phase == Phase.FAILED and again.status.reason.startswith("RestartBudgetExhausted: 3 repairs")
     again.rearm("reset")
     again.tick()
-    assert again.status.phase == Phase.STARTING_VLLM
+    assert phase_now(again.status) == Phase.STARTING_VLLM
 
 
 def test_backoff_never_overflows_after_very_many_failures() -> None:
@@ -285,7 +289,7 @@ def test_backoff_never_overflows_after_very_many_failures() -> None:
     assert backoff_delay(2**40, 5, 300, 0.0) == 150
 
 
-def test_an_action_that_fails_deterministically_is_failed_not_retried(tmp_path) -> None:
+def test_an_action_that_fails_deterministically_is_failed_not_retried(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     be.next = obs(daemon.cfg)
 
@@ -296,7 +300,7 @@ def test_an_action_that_fails_deterministically_is_failed_not_retried(tmp_path) 
     assert daemon.status.phase == Phase.FAILED and daemon.status.reason.startswith("ImageMissing")
 
 
-def test_a_reload_of_a_file_that_is_not_utf8_keeps_the_old_config(tmp_path) -> None:
+def test_a_reload_of_a_file_that_is_not_utf8_keeps_the_old_config(tmp_path: Path) -> None:
     daemon, be, clock, notes, path = make(tmp_path)
     before = daemon.cfg
     path.write_bytes(b"\xff\xfe[supervisor]\n\x00\x81")
@@ -305,14 +309,14 @@ def test_a_reload_of_a_file_that_is_not_utf8_keeps_the_old_config(tmp_path) -> N
     assert "reload failed" in daemon.status_line()
 
 
-def test_a_reload_whose_backend_cannot_be_built_keeps_the_old_one(tmp_path) -> None:
+def test_a_reload_whose_backend_cannot_be_built_keeps_the_old_one(tmp_path: Path) -> None:
     daemon, be, clock, notes, path = make(tmp_path)
     d = data()
     d["supervisor"]["state_dir"] = str(tmp_path / "state")
     d["supervisor"]["interval"] = 7
     path.write_text(tomli_w.dumps(d))
 
-    def broken(c):
+    def broken(c: config.Config) -> Backend:
         raise OSError("too many open files")
     daemon.stack.backend_factory = broken
     daemon.reload()
@@ -320,7 +324,7 @@ def test_a_reload_whose_backend_cannot_be_built_keeps_the_old_one(tmp_path) -> N
     assert "too many open files" in daemon.reloader.reload_error
 
 
-def test_the_start_timeout_is_extended_only_while_the_start_progresses(tmp_path) -> None:
+def test_the_start_timeout_is_extended_only_while_the_start_progresses(tmp_path: Path) -> None:
     from dataclasses import replace
 
     from spark_supervisor.model import GpuProcess
@@ -341,7 +345,7 @@ def test_the_start_timeout_is_extended_only_while_the_start_progresses(tmp_path)
     assert extends[-1] == extends[-5] and extends[-1] <= stall / 30 + 2
 
 
-def test_repairs_json_of_the_wrong_shape_is_moved_aside_and_the_daemon_goes_on(tmp_path) -> None:
+def test_repairs_json_of_the_wrong_shape_is_moved_aside_and_the_daemon_goes_on(tmp_path: Path) -> None:
     state = tmp_path / "state"
     own = state / "deployments" / "qwen"  # each deployment keeps its repair log in its own directory
     own.mkdir(parents=True)
@@ -355,7 +359,7 @@ def test_repairs_json_of_the_wrong_shape_is_moved_aside_and_the_daemon_goes_on(t
     assert any("moved aside" in p for p in doc["state_problems"])
 
 
-def test_budget_entries_from_the_future_are_not_counted(tmp_path) -> None:
+def test_budget_entries_from_the_future_are_not_counted(tmp_path: Path) -> None:
     from spark_supervisor.statefile import RepairLog
     log = RepairLog(str(tmp_path))
     log.add(2000.0, "gang", "x")
@@ -364,7 +368,7 @@ def test_budget_entries_from_the_future_are_not_counted(tmp_path) -> None:
     assert RepairLog(str(tmp_path)).entries == log.entries  # persisted
 
 
-def test_a_failed_repairs_write_is_shown_not_swallowed(tmp_path) -> None:
+def test_a_failed_repairs_write_is_shown_not_swallowed(tmp_path: Path) -> None:
     from spark_supervisor.statefile import RepairLog
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -373,7 +377,7 @@ def test_a_failed_repairs_write_is_shown_not_swallowed(tmp_path) -> None:
     assert log.entries and log.problem.startswith("cannot write")
 
 
-def test_reset_reaches_the_daemon_through_its_control_socket(tmp_path) -> None:
+def test_reset_reaches_the_daemon_through_its_control_socket(tmp_path: Path) -> None:
     from spark_supervisor import control
     daemon, be, clock, notes, _ = make(tmp_path)
     daemon.first.repairs.add(1.7e9 + clock.t, "gang", "x")
@@ -390,7 +394,7 @@ def test_reset_reaches_the_daemon_through_its_control_socket(tmp_path) -> None:
     assert not control.daemon_holds_lock(str(tmp_path / "state"))
 
 
-def test_a_start_with_far_less_kv_cache_than_the_best_for_its_spec_is_a_warning(tmp_path) -> None:
+def test_a_start_with_far_less_kv_cache_than_the_best_for_its_spec_is_a_warning(tmp_path: Path) -> None:
     from spark_supervisor.config import serve_hash
     daemon, be, clock, notes, _ = make(tmp_path)
     c = daemon.cfg
@@ -401,7 +405,7 @@ def test_a_start_with_far_less_kv_cache_than_the_best_for_its_spec_is_a_warning(
     log = ("(EngineCore pid=1) INFO 12-02 10:00:00 [kv_cache_utils.py:1] GPU KV cache size: 200,000 tokens\n"
            "INFO:     Application startup complete.\n")
     be.next = obs(c, deployed=True, serve=serve_running(c, log=log),
-                  endpoint=EndpointObservation("up", health=200, models=("Qwen3.5",)))
+                  endpoint=EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",)))
     daemon.tick()
     kv = daemon.status.kv_cache
     assert kv["tokens"] == 200000 and kv["best"] == 409856 and kv["warning"].startswith("KvCacheRegression: 200,000")
@@ -411,32 +415,32 @@ def test_a_start_with_far_less_kv_cache_than_the_best_for_its_spec_is_a_warning(
     daemon2, be2, _, _, _ = make(tmp_path)
     log2 = log.replace("200,000", "500,000")
     be2.next = obs(c, deployed=True, serve=serve_running(c, log=log2, pid=78),
-                   endpoint=EndpointObservation("up", health=200, models=("Qwen3.5",)))
+                   endpoint=EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",)))
     daemon2.tick()
     assert not daemon2.status.kv_cache["warning"]
     assert json.loads((own / "kv.json").read_text())[serve_hash(c, c.deployment)] == 500000
 
 
-def test_a_load_that_moved_on_the_tick_it_would_have_stalled_is_not_stalled(tmp_path) -> None:
+def test_a_load_that_moved_on_the_tick_it_would_have_stalled_is_not_stalled(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     c = daemon.cfg
 
     def loading(shard: int) -> Observation:
         bar = f"Loading safetensors checkpoint shards:  {shard * 100 // 39}% Completed | {shard}/39 [00:40<01:30]\r"
-        return obs(c, deployed=True, serve=serve_running(c, log=bar), endpoint=EndpointObservation("refused"))
+        return obs(c, deployed=True, serve=serve_running(c, log=bar), endpoint=EndpointObservation(EndpointState.REFUSED))
     be.next = loading(1)
     daemon.tick()
-    assert daemon.status.phase == Phase.LOADING
+    assert phase_now(daemon.status) == Phase.LOADING
     clock.t += c.deployment.readiness.stall_timeout + 1
     be.next = loading(2)  # it moved just now: judged on this tick's progress, not the last one's
     daemon.tick()
-    assert daemon.status.phase == Phase.LOADING and not daemon.first.repairs.recent(daemon.wall(), 3600)
+    assert phase_now(daemon.status) == Phase.LOADING and not daemon.first.repairs.recent(daemon.wall(), 3600)
     clock.t += c.deployment.readiness.stall_timeout + 1
     daemon.tick()  # and now it has not moved for longer than the stall timeout
     assert daemon.status.reason.startswith("LoadStalled")
 
 
-def test_every_start_checks_the_images_again(tmp_path) -> None:
+def test_every_start_checks_the_images_again(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     be.next = obs(daemon.cfg)
     daemon.tick()

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -24,7 +25,7 @@ def failing() -> Iterator[Receiver]:
     f.close()
 
 
-def send(alerts: Alerts) -> list[dict]:
+def send(alerts: Alerts) -> list[MutableMapping[str, Any]]:
     logs = structlog.testing.LogCapture()
     structlog.configure(processors=[structlog.processors.format_exc_info, logs])
     try:

@@ -164,8 +164,10 @@ def test_follow_follows_only_a_regular_file_beside_current(tmp_path: Path) -> No
 def test_logs_follow_runs_the_checked_script_locally_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config, logs = planted(tmp_path)
     seen: list[tuple[list[str], bool]] = []
-    monkeypatch.setattr(servelogs, "_stream", lambda argv, key, *, timeout, hold_stdin: seen.append(
-        (argv, hold_stdin)) or 0)
+    def stream(argv: list[str], key: str, *, timeout: float | None, hold_stdin: bool) -> int:
+        seen.append((argv, hold_stdin))
+        return 0
+    monkeypatch.setattr(servelogs, "_stream", stream)
     cfg = _cfg(config)
     assert servelogs.show(cfg, cfg.deployments[0], cfg.nodes[0], previous=False, follow=True, lines=3) == 0
     assert seen == [(["sh", "-c", FOLLOW, "spark-logs", str(logs), "3"], True)]

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from spark_supervisor import logscan
 from spark_supervisor.adapters import AdapterError
-from spark_supervisor.model import Listener, Phase, Reason, StartContainer, Status
-from spark_supervisor.observe import _ended, parse_listening
+from spark_supervisor.model import Listener, Observation, Phase, Reason, StartContainer, Status
+from spark_supervisor.observe import NodeAdapters, _ended, parse_listening
 from spark_supervisor.plan import plan
 from tests.helpers import cfg, data, images, node_obs, obs, ray_container
 
@@ -37,7 +38,8 @@ RAY_TAIL = "Local node IP: 192.168.200.12\nTraceback (most recent call last):\n"
 def test_a_bind_that_failed_is_port_in_use_with_its_port(line: str, port: int | None) -> None:
     found = logscan.port_in_use(f"INFO starting\n{line}\nINFO the rest\n")
     assert found is not None and found.port == port and found.line and found.line in line
-    assert logscan.classify(line).reason in ("PortInUse", "MasterPortInUse")
+    failure = logscan.classify(line)
+    assert failure is not None and failure.reason in ("PortInUse", "MasterPortInUse")
 
 
 @pytest.mark.parametrize("text", ["", "INFO transport 5 started", "Ray runtime started.", "support 6379 nodes"])
@@ -90,7 +92,7 @@ def test_an_unreadable_line_makes_the_reading_unknown_not_free(out: str) -> None
 
 
 # -------------------------------------------------------------------------------- before the start
-def cold(**listening: tuple[Listener, ...] | None) -> tuple:
+def cold(**listening: tuple[Listener, ...] | None) -> tuple[Observation, Status]:
     nodes = {n.name: node_obs(n.name, listening=listening.get(n.name.replace("-", "_"), ())) for n in C.nodes}
     st = Status(images=images(C))
     st.advance(Phase.DETECTING, Reason(), 0, 0)
@@ -126,7 +128,7 @@ def test_listeners_that_could_not_be_read_hold_the_start() -> None:
 
 
 # --------------------------------------------------------------------------- an exited container says why
-def deployed(head: dict, listening: tuple[Listener, ...] = ()) -> tuple:
+def deployed(head: dict[str, Any], listening: tuple[Listener, ...] = ()) -> tuple[Observation, Status]:
     nodes = {"spark-1": node_obs("spark-1", (replace(ray_container(C, "spark-1"), **head),), listening=listening),
              "spark-2": node_obs("spark-2", (ray_container(C, "spark-2"),))}
     st = Status(images=images(C))
@@ -166,16 +168,21 @@ class Engine:
         return 1, "VLLM_API_KEY=sk-the-api-key-0123\nRuntimeError: Failed to start GCS.\n"
 
 
+def adapters(engine: Engine) -> NodeAdapters:
+    """A node's adapters, of which _ended reads only the engine."""
+    return cast(NodeAdapters, SimpleNamespace(docker=engine))
+
+
 def test_the_observation_reads_why_an_owned_container_ended_redacted() -> None:
     c = C.model_copy()
     c.deployment.readiness._api_key = "sk-the-api-key-0123"
     exited = replace(ray_container(C, "spark-1"), state="exited")
     running = ray_container(C, "spark-2")
     stranger = replace(exited, name="other", labels={})
-    [a, b, s] = _ended(SimpleNamespace(docker=Engine()), c, (exited, running, stranger))
+    [a, b, s] = _ended(adapters(Engine()), c, (exited, running, stranger))
     assert a.exit_code == 1 and "Failed to start GCS" in a.log_tail and "sk-the-api-key-0123" not in a.log_tail
     assert b == running and s == stranger  # only the deployment's exited containers are asked about
-    [a] = _ended(SimpleNamespace(docker=Engine(fail=True)), c, (exited,))
+    [a] = _ended(adapters(Engine(fail=True)), c, (exited,))
     assert a == exited  # could not be read: still exited, why unknown
 
 

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 
 from spark_supervisor.adapters.ray import parse, read_nodes
 from spark_supervisor.model import (
+    Decision,
     EndpointObservation,
+    EndpointState,
     NodeObservation,
+    Observation,
     Phase,
     RayNode,
     RayObservation,
@@ -29,17 +33,17 @@ from tests.helpers import cfg, obs, serve_running
 
 C = cfg()
 HEAD, WORKER = "192.168.200.12", "192.168.200.13"
-UP = EndpointObservation("up", health=200, models=("Qwen3.5",))
+UP = EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",))
 
 
-def row(ip: object = HEAD, state: object = "ALIVE", gpu: object = 1.0, **kw: object) -> dict:
+def row(ip: object = HEAD, state: object = "ALIVE", gpu: object = 1.0, **kw: object) -> dict[str, Any]:
     resources = {"CPU": 2.0} if gpu is ... else {"CPU": 2.0, "GPU": gpu}
     r = {"node_id": f"id-{ip}", "node_ip": ip, "state": state, "is_head_node": ip == HEAD,
          "resources_total": resources, **kw}
     return {k: v for k, v in r.items() if v is not ...}
 
 
-def envelope(*rows: object, **result: object) -> dict:
+def envelope(*rows: object, **result: object) -> dict[str, Any]:
     return {"result": True, "data": {"result": {"result": list(rows), **result}}}
 
 
@@ -55,12 +59,12 @@ def starting(since: float = 0.0) -> Status:
     return st
 
 
-def destructive(d) -> bool:
+def destructive(d: Decision) -> bool:
     return bool(d.repair) or d.fatal or d.phase == Phase.FAILED or any(
         isinstance(a, (RemoveContainers, StopServe, StartServe, StartContainer)) for a in d.actions)
 
 
-def decide(ray: RayObservation, st: Status | None = None, now: float = 10.0):
+def decide(ray: RayObservation, st: Status | None = None, now: float = 10.0) -> tuple[Observation, Decision]:
     o = obs(C, deployed=True, ray=ray, serve=serve_running(C), endpoint=UP)
     return o, plan(o, st or serving(), C, now)
 
@@ -98,7 +102,7 @@ def test_alive_and_dead_are_read_as_such() -> None:
 
 
 @pytest.mark.parametrize("result", [{"total": 5}, {"num_after_truncation": 3}, {"partial_failure_warning": "gcs slow"}])
-def test_a_truncated_or_partial_table_is_incomplete(result: dict) -> None:
+def test_a_truncated_or_partial_table_is_incomplete(result: dict[str, Any]) -> None:
     r = parse(envelope(row(), row(WORKER), **result))
     assert r.reachable and r.incomplete
 

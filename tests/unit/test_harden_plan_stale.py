@@ -6,12 +6,14 @@ by its deployment's name."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 from spark_supervisor import backend
 from spark_supervisor.config import OWNER_LABEL, ROLE_LABEL
 from spark_supervisor.model import Container, Phase, RemoveContainers, Status
+from spark_supervisor.observe import World
 from spark_supervisor.plan import is_orphan, is_stale, plan
 from tests.helpers import cfg, data, node_obs, obs
 
@@ -56,8 +58,9 @@ def test_the_hygiene_step_leaves_every_helper_container_alone() -> None:
 
 
 class FakeEngine:
-    def __init__(self, containers: list[Container]):
-        self.listed, self.removed = containers, []
+    def __init__(self, containers: list[Container]) -> None:
+        self.listed: list[Container] = containers
+        self.removed: list[str] = []
 
     def containers(self) -> list[Container]:
         return self.listed
@@ -69,7 +72,8 @@ class FakeEngine:
 
 def teardown(listed: dict[str, list[Container]]) -> dict[str, list[str]]:
     engines = {n: FakeEngine(cs) for n, cs in listed.items()}
-    world = SimpleNamespace(cfg=C, nodes={n: SimpleNamespace(docker=e) for n, e in engines.items()})
+    # the world, of which teardown reads the config and each node's engine
+    world = cast(World, SimpleNamespace(cfg=C, nodes={n: SimpleNamespace(docker=e) for n, e in engines.items()}))
     backend.teardown(world, SimpleNamespace(info=lambda *a, **k: None, error=lambda *a, **k: None))
     return {n: e.removed for n, e in engines.items()}
 

@@ -143,7 +143,10 @@ def test_a_config_cut_before_a_deployment_removes_nothing_until_it_reads_the_sam
     whole = path.read_text()
     cut = whole[:whole.rindex("[[deployments]]")]  # valid TOML: only the first deployment
     torn: list[str] = []
-    be["embed"].teardown = lambda: torn.append("embed") or []  # type: ignore[method-assign]
+    def teardown() -> list[str]:
+        torn.append("embed")
+        return []
+    be["embed"].teardown = teardown  # type: ignore[method-assign]  # a fake's method replaced for one test
     path.write_text(cut)
     daemon.reload()
     assert list(daemon.reconcilers) == ["qwen", "embed"] and not torn

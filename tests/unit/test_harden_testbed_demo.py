@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,11 @@ class FakeDaemon:
         return self.returncode
 
 
+Demo = Callable[..., "tuple[int, FakeDaemon, list[list[str]]]"]  # demo(doc, exit_code=None)
+
+
 @pytest.fixture
-def demo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def demo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Demo:
     monkeypatch.setattr(testbed, "DIR", tmp_path)
     (tmp_path / "supervisor").mkdir()
     for name in ("up", "clean_containers"):
@@ -51,7 +55,7 @@ def demo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(testbed, "plant_stale", lambda node: [])
     monkeypatch.setattr(testbed, "env", lambda: {})
     ran: list[list[str]] = []
-    monkeypatch.setattr(testbed.subprocess, "run", lambda argv, **k: ran.append(argv))
+    monkeypatch.setattr("spark_testbed.testbed.subprocess.run", lambda argv, **k: ran.append(argv))
 
     def deadline(cond: Any, timeout: float, what: str, every: float = 0.1) -> object:
         value = cond()  # one look, then the deadline has passed
@@ -66,13 +70,13 @@ def demo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         def popen(argv: list[str], **kw: Any) -> FakeDaemon:
             daemons.append(FakeDaemon(tmp_path / "supervisor", doc, exit_code))
             return daemons[0]
-        monkeypatch.setattr(testbed.subprocess, "Popen", popen)
+        monkeypatch.setattr("spark_testbed.testbed.subprocess.Popen", popen)
         rc = testbed.main(["demo"])
         return rc, daemons[0], ran
     return run
 
 
-def test_serving_not_reached_says_what_the_daemon_said_and_exits_1(demo, capsys) -> None:
+def test_serving_not_reached_says_what_the_daemon_said_and_exits_1(demo: Demo, capsys: pytest.CaptureFixture[str]) -> None:
     rc, daemon, ran = demo(BACKOFF)
     out, err = capsys.readouterr()
     assert rc == 1 and daemon.terminated and "Traceback" not in out + err
@@ -83,7 +87,7 @@ def test_serving_not_reached_says_what_the_daemon_said_and_exits_1(demo, capsys)
     assert "keeps serving" not in out and not ran  # no status printed as if it served
 
 
-def test_failed_is_the_end_of_the_wait_with_its_reason_and_a_hint(demo, capsys) -> None:
+def test_failed_is_the_end_of_the_wait_with_its_reason_and_a_hint(demo: Demo, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, _ = demo({**BACKOFF, "phase": "FAILED", "reason_kind": "GpuMemoryHeld",
                      "reason": "GpuMemoryHeld: still held after 20s: spark-2: pid 41 python3 20480 MiB"})
     err = capsys.readouterr().err
@@ -92,25 +96,25 @@ def test_failed_is_the_end_of_the_wait_with_its_reason_and_a_hint(demo, capsys) 
     assert "hint:   fix the cause (GpuMemoryHeld)" in err
 
 
-def test_a_daemon_that_exited_is_said_with_its_code(demo, capsys) -> None:
+def test_a_daemon_that_exited_is_said_with_its_code(demo: Demo, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, _ = demo(None, exit_code=2)
     err = capsys.readouterr().err
     assert rc == 1 and "the daemon exited with 2" in err and "wrote no status" in err and "Traceback" not in err
 
 
-def test_serving_is_still_a_success(demo, capsys) -> None:
+def test_serving_is_still_a_success(demo: Demo, capsys: pytest.CaptureFixture[str]) -> None:
     rc, daemon, ran = demo({**BACKOFF, "phase": "SERVING", "reason": ""})
     out = capsys.readouterr().out
     assert rc == 0 and daemon.terminated and "SERVING after" in out and ran and ran[0][1] == "status"
 
 
 @pytest.mark.parametrize("doc", [None, {}, {"phase": None, "history": "bad"}, {"history": [1, None, {}]}])
-def test_the_message_holds_for_any_status(doc) -> None:
+def test_the_message_holds_for_any_status(doc: dict[str, Any] | None) -> None:
     text = testbed.demo_outcome(doc, 600.4, None)
     assert text.startswith("SERVING was not reached within 600s")
 
 
-def test_a_daemon_that_does_not_stop_is_killed(monkeypatch) -> None:
+def test_a_daemon_that_does_not_stop_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
     class Stuck:
         killed = False
 

@@ -56,7 +56,7 @@ def _node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, meminfo: dict[str, in
 
 
 # ---------------------------------------------------------------------------------- a node's own figures
-def test_a_node_without_meminfo_reports_its_own_figures_not_the_hosts(tmp_path, monkeypatch, host, capsys) -> None:
+def test_a_node_without_meminfo_reports_its_own_figures_not_the_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _node(tmp_path, monkeypatch)
     assert "meminfo" not in json.loads(path.read_text())  # what conftest's reset writes on every node
     assert _read(path, capsys) == nvidia_smi.DEFAULT_MEMINFO
@@ -73,7 +73,7 @@ def test_a_node_without_meminfo_reports_its_own_figures_not_the_hosts(tmp_path, 
     assert _read(tmp_path / "spark-1" / "none.json", capsys) == d
 
 
-def test_a_drop_changes_exactly_what_the_node_reads(tmp_path, monkeypatch, host, capsys) -> None:
+def test_a_drop_changes_exactly_what_the_node_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _node(tmp_path, monkeypatch)
     before = _read(path, capsys)
     monkeypatch.setenv("STANDIN_GPU_STATES", str(path))
@@ -92,14 +92,14 @@ def test_a_drop_changes_exactly_what_the_node_reads(tmp_path, monkeypatch, host,
     assert "freed 0 MiB" in _drop(path, capsys) and path.read_text() == text and _read(path, capsys) == after
 
 
-def test_a_drop_on_a_node_without_a_state_file_creates_it(tmp_path, host, capsys) -> None:
+def test_a_drop_on_a_node_without_a_state_file_creates_it(tmp_path: Path, host: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "gpu.json"
     before = _read(path, capsys)
     assert "freed" in _drop(path, capsys)
     assert _read(path, capsys)["free_mib"] > before["free_mib"]
 
 
-def test_the_vllm_standin_checks_a_node_without_figures_against_the_defaults(tmp_path, monkeypatch, host) -> None:
+def test_the_vllm_standin_checks_a_node_without_figures_against_the_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: Path) -> None:
     path = _node(tmp_path, monkeypatch)
     monkeypatch.setenv("STANDIN_GPU_STATES", str(path))
     d = nvidia_smi.DEFAULT_MEMINFO
@@ -108,7 +108,7 @@ def test_the_vllm_standin_checks_a_node_without_figures_against_the_defaults(tmp
     assert f"({d['free_mib'] / 1024:.2f}/{d['total_mib'] / 1024:.2f} GiB)" in line
 
 
-def test_a_bad_meminfo_in_the_state_is_a_clear_error(tmp_path, monkeypatch, host, capsys) -> None:
+def test_a_bad_meminfo_in_the_state_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "gpu.json"
     for bad in ("hostile", [1, 2], {"total_mib": "x", "available_mib": 1}):
         path.write_text(json.dumps({"meminfo": bad}))
@@ -119,7 +119,7 @@ def test_a_bad_meminfo_in_the_state_is_a_clear_error(tmp_path, monkeypatch, host
 
 
 # ------------------------------------------------------------------------------- the host, by opt-in only
-def test_a_node_reads_the_host_only_when_its_state_says_so(tmp_path, monkeypatch, host, capsys) -> None:
+def test_a_node_reads_the_host_only_when_its_state_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _node(tmp_path, monkeypatch, meminfo="host")
     assert nvidia_smi.main(["--state", str(path), "--meminfo"]) == 0
     assert capsys.readouterr().out == BUSY_HOST  # the host's file as it is
@@ -135,7 +135,7 @@ def test_a_node_reads_the_host_only_when_its_state_says_so(tmp_path, monkeypatch
 
 
 # --------------------------------------------------------------------------------- the GPU's process list
-def test_a_listed_process_is_the_one_planted_not_a_later_holder_of_its_pid(tmp_path, monkeypatch) -> None:
+def test_a_listed_process_is_the_one_planted_not_a_later_holder_of_its_pid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         path = _node(tmp_path, monkeypatch)
@@ -162,7 +162,7 @@ def test_a_listed_process_is_the_one_planted_not_a_later_holder_of_its_pid(tmp_p
 
 
 @pytest.mark.parametrize("pid", ["1", "../1", -1, 0, True, None])
-def test_a_process_entry_without_a_real_pid_is_not_listed(tmp_path, pid) -> None:
+def test_a_process_entry_without_a_real_pid_is_not_listed(tmp_path: Path, pid: object) -> None:
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps({"processes": [{"pid": pid, "name": "x", "used_mib": 1}]}))
     assert nvidia_smi.load_state(str(path))["processes"] == []

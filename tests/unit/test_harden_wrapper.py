@@ -3,6 +3,7 @@ directory it did not make is a refusal, and a stop never signals a pid that is n
 
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from spark_supervisor import commands
@@ -14,7 +15,7 @@ CUR = "0123456789ab"
 MARK = commands.CACHE_MARK
 
 
-def _wrapper(d: Path, cache: str, keep: int = 2, cap_mib: int = 1000, logs: str = "", *serve: str):
+def _wrapper(d: Path, cache: str, keep: int = 2, cap_mib: int = 1000, logs: str = "", *serve: str) -> subprocess.CompletedProcess[str]:
     argv = ["sh", "-c", commands.SERVE_WRAPPER, "spark-serve", str(d), CUR, cache, str(keep), str(cap_mib),
             logs, "n", "2", "1", "1", *(serve or ("true",))]
     return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
@@ -108,8 +109,9 @@ def test_a_cache_directory_it_did_not_make_is_a_refusal_not_a_deletion(tmp_path:
 
 
 def test_a_hidden_file_or_a_link_makes_an_unmarked_directory_not_ours(tmp_path: Path) -> None:
-    for name, make in ((".cache", lambda p: p.write_text("x")),
-                       ("aaaaaaaaaaa1", lambda p: p.symlink_to(tmp_path))):
+    makers: tuple[tuple[str, Callable[[Path], object]], ...] = (
+        (".cache", lambda p: p.write_text("x")), ("aaaaaaaaaaa1", lambda p: p.symlink_to(tmp_path)))
+    for name, make in makers:
         c = tmp_path / name.strip(".") / "dep"
         c.mkdir(parents=True)
         make(c / name)

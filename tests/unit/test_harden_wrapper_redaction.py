@@ -1,11 +1,12 @@
 """Secrets never reach what diagnose and the model check show: an out-of-band argv, an error's text, a
-deployment's secret variables and API key (redaction, by the deployment's secrets: commands.secrets)."""
+deployment's secret variables and API key (redaction, by the deployment's secrets: config.deployment_secrets)."""
 
 from pathlib import Path
 from types import SimpleNamespace
 
 from spark_supervisor import commands, diagnose, modelcheck
 from spark_supervisor.adapters import AdapterError
+from spark_supervisor.config import Config, deployment_secrets
 from spark_supervisor.model import ModelReport
 from tests.helpers import cfg, data
 
@@ -13,7 +14,7 @@ TOKEN = "hf_live_token_0123456789"
 KEY = "sk-live-key-abcdef"
 
 
-def _cfg(tmp_path: Path, oob: list[str] | None = None):
+def _cfg(tmp_path: Path, oob: list[str] | None = None) -> Config:
     key = tmp_path / "key"
     key.write_text(KEY + "\n")
     key.chmod(0o600)
@@ -27,7 +28,7 @@ def _cfg(tmp_path: Path, oob: list[str] | None = None):
 
 def test_the_deployments_secrets_are_its_key_and_its_secret_variables(tmp_path: Path) -> None:
     c = _cfg(tmp_path)
-    assert set(commands.secrets(c, c.deployment)) == {KEY, TOKEN}
+    assert set(deployment_secrets(c, c.deployment)) == {KEY, TOKEN}
     shown = commands.shown_argv(c, c.deployment, ["vllm", "serve", "m", "--api-ke", "x1234", f"--hf-token={TOKEN}",
                                                   f"HF_TOKEN={TOKEN}", f"--note={KEY}"])
     assert not any(s in a for a in shown for s in (KEY, TOKEN, "x1234"))

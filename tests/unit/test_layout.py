@@ -1,10 +1,10 @@
 """The package's layout holds (issue 21): no import cycle among its modules, no module over MAX_MODULE_LINES
 lines, no class over MAX_CLASS_LINES. Read from the sources with `ast`, nothing imported.
 
-An import cycle counts every import of a package module, at module level or inside a function (a lazy
-import only moves the cycle to run time), but not one under `if TYPE_CHECKING:` (never run: annotations
-only). Importing a.b.c runs the packages a and a.b first, so those count too, unless the importer is
-inside them already.
+An import cycle counts every import of a package module, at module level, inside a function (a lazy
+import only moves the cycle to run time) or under `if TYPE_CHECKING:` (never run, but two modules that
+need each other's names, even for annotations only, are one module in two files). Importing a.b.c runs
+the packages a and a.b first, so those count too, unless the importer is inside them already.
 """
 
 from __future__ import annotations
@@ -40,19 +40,9 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def _type_checking(node: ast.If) -> bool:
-    t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
-
-
 def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement, at any depth, but those under `if TYPE_CHECKING:`."""
+    """Every import statement, at any depth (under `if TYPE_CHECKING:` too)."""
     for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and _type_checking(node):
-            for other in node.orelse:
-                yield from _imports(other)
-            continue
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
         yield from _imports(node)
@@ -141,8 +131,8 @@ def test_imports_are_read_at_every_depth(tmp_path: Path) -> None:
     src.write_text("from typing import TYPE_CHECKING\nfrom . import a\nif TYPE_CHECKING:\n    from .b import B\n"
                    "def f():\n    from .c import x\n    import spark_supervisor.d\n    from .q.r import y\n")
     known = {f"{PACKAGE}.{m}" for m in ("a", "b", "c", "d", "m", "q", "q.r")} | {PACKAGE}
-    # not the package it is in (already running), but q, the package around q.r, and no TYPE_CHECKING's b
-    assert imported(f"{PACKAGE}.m", src, known) == {f"{PACKAGE}.{m}" for m in ("a", "c", "d", "q", "q.r")}
+    # not the package it is in (already running), but q, the package around q.r, and TYPE_CHECKING's b
+    assert imported(f"{PACKAGE}.m", src, known) == {f"{PACKAGE}.{m}" for m in ("a", "b", "c", "d", "q", "q.r")}
 
 
 def _rel(path: Path) -> str:

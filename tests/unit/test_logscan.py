@@ -110,7 +110,7 @@ def test_a_rank_that_retried_its_connect_then_lost_its_head_died_of_the_loss() -
     assert f is not None and f.reason == "EngineDied" and "Connection closed by peer" in f.line
 
 
-def test_the_wrappers_refusal_of_a_cache_it_did_not_make_is_deterministic():
+def test_the_wrappers_refusal_of_a_cache_it_did_not_make_is_deterministic() -> None:
     from spark_supervisor import commands
     line = f"spark-serve: {commands.NOT_OURS}: /models/testbed holds files spark-supervisor did not create (Qwen3-8B)\n"
     f = logscan.scan("INFO starting\n" + line).failure

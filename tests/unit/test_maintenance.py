@@ -9,6 +9,8 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -16,10 +18,11 @@ import structlog
 from spark_supervisor import control, statefile
 from spark_supervisor.alerts import Alerter, RateLimit, webhook_label
 from spark_supervisor.config import Alerts
+from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.maintenance import parse_duration
-from spark_supervisor.model import EndpointObservation, Pause, Phase, StartServe
+from spark_supervisor.model import EndpointObservation, EndpointState, Pause, Phase, StartServe
 from tests.helpers import data, obs, serve_running
-from tests.unit.test_daemon import make
+from tests.unit.test_daemon import FakeBackend, make
 
 
 class Receiver:
@@ -27,7 +30,7 @@ class Receiver:
     ``fail_first`` requests with HTTP 500."""
 
     def __init__(self, fail_first: int = 0) -> None:
-        self.docs: list[dict] = []
+        self.docs: list[dict[str, Any]] = []
         self.requests = 0
         self.fail_first = fail_first
         self.cond = threading.Condition()
@@ -52,7 +55,7 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook/secret-token"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def wait(self, count: int, timeout: float = 30) -> list[dict]:
+    def wait(self, count: int, timeout: float = 30) -> list[dict[str, Any]]:
         with self.cond:
             assert self.cond.wait_for(lambda: len(self.docs) >= count, timeout), self.docs
             return list(self.docs)
@@ -69,16 +72,16 @@ def receiver() -> Iterator[Receiver]:
     r.close()
 
 
-def to_serving(daemon, be) -> None:
+def to_serving(daemon: Daemon, be: FakeBackend) -> None:
     c = daemon.cfg
     s = serve_running(c)
-    be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation("up", health=200, models=("Qwen3.5",)))
+    be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",)))
     for _ in range(4):
         daemon.tick()
     assert daemon.status.phase == Phase.SERVING
 
 
-def test_paused_it_observes_and_reports_but_acts_on_nothing_and_spends_no_budget(tmp_path) -> None:
+def test_paused_it_observes_and_reports_but_acts_on_nothing_and_spends_no_budget(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     to_serving(daemon, be)
     daemon.set_pause(Pause(by="ops", reason="kernel update", at=1.7e9 + clock.t, until=1.7e9 + clock.t + 600))
@@ -86,12 +89,12 @@ def test_paused_it_observes_and_reports_but_acts_on_nothing_and_spends_no_budget
     assert daemon.status.phase == Phase.PAUSED
     assert notes.sent[-1].startswith("STATUS=PAUSED by ops at ") and "kernel update" in notes.sent[-1]
     doc = statefile.read(str(tmp_path / "state"))
-    assert doc["phase"] == "PAUSED" and doc["pause"]["by"] == "ops" and "sees SERVING" in doc["reason"]
+    assert doc["phase"] == "PAUSED" and doc["pause"] is not None and doc["pause"]["by"] == "ops" and "sees SERVING" in doc["reason"]
     # The serve dies during the maintenance: seen and shown, not repaired.
     n = len(be.ran)
     c = daemon.cfg
     be.next = obs(c, deployed=True, serve=replace(serve_running(c), running=False, exit_code=137),
-                  endpoint=EndpointObservation("refused"))
+                  endpoint=EndpointObservation(EndpointState.REFUSED))
     for _ in range(3):
         clock.t += 5
         daemon.tick()
@@ -108,7 +111,7 @@ def test_paused_it_observes_and_reports_but_acts_on_nothing_and_spends_no_budget
     assert any(isinstance(a, StartServe) for a in be.ran[n:]) or len(be.ran) > n
 
 
-def test_a_daemon_started_under_a_pause_is_ready_and_paused(tmp_path) -> None:
+def test_a_daemon_started_under_a_pause_is_ready_and_paused(tmp_path: Path) -> None:
     statefile.write_pause(str(tmp_path / "state"), Pause(by="ops", reason="", at=1.0))
     daemon, be, clock, notes, _ = make(tmp_path)
     be.next = obs(daemon.cfg)
@@ -117,7 +120,7 @@ def test_a_daemon_started_under_a_pause_is_ready_and_paused(tmp_path) -> None:
     assert any(n.startswith("READY=1\nSTATUS=PAUSED by ops") for n in notes.sent)
 
 
-def test_pause_and_resume_through_the_control_socket_answer_once_the_loop_took_them(tmp_path) -> None:
+def test_pause_and_resume_through_the_control_socket_answer_once_the_loop_took_them(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     be.next = obs(daemon.cfg)
     daemon.tick()  # the state directory exists
@@ -186,10 +189,10 @@ def test_the_webhook_is_retried_and_never_logged_whole(receiver: Receiver) -> No
     assert "secret-token" not in json.dumps(logs.entries) and webhook_label(receiver.url) == receiver.url[:22]
 
 
-def test_an_unreachable_webhook_is_given_up_on_and_logged(tmp_path) -> None:
+def test_an_unreachable_webhook_is_given_up_on_and_logged(tmp_path: Path) -> None:
     logs = structlog.testing.LogCapture()
     structlog.configure(processors=[logs])
-    sent: list[tuple] = []
+    sent: list[tuple[str, str, str, bool]] = []
     try:
         a = Alerter(Alerts(webhook="http://127.0.0.1:9/x", attempts=2, timeout=1), log=structlog.get_logger(),
                     on_sent=lambda *x: sent.append(x))
@@ -201,7 +204,7 @@ def test_an_unreachable_webhook_is_given_up_on_and_logged(tmp_path) -> None:
     assert [e["event"] for e in logs.entries if e["log_level"] == "error"] == ["alert.failed"]
 
 
-def test_the_command_gets_the_document_on_stdin(tmp_path) -> None:
+def test_the_command_gets_the_document_on_stdin(tmp_path: Path) -> None:
     out = tmp_path / "got.json"
     prog = f"import sys, os; open({str(out)!r}, 'w').write(os.environ['SPARK_ALERT_EVENT'] + sys.stdin.read())"
     a = Alerter(Alerts(command=[sys.executable, "-c", prog]), log=structlog.get_logger())
@@ -211,14 +214,14 @@ def test_the_command_gets_the_document_on_stdin(tmp_path) -> None:
     assert text.startswith("recovered") and json.loads(text[len("recovered"):])["event"] == "recovered"
 
 
-def test_the_daemon_alerts_on_repair_failed_and_recovery(tmp_path, receiver: Receiver) -> None:
+def test_the_daemon_alerts_on_repair_failed_and_recovery(tmp_path: Path, receiver: Receiver) -> None:
     d = data()
     d["alerts"] = {"webhook": receiver.url, "min_interval": 60}
     daemon, be, clock, notes, _ = make(tmp_path, d)
     to_serving(daemon, be)
     c = daemon.cfg
     dead = replace(serve_running(c), running=False, exit_code=137)
-    be.next = obs(c, deployed=True, serve=dead, endpoint=EndpointObservation("refused"))
+    be.next = obs(c, deployed=True, serve=dead, endpoint=EndpointObservation(EndpointState.REFUSED))
     daemon.tick()  # the serve is gone: a repair
     docs = receiver.wait(1)
     assert docs[0]["event"] == "repair" and docs[0]["budget_used"] == 1 and docs[0]["budget"] == 3

@@ -21,11 +21,11 @@ def test_prometheus_endpoint_reports_phase_progress_ray_and_repairs() -> None:
         st.advance(Phase.LOADING, Reason(), 10.0, 1.0)
         st.load_fraction, st.eta_s = 0.25, 480.0
         c = cfg()
-        q = m.bound("qwen")
-        q.update(st, obs(c, deployed=True), 70.0)
-        q.repaired("gang", "RayNodeLost")
-        q.probed("deep", "success", Verdict(True, "ok", latency_s=0.8))
-        q.ready_after(912.5)
+        qm = m.bound("qwen")
+        qm.update(st, obs(c, deployed=True), 70.0)
+        qm.repaired("gang", "RayNodeLost")
+        qm.probed("deep", "success", Verdict(True, "ok", latency_s=0.8))
+        qm.ready_after(912.5)
         m.bound("embed").update(Status(), None, 70.0)  # another deployment: its own series
         port = m.server.server_address[1]
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
@@ -179,7 +179,7 @@ def test_every_call_the_daemon_makes_on_its_metrics_is_a_metrics_method_and_fits
     assert {"bound", "close", "update", "repaired", "probed", "alerted", "state_write_failed"} <= names, names
 
 
-def test_the_daemon_serves_the_series_the_alert_rules_read(tmp_path) -> None:
+def test_the_daemon_serves_the_series_the_alert_rules_read(tmp_path: Path) -> None:
     """Through the real daemon and reconciler (scripted observations): the limits come from the config, a
     peer that cannot be reached is node_up 0 on the endpoint Prometheus scrapes."""
     with socket.socket() as s:

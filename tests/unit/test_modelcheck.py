@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,7 +49,7 @@ def write_model(d: Path, *, shards: list[str] = SHARDS, size: int = 100, index: 
     return d
 
 
-def write_hub(cache: Path, repo: str = REPO, *, rev: str = "a" * 40, ref: bool = True, **kw) -> Path:
+def write_hub(cache: Path, repo: str = REPO, *, rev: str = "a" * 40, ref: bool = True, **kw: Any) -> Path:
     """The hub cache's layout: files in blobs/, snapshots/<rev>/ of links to them, refs/main -> rev."""
     root = cache / ("models--" + repo.replace("/", "--"))
     staged = write_model(root / "staging", **kw)
@@ -80,7 +81,7 @@ def probe(model: str, env: dict[str, str] | None = None, extra: list[str] | None
 
 
 # ------------------------------------------------------------------------------------ the probe + judge
-def test_a_complete_local_directory(tmp_path) -> None:
+def test_a_complete_local_directory(tmp_path: Path) -> None:
     d = write_model(tmp_path / "m")
     r = probe(str(d))
     assert r.missing == () and r.path == str(d) and r.source == "local" and (r.files, r.bytes) == (3, 300)
@@ -93,44 +94,44 @@ def test_a_complete_local_directory(tmp_path) -> None:
     (dict(shards=SHARDS, size=0), f"{SHARDS[0]} (0 bytes)"),
     (dict(total=10_000), "less than the index's total_size 10,000 (truncated)"),
 ])
-def test_an_incomplete_local_directory_names_what_is_missing(tmp_path, shape, want) -> None:
+def test_an_incomplete_local_directory_names_what_is_missing(tmp_path: Path, shape: dict[str, Any], want: str) -> None:
     r = probe(str(write_model(tmp_path / "m", **shape)))
     assert any(m.endswith(want) for m in r.missing), r.missing
 
 
-def test_a_shard_named_by_the_index_that_is_not_there(tmp_path) -> None:
+def test_a_shard_named_by_the_index_that_is_not_there(tmp_path: Path) -> None:
     d = write_model(tmp_path / "m")
     (d / SHARDS[1]).unlink()
     r = probe(str(d))
     assert r.missing == (SHARDS[1],) and r.files == 2
 
 
-def test_an_unreadable_index(tmp_path) -> None:
+def test_an_unreadable_index(tmp_path: Path) -> None:
     d = write_model(tmp_path / "m")
     (d / "model.safetensors.index.json").write_text('{"weight_map": ')
     assert probe(str(d)).missing[0].startswith("model.safetensors.index.json (unreadable: JSONDecodeError")
 
 
-def test_a_single_file_model_without_index(tmp_path) -> None:
+def test_a_single_file_model_without_index(tmp_path: Path) -> None:
     d = write_model(tmp_path / "m", shards=["model.safetensors"], index=False)
     assert probe(str(d)).missing == ()
     (d / "model.safetensors").write_bytes(b"")
     assert probe(str(d)).missing == ("model.safetensors (0 bytes)",)
 
 
-def test_a_local_path_that_does_not_exist(tmp_path) -> None:
+def test_a_local_path_that_does_not_exist(tmp_path: Path) -> None:
     r = probe(str(tmp_path / "nope"))
     assert r.missing == (f"{tmp_path / 'nope'} (no such directory)",) and r.source == "local"
 
 
-def test_a_hub_id_in_the_cache_under_hf_home(tmp_path) -> None:
+def test_a_hub_id_in_the_cache_under_hf_home(tmp_path: Path) -> None:
     snap = write_hub(tmp_path / "hf" / "hub")
     r = probe(REPO, {"HF_HOME": str(tmp_path / "hf")})
     assert r.missing == () and r.path == str(snap) and r.source == "hub" and r.files == 3
     assert r.cache == str(tmp_path / "hf" / "hub")
 
 
-def test_hub_cache_variables_and_download_dir_as_huggingface_hub_reads_them(tmp_path) -> None:
+def test_hub_cache_variables_and_download_dir_as_huggingface_hub_reads_them(tmp_path: Path) -> None:
     write_hub(tmp_path / "c1")
     assert probe(REPO, {"HF_HUB_CACHE": str(tmp_path / "c1"), "HF_HOME": "/x"}).missing == ()
     write_hub(tmp_path / "home" / ".cache" / "huggingface" / "hub")
@@ -139,7 +140,7 @@ def test_hub_cache_variables_and_download_dir_as_huggingface_hub_reads_them(tmp_
     assert probe(REPO, extra=["--download-dir", str(tmp_path / "dl")]).path.endswith("b" * 40)
 
 
-def test_a_dangling_link_into_blobs_is_missing(tmp_path) -> None:
+def test_a_dangling_link_into_blobs_is_missing(tmp_path: Path) -> None:
     write_hub(tmp_path / "hub")
     blob = tmp_path / "hub" / f"models--{REPO.replace('/', '--')}" / "blobs" / f"blob-{SHARDS[2]}"
     blob.unlink()  # an interrupted download: the snapshot's link is there, its blob is not
@@ -147,7 +148,7 @@ def test_a_dangling_link_into_blobs_is_missing(tmp_path) -> None:
     assert r.missing == (f"{SHARDS[2]} (dangling link)",)
 
 
-def test_snapshots_without_refs_main(tmp_path) -> None:
+def test_snapshots_without_refs_main(tmp_path: Path) -> None:
     write_hub(tmp_path / "hub", ref=False)
     assert probe(REPO, {"HF_HUB_CACHE": str(tmp_path / "hub")}).missing == ()  # the only snapshot
     write_hub(tmp_path / "hub2", ref=False)
@@ -156,7 +157,7 @@ def test_snapshots_without_refs_main(tmp_path) -> None:
     assert r.missing == (f"models--{REPO.replace('/', '--')}/refs/main (and 2 snapshots: which one?)",)
 
 
-def test_a_hub_id_not_in_the_cache(tmp_path) -> None:
+def test_a_hub_id_not_in_the_cache(tmp_path: Path) -> None:
     r = probe(REPO, {"HF_HUB_CACHE": str(tmp_path / "empty")})
     assert r.missing == (f"{REPO} is not in the hub cache {tmp_path / 'empty'} (no models--Org--Tiny-Model/snapshots)",)
 
@@ -170,7 +171,7 @@ def test_an_image_without_python_is_not_checked_and_an_odd_answer_is_an_error() 
 
 
 # ------------------------------------------------------------------------------------- reason and hint
-def hub_cfg(**model) -> config.Config:
+def hub_cfg(**model: Any) -> config.Config:
     d = data()
     d["deployments"][0]["ray"] = {"volumes": ["/data/hf:/root/.cache/huggingface"]}
     d["deployments"][0]["model"] = model
@@ -183,7 +184,9 @@ def test_the_reason_names_node_files_and_the_download_to_run_on_the_host_path() 
     reports = {"spark-1": ModelReport("spark-1", REPO, "k", path="/root/.cache/huggingface/hub/x", source="hub"),
                "spark-2": ModelReport("spark-2", REPO, "k", path="/root/.cache/huggingface/hub/x", source="hub",
                                       cache="/root/.cache/huggingface/hub", missing=missing)}
-    kind, detail = modelcheck.problem(c, c.deployment, reports)
+    found = modelcheck.problem(c, c.deployment, reports)
+    assert found is not None
+    kind, detail = found
     assert kind == "ModelMissing"
     assert "spark-2: model-00001.safetensors, model-00002.safetensors, model-00003.safetensors and 2 more" in detail
     assert "spark-1:" not in detail.split("Hint")[0]
@@ -217,7 +220,7 @@ def checked(c: config.Config, **per_node: ModelReport) -> Status:
     return Status(images=reports)
 
 
-def missing(node: str, c: config.Config = C, **kw) -> ModelReport:
+def missing(node: str, c: config.Config = C, **kw: Any) -> ModelReport:
     return ModelReport(node, REPO, modelcheck.key(c, c.deployment), path="/p/snap", source="hub",
                        cache="/root/.cache/huggingface/hub", missing=("model-00002-of-00003.safetensors",), **kw)
 
@@ -270,7 +273,7 @@ def test_the_prefetch_container_is_ours_but_not_a_node_of_the_deployment() -> No
 
 # ------------------------------------------------------------------------------------ config, commands
 def test_prefetch_settings_are_validated() -> None:
-    def err(model: dict) -> str:
+    def err(model: dict[str, Any]) -> str:
         d = data()
         d["deployments"][0]["model"] = model
         with pytest.raises(config.ConfigError) as e:
@@ -298,7 +301,7 @@ def test_the_probe_and_the_prefetch_run_in_the_image_with_the_node_containers_mo
 
 
 # --------------------------------------------------------------------------------------- the prefetch
-def test_the_prefetch_copies_a_local_directory_into_the_hub_cache_and_the_probe_then_finds_it(tmp_path) -> None:
+def test_the_prefetch_copies_a_local_directory_into_the_hub_cache_and_the_probe_then_finds_it(tmp_path: Path) -> None:
     src = write_model(tmp_path / "src")
     progress = tmp_path / "progress.json"
     env = {"PATH": os.environ["PATH"], "HF_HUB_CACHE": str(tmp_path / "hub")}
@@ -319,7 +322,7 @@ def test_the_prefetch_copies_a_local_directory_into_the_hub_cache_and_the_probe_
     assert probe(REPO, {"HF_HUB_CACHE": str(tmp_path / "hub2")}).missing == ()
 
 
-def test_a_finished_prefetch_waits_to_be_read_and_ends_at_once_when_stopped(tmp_path) -> None:
+def test_a_finished_prefetch_waits_to_be_read_and_ends_at_once_when_stopped(tmp_path: Path) -> None:
     from spark_testbed.testbed import until
     progress = tmp_path / "progress.json"
     p = subprocess.Popen(["sh", "-c", modelcheck.RUN_PY, "p", sys.executable, modelcheck.PREFETCH_PY, "/models/x", "",
@@ -339,7 +342,7 @@ def test_a_finished_prefetch_waits_to_be_read_and_ends_at_once_when_stopped(tmp_
         p.wait()
 
 
-def test_a_prefetch_from_a_directory_that_is_not_there_fails_with_why(tmp_path) -> None:
+def test_a_prefetch_from_a_directory_that_is_not_there_fails_with_why(tmp_path: Path) -> None:
     progress = tmp_path / "progress.json"
     subprocess.run(["sh", "-c", modelcheck.RUN_PY, "p", sys.executable, modelcheck.PREFETCH_PY, "/models/x", "", "",
                     str(tmp_path / "nope"), "60", "0", str(progress)], check=True, timeout=60)
@@ -347,7 +350,7 @@ def test_a_prefetch_from_a_directory_that_is_not_there_fails_with_why(tmp_path) 
     assert p["state"] == "failed" and "is not a directory in the image" in p["error"]
 
 
-def test_a_hub_prefetch_that_cannot_download_fails_with_why(tmp_path) -> None:
+def test_a_hub_prefetch_that_cannot_download_fails_with_why(tmp_path: Path) -> None:
     progress = tmp_path / "progress.json"
     env = {"PATH": os.environ["PATH"], "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
     subprocess.run(["sh", "-c", modelcheck.RUN_PY, "p", sys.executable, modelcheck.PREFETCH_PY, REPO, "", "", "",

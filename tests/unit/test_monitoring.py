@@ -113,7 +113,8 @@ def test_metric_names_are_read_from_promql() -> None:
 
 
 def dashboard() -> dict[str, Any]:
-    return json.loads(DASHBOARD.read_text())
+    found: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return found
 
 
 def panels(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ DISCRETE = """<?xml version="1.0" ?>
 </gpu></nvidia_smi_log>"""
 
 
-def test_gb10_totals_are_na_but_processes_have_mib(tmp_path) -> None:
+def test_gb10_totals_are_na_but_processes_have_mib(tmp_path: Path) -> None:
     state = tmp_path / "gpu.json"
     state.write_text(json.dumps({"processes": [{"pid": 1, "name": "/usr/lib/xorg/Xorg", "used_mib": 40, "type": "G"},
                                                {"pid": 999999999, "name": "gone", "used_mib": 5}]}))

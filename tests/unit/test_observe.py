@@ -211,7 +211,7 @@ def test_a_followers_death_is_seen_while_rank_0_still_answers_health(tmp_path: P
     import httpx
 
     from spark_supervisor.adapters.vllm import VllmApi
-    from spark_supervisor.commands import node_container_name
+    from spark_supervisor.identity import node_container_name
     from spark_supervisor.observe import Observer, World
 
     d = data()

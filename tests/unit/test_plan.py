@@ -1,10 +1,12 @@
 """The decision table, one situation at a time, with a fake clock (plain numbers)."""
 
 from dataclasses import replace
+from typing import Any
 
 from spark_supervisor.model import (
     Container,
     EndpointObservation,
+    EndpointState,
     GpuProcess,
     Memory,
     NodeObservation,
@@ -30,7 +32,7 @@ from tests.helpers import cfg, data, free_gpu, images, node_obs, obs, ray_contai
 C = cfg()
 
 
-def status(phase: Phase = Phase.DETECTING, since: float = 0.0, **kw) -> Status:
+def status(phase: Phase = Phase.DETECTING, since: float = 0.0, **kw: Any) -> Status:
     kw.setdefault("images", images(C))
     st = Status(**kw)
     st.advance(phase, Reason(), since, since)
@@ -188,7 +190,7 @@ def test_serve_of_an_old_spec_is_relaunched_without_touching_ray() -> None:
 
 def test_loading_is_refused_connections_with_progress_and_a_deadline() -> None:
     s = serve_running(C, log="Loading safetensors checkpoint shards:  30% Completed | 12/39 [00:40<01:30]\r")
-    o = obs(C, deployed=True, serve=s, endpoint=EndpointObservation("refused"))
+    o = obs(C, deployed=True, serve=s, endpoint=EndpointObservation(EndpointState.REFUSED))
     d = plan(o, status(Phase.LOADING, since=0), C, 60)
     assert (d.phase, d.failure, d.actions) == (Phase.LOADING, False, ())
     d = plan(o, status(Phase.LOADING, since=0), C, C.deployment.readiness.deadline + 1)
@@ -211,7 +213,7 @@ def test_serve_exit_is_read_from_its_log() -> None:
 
 def test_listed_model_is_verified_then_serving() -> None:
     s = serve_running(C)
-    up = EndpointObservation("up", health=200, models=("Qwen3.5",))
+    up = EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",))
     d = plan(obs(C, deployed=True, serve=s, endpoint=up), status(Phase.LOADING), C, 1)
     assert d.actions == (Verify(s.identity),) and d.phase == Phase.VERIFYING
     st = status(Phase.VERIFYING, verdict=Verdict(True, "ok", s.identity))
@@ -221,13 +223,13 @@ def test_listed_model_is_verified_then_serving() -> None:
 
 def test_a_verdict_on_another_serve_instance_does_not_count() -> None:
     s = serve_running(C)
-    up = EndpointObservation("up", health=200, models=("Qwen3.5",))
+    up = EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",))
     st = status(Phase.SERVING, verdict=Verdict(True, "ok", replace(s, container_id="old").identity))
     assert plan(obs(C, deployed=True, serve=s, endpoint=up), st, C, 1).phase == Phase.VERIFYING
 
 
 def test_api_up_without_the_model_keeps_loading() -> None:
-    up = EndpointObservation("up", health=200, models=("other",))
+    up = EndpointObservation(EndpointState.UP, health=200, models=("other",))
     d = plan(obs(C, deployed=True, serve=serve_running(C), endpoint=up), status(Phase.LOADING), C, 1)
     assert d.phase == Phase.LOADING and "not listed" in d.reason
 
@@ -254,10 +256,10 @@ def test_containers_owned_by_a_renamed_deployment_are_orphans() -> None:
     assert d.actions == (RemoveContainers("spark-2", ("old-ray",), "orphan"),)
 
 
-UP = EndpointObservation("up", health=200, models=("Qwen3.5",))
+UP = EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",))
 
 
-def serving_status(**kw) -> Status:
+def serving_status(**kw: Any) -> Status:
     s = serve_running(C)
     return status(Phase.SERVING, since=0, verdict=Verdict(True, "ok", s.identity), **kw)
 
@@ -319,7 +321,7 @@ def test_a_deployment_that_vanished_is_a_gang_repair_then_a_normal_start() -> No
 
 def test_a_serve_that_never_answers_its_first_completion_is_repaired() -> None:
     s = serve_running(C)
-    up = EndpointObservation("up", health=200, models=("Qwen3.5",))
+    up = EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",))
     st = status(Phase.VERIFYING, deep=Tracker(failures=2, detail="no answer within 60s"))
     d = plan(obs(C, deployed=True, serve=s, endpoint=up), st, C, 10)
     assert d.repair == "serve" and d.reason == "ServeWedged: 2 sanity completions failed (no answer within 60s)"
@@ -327,7 +329,7 @@ def test_a_serve_that_never_answers_its_first_completion_is_repaired() -> None:
 
 def test_a_load_without_progress_is_a_stall() -> None:
     s = serve_running(C, log="Loading safetensors checkpoint shards:   2% Completed | 1/39 [00:18<11:00, 18.0s/it]\r")
-    o = obs(C, deployed=True, serve=s, endpoint=EndpointObservation("refused"))
+    o = obs(C, deployed=True, serve=s, endpoint=EndpointObservation(EndpointState.REFUSED))
     st = status(Phase.LOADING, since=0, load_progress_at=100)
     assert plan(o, st, C, 100 + C.deployment.readiness.stall_timeout).phase == Phase.LOADING
     d = plan(o, st, C, 101 + C.deployment.readiness.stall_timeout)

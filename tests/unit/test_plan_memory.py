@@ -2,10 +2,13 @@
 vLLM's free-memory refusal classified by its cause. One situation at a time, fake clock."""
 
 from dataclasses import replace
+from typing import Any
 
+from spark_supervisor.config import Config
 from spark_supervisor.model import (
     DropPageCache,
     Memory,
+    NodeObservation,
     Phase,
     Reason,
     ServeObservation,
@@ -25,14 +28,14 @@ REFUSED = ("(EngineCore pid=1) ERROR 12-02 10:00:00 [core.py:1] ValueError: Free
            "(39.06/120.00 GiB) on startup is less than desired GPU memory utilization (0.85, 102.00 GiB).\n")
 
 
-def st(phase: Phase = Phase.DETECTING, since: float = 0.0, **kw) -> Status:
+def st(phase: Phase = Phase.DETECTING, since: float = 0.0, **kw: Any) -> Status:
     kw.setdefault("images", images(C))
     s = Status(**kw)
     s.advance(phase, Reason(), since, since)
     return s
 
 
-def nodes(m2: Memory, m1: Memory = FREE, deployed: bool = False):
+def nodes(m2: Memory, m1: Memory = FREE, deployed: bool = False) -> dict[str, NodeObservation]:
     from tests.helpers import ray_container
     return {"spark-1": node_obs("spark-1", (ray_container(C, "spark-1"),) if deployed else (), memory=m1),
             "spark-2": node_obs("spark-2", (ray_container(C, "spark-2"),) if deployed else (), memory=m2)}
@@ -81,7 +84,7 @@ def test_every_serve_launch_is_admitted_on_a_full_observation() -> None:
     assert d.actions == (StartServe(),)
 
 
-def _refused(c=C) -> ServeObservation:
+def _refused(c: Config = C) -> ServeObservation:
     return ServeObservation(True, 77, "id-spark-1", False, 1, serve_running(c).spec_hash, "t", REFUSED)
 
 

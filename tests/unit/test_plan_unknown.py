@@ -3,9 +3,12 @@
 An observation that failed holds the phase and is shown; only positive evidence of loss repairs."""
 
 from dataclasses import replace
+from typing import Any
 
 from spark_supervisor.model import (
+    Decision,
     EndpointObservation,
+    EndpointState,
     NodeObservation,
     Phase,
     RayNode,
@@ -23,11 +26,11 @@ from spark_supervisor.plan import plan, unknowns
 from tests.helpers import cfg, data, images, node_obs, obs, ray_container, ray_ok, serve_running
 
 C = cfg()
-UP = EndpointObservation("up", health=200, models=("Qwen3.5",))
+UP = EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",))
 RAY_TIMEOUT = RayObservation(False, "RayDashboardUnreachable: ReadTimeout timed out")
 
 
-def serving(since: float = 0.0, unknown: dict[str, float] | None = None, **kw) -> Status:
+def serving(since: float = 0.0, unknown: dict[str, float] | None = None, **kw: Any) -> Status:
     st = Status(verdict=Verdict(True, "ok", serve_running(C).identity), **kw)
     st.advance(Phase.SERVING, Reason(), since, since)
     st.unknown_since = dict(unknown or {})
@@ -35,7 +38,7 @@ def serving(since: float = 0.0, unknown: dict[str, float] | None = None, **kw) -
     return st
 
 
-def destructive(d) -> bool:
+def destructive(d: Decision) -> bool:
     return bool(d.repair) or any(isinstance(a, (RemoveContainers, StopServe, StartServe, StartContainer)) for a in d.actions)
 
 
@@ -82,14 +85,14 @@ def test_a_failed_serve_state_exec_with_nothing_seen_before_holds_without_launch
 
 def test_health_failing_past_its_threshold_is_evidence_even_while_the_serve_state_is_unknown() -> None:
     unknown = replace(serve_running(C), error="DockerTimeout: exec")
-    refused = EndpointObservation("refused")
+    refused = EndpointObservation(EndpointState.REFUSED)
     d = plan(obs(C, deployed=True, serve=unknown, endpoint=refused),
              serving(health=Tracker(failures=2, detail="refused")), C, 10)
     assert d.repair == "serve" and d.reason.startswith("ServeUnhealthy")
 
 
 def test_an_endpoint_that_could_not_be_read_while_serving_is_not_a_load() -> None:
-    err = EndpointObservation("error", "/health: ReadTimeout")
+    err = EndpointObservation(EndpointState.ERROR, "/health: ReadTimeout")
     d = plan(obs(C, deployed=True, serve=serve_running(C), endpoint=err), serving(), C, 10)
     assert d.phase == Phase.SERVING and not destructive(d)
 
@@ -189,7 +192,7 @@ def test_a_stale_log_carried_over_a_failed_exec_is_never_judged_a_stalled_load()
                 error="DockerTimeout: exec")
     st = Status(load_progress_at=100, images=images(C))
     st.advance(Phase.LOADING, Reason(), 0, 0)
-    d = plan(obs(C, deployed=True, serve=s, endpoint=EndpointObservation("refused")), st, C,
+    d = plan(obs(C, deployed=True, serve=s, endpoint=EndpointObservation(EndpointState.REFUSED)), st, C,
              200 + C.deployment.readiness.stall_timeout + C.deployment.readiness.deadline)
     assert d.phase == Phase.LOADING and not destructive(d)
     assert d.reason.startswith("ObservationUnknown: serve state")

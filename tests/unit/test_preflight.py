@@ -1,5 +1,7 @@
 from dataclasses import replace
 
+from spark_supervisor.config import Config
+from spark_supervisor.model import Observation
 from spark_supervisor.preflight import parse_ip_addr, preflight
 from tests.helpers import cfg, data, node_obs, obs
 
@@ -10,7 +12,8 @@ IP_ADDR = """1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever p
 """
 
 
-def with_ifaces(c, spark1: str = IP_ADDR, spark2: str = IP_ADDR.replace("192.168.200.12", "192.168.200.13")):
+def with_ifaces(c: Config, spark1: str = IP_ADDR,
+                spark2: str = IP_ADDR.replace("192.168.200.12", "192.168.200.13")) -> Observation:
     return obs(c, nodes={"spark-1": node_obs("spark-1", interfaces=parse_ip_addr(spark1)),
                          "spark-2": node_obs("spark-2", interfaces=parse_ip_addr(spark2))})
 

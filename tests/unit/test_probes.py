@@ -1,5 +1,6 @@
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -7,7 +8,7 @@ from spark_supervisor import probes
 from spark_supervisor.probes import judge_completion
 
 
-def body(msg: dict, finish: str = "length", tokens: int = 32) -> str:
+def body(msg: dict[str, Any], finish: str = "length", tokens: int = 32) -> str:
     return json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "model": "m",
                        "choices": [{"index": 0, "message": {"role": "assistant", **msg}, "logprobs": None,
                                     "finish_reason": finish, "stop_reason": None}],
@@ -19,7 +20,7 @@ def body(msg: dict, finish: str = "length", tokens: int = 32) -> str:
     ({"content": None, "reasoning": "Okay", "reasoning_content": "Okay"}, "reasoning"),        # 0.11.1 - 0.15
     ({"content": None, "reasoning": "Okay, the user wants"}, "reasoning"),                      # >= 0.16
 ])
-def test_thinking_cut_off_by_max_tokens_is_healthy(msg, field) -> None:
+def test_thinking_cut_off_by_max_tokens_is_healthy(msg: dict[str, Any], field: str) -> None:
     v = judge_completion(200, body(msg))
     assert v.passed and v.field == field and v.finish_reason == "length"
     assert "still thinking" in v.why
@@ -41,7 +42,7 @@ def test_plain_answer_passes() -> None:
     (200, body({"content": "", "reasoning": ""}, finish="stop", tokens=3), "empty answer"),
     (200, "<html>proxy</html>", "not a chat completion"),
 ])
-def test_failures(status, payload, why) -> None:
+def test_failures(status: int, payload: str, why: str) -> None:
     v = judge_completion(status, payload)
     assert not v.passed and why in v.why
 
@@ -68,7 +69,7 @@ def test_the_real_servers_rerank_passes_with_a_negative_score() -> None:
     ("rerank", {"results": [{"relevance_score": 0.1}, {"relevance_score": "x"}]}, "a relevance score that is not"),
     ("rerank", {"detail": "Not Found"}, "the response is not a rerank response"),
 ])
-def test_a_broken_pooling_answer_fails(kind, body, why) -> None:
+def test_a_broken_pooling_answer_fails(kind: str, body: str | dict[str, Any], why: str) -> None:
     v = probes.judge(kind, 200, body if isinstance(body, str) else json.dumps(body))
     assert not v.passed and v.why.startswith(why), v.why
 

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from spark_supervisor import plan as p
-from spark_supervisor.model import Container, Phase, RayNode, RayObservation, Reason, RemoveContainers, Status
+from spark_supervisor.config import Config
+from spark_supervisor.model import (
+    Container,
+    Observation,
+    Phase,
+    RayNode,
+    RayObservation,
+    Reason,
+    RemoveContainers,
+    Status,
+)
 from tests.helpers import cfg, data, images, node_obs, obs, ray_ok
 
 C = cfg()
 
 
-def facts(o, st: Status | None = None, c=C, now: float = 100.0) -> p.Facts:
+def facts(o: Observation, st: Status | None = None, c: Config = C, now: float = 100.0) -> p.Facts:
     return p.Facts(o, st or Status(images=images(c)), c, now)
 
 

@@ -5,6 +5,7 @@ only their own deployment."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from spark_supervisor.model import (
     CheckImage,
     Container,
     EndpointObservation,
+    EndpointState,
     Phase,
     RemoveContainers,
     StartContainer,
@@ -27,10 +29,10 @@ from spark_supervisor.model import (
     StopServe,
 )
 from spark_supervisor.plan import Facts, hygiene
-from tests.helpers import cfg, data, images, node_obs, obs, serve_running
+from tests.helpers import cfg, data, images, node_obs, obs, phase_now, serve_running
 from tests.unit.test_daemon import Clock, FakeBackend, Notes
 
-EMBED = {"name": "embed", "nodes": ["spark-2"], "after": ["qwen"],
+EMBED: dict[str, Any] = {"name": "embed", "nodes": ["spark-2"], "after": ["qwen"],
          "serve": {"model": "BAAI/bge-m3", "distributed_executor_backend": "mp", "tensor_parallel_size": 1,
                    "gpu_memory_utilization": 0.1, "port": 8001}}
 
@@ -72,7 +74,7 @@ def test_a_stack_of_an_llm_on_both_sparks_and_a_single_node_model_on_the_worker_
     (lambda d: d["deployments"][1]["serve"].update(tensor_parallel_size=2),
      "deployments[1].serve.tensor_parallel_size: TP x PP = 2 is larger than the 1 GPUs"),
 ])
-def test_each_stack_mistake_names_the_file_and_key(mutate, expected) -> None:
+def test_each_stack_mistake_names_the_file_and_key(mutate: Callable[[dict[str, Any]], None], expected: str) -> None:
     d = stack(EMBED)
     mutate(d)
     found = problems(d)
@@ -119,7 +121,7 @@ def serving(daemon: Daemon, be: dict[str, FakeBackend], name: str) -> None:
     """What a serving deployment looks like to its own backend."""
     v = daemon.reconcilers[name].cfg
     be[name].next = obs(v, deployed=True, serve=serve_running(v),
-                        endpoint=EndpointObservation("up", health=200, models=(v.deployment.serve.name,)))
+                        endpoint=EndpointObservation(EndpointState.UP, health=200, models=(v.deployment.serve.name,)))
 
 
 def ticks_until(daemon: Daemon, done: Any, most: int = 6) -> None:
@@ -130,7 +132,7 @@ def ticks_until(daemon: Daemon, done: Any, most: int = 6) -> None:
     assert done()
 
 
-def test_a_deployment_waits_for_the_ones_it_starts_after_then_starts(tmp_path) -> None:
+def test_a_deployment_waits_for_the_ones_it_starts_after_then_starts(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path, stack(EMBED))
     q, e = daemon.reconcilers["qwen"], daemon.reconcilers["embed"]
     be["qwen"].next, be["embed"].next = obs(q.cfg), obs(e.cfg)
@@ -141,15 +143,15 @@ def test_a_deployment_waits_for_the_ones_it_starts_after_then_starts(tmp_path) -
     serving(daemon, be, "qwen")
     ticks_until(daemon, lambda: q.status.phase in (Phase.VERIFYING, Phase.SERVING))
     # qwen answers (its memory profiling is over): embed starts in the same pass, not an interval later
-    assert be["embed"].ran == [StartContainer("spark-2")] and e.status.phase == Phase.STARTING_RAY
+    assert be["embed"].ran == [StartContainer("spark-2")] and phase_now(e.status) == Phase.STARTING_RAY
     assert not any(n.startswith("READY=1") for n in notes.sent)  # embed is required too
     serving(daemon, be, "embed")
-    ticks_until(daemon, lambda: e.status.phase == Phase.SERVING and q.status.phase == Phase.SERVING)
+    ticks_until(daemon, lambda: phase_now(e.status) == Phase.SERVING and phase_now(q.status) == Phase.SERVING)
     assert daemon.status_line() == "SERVING 2/2 deployments" and daemon.status_line() == "SERVING 2/2 deployments"
     assert sum(n.startswith("READY=1") for n in notes.sent) == 1
 
 
-def test_ready_does_not_wait_for_a_deployment_that_is_not_required(tmp_path) -> None:
+def test_ready_does_not_wait_for_a_deployment_that_is_not_required(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path, stack({**EMBED, "required": False, "after": []}))
     serving(daemon, be, "qwen")
     be["embed"].next = obs(daemon.reconcilers["embed"].cfg)
@@ -158,7 +160,7 @@ def test_ready_does_not_wait_for_a_deployment_that_is_not_required(tmp_path) -> 
     assert sum(n.startswith("READY=1") for n in notes.sent) == 1
 
 
-def test_a_repair_of_one_deployment_acts_on_nothing_of_the_other(tmp_path) -> None:
+def test_a_repair_of_one_deployment_acts_on_nothing_of_the_other(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path, stack({**EMBED, "after": []}))
     serving(daemon, be, "qwen")
     serving(daemon, be, "embed")
@@ -168,7 +170,7 @@ def test_a_repair_of_one_deployment_acts_on_nothing_of_the_other(tmp_path) -> No
     v = daemon.reconcilers["qwen"].cfg
     dead = serve_running(v)
     be["qwen"].next = obs(v, deployed=True, serve=type(dead)(**{**dead.__dict__, "running": False, "exit_code": 1}),
-                          endpoint=EndpointObservation("refused"))
+                          endpoint=EndpointObservation(EndpointState.REFUSED))
     clock.t += 5
     daemon.tick()
     assert daemon.reconcilers["qwen"].status.phase != Phase.SERVING and be["qwen"].ran
@@ -177,7 +179,7 @@ def test_a_repair_of_one_deployment_acts_on_nothing_of_the_other(tmp_path) -> No
     assert daemon.first.repairs.entries and not daemon.reconcilers["embed"].repairs.entries
 
 
-def test_a_reload_tears_down_only_the_deployment_removed_and_starts_the_one_added(tmp_path) -> None:
+def test_a_reload_tears_down_only_the_deployment_removed_and_starts_the_one_added(tmp_path: Path) -> None:
     d = stack({**EMBED, "after": []})
     daemon, be, clock, notes, path = make(tmp_path, d)
     serving(daemon, be, "qwen")
@@ -185,7 +187,10 @@ def test_a_reload_tears_down_only_the_deployment_removed_and_starts_the_one_adde
     ticks_until(daemon, lambda: daemon.status_line() == "SERVING 2/2 deployments")
     qwen_backend, qwen = be["qwen"], daemon.reconcilers["qwen"]
     torn: list[str] = []
-    be["embed"].teardown = lambda: torn.append("embed") or ["spark-2/embed-vllm-spark-2"]  # type: ignore[method-assign]
+    def teardown() -> list[str]:
+        torn.append("embed")
+        return ["spark-2/embed-vllm-spark-2"]
+    be["embed"].teardown = teardown  # type: ignore[method-assign]  # a fake's method replaced for one test
     d2 = copy.deepcopy(d)
     d2["deployments"][1] = {**EMBED, "name": "rerank", "after": [], "serve": {**EMBED["serve"], "port": 8002}}
     path.write_text(tomli_w.dumps(d2))
@@ -205,7 +210,8 @@ def test_a_reload_tears_down_only_the_deployment_removed_and_starts_the_one_adde
 
 # -------------------------------------------------------------------------------------- shared GPUs
 @pytest.mark.parametrize("owned, blocked", [(frozenset({4242}), False), (frozenset({1}), True), (None, True)])
-def test_another_deployments_serve_on_the_gpu_is_not_a_foreign_process(owned, blocked) -> None:
+def test_another_deployments_serve_on_the_gpu_is_not_a_foreign_process(owned: frozenset[int] | None,
+                                                                       blocked: bool) -> None:
     from spark_supervisor.admission import gpu_blockers
     from spark_supervisor.model import Gpu, GpuProcess
     c = cfg(stack(EMBED))

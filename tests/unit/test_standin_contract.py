@@ -6,12 +6,13 @@ class. The stand-in runs here for real (mp mode, no Ray), on a free port."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from spark_supervisor import logscan, probes
-from spark_supervisor.model import EndpointObservation
+from spark_supervisor.model import EndpointObservation, EndpointState
 from tests.standin_process import StandinProcess
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_vllm"
@@ -19,8 +20,11 @@ REAL = {name: (FIXTURES / f"{name}.log").read_text(errors="replace")
         for name in ("startup", "bad_arg", "missing_model", "engine_death", "kill_engine_core")}
 
 
+Standin = Callable[..., StandinProcess]  # start(*args, fail="", model="/")
+
+
 @pytest.fixture
-def standin(tmp_path):
+def standin(tmp_path: Path) -> Iterator[Standin]:
     started: list[StandinProcess] = []
 
     def start(*args: str, fail: str = "", model: str = "/") -> StandinProcess:
@@ -40,7 +44,7 @@ def _same_progress(real: logscan.LoadProgress, fake: logscan.LoadProgress) -> No
     assert (fake.failure is None) == (real.failure is None)
 
 
-def test_a_healthy_start_reads_the_same(standin) -> None:
+def test_a_healthy_start_reads_the_same(standin: Standin) -> None:
     s = standin()
     s.started()
     real = logscan.scan(REAL["startup"])
@@ -50,7 +54,7 @@ def test_a_healthy_start_reads_the_same(standin) -> None:
     # /health: 200 with an empty body on both (tests/fixtures/real_vllm/health.txt).
     code, body = s.request("GET", "/health")
     assert (code, body) == (200, b"")
-    assert probes.health_result(EndpointObservation("up", "", code)) == "success"
+    assert probes.health_result(EndpointObservation(EndpointState.UP, "", code)) == "success"
     real_models = json.loads((FIXTURES / "models.json").read_text())
     code, models = s.request("GET", "/v1/models")
     assert code == 200 and json.loads(models)["data"][0]["id"] == real_models["data"][0]["id"] == "tiny-qwen3"
@@ -67,7 +71,8 @@ def test_a_healthy_start_reads_the_same(standin) -> None:
     ("bad_arg", ("--no-such-flag",), "", "/", "BadArguments", True),
     ("missing_model", (), "", "/var/lib/spark-testbed/models/no-such-model", "ModelNotFound", True),
 ])
-def test_a_failed_start_fails_the_same_way(standin, case, args, fail, model, reason, deterministic) -> None:
+def test_a_failed_start_fails_the_same_way(standin: Standin, case: str, args: tuple[str, ...], fail: str, model: str,
+                                          reason: str, deterministic: bool) -> None:
     real = logscan.classify(REAL[case])
     s = standin(*args, fail=fail, model=model)
     s.exited()
@@ -77,7 +82,7 @@ def test_a_failed_start_fails_the_same_way(standin, case, args, fail, model, rea
     assert s.proc.returncode != 0
 
 
-def test_an_engine_death_on_the_first_request_reads_the_same(standin) -> None:
+def test_an_engine_death_on_the_first_request_reads_the_same(standin: Standin) -> None:
     real = logscan.scan(REAL["engine_death"])
     s = standin(fail="unsupported")
     s.started()
@@ -100,7 +105,7 @@ def test_a_killed_engine_core_is_an_engine_death_with_its_generic_line() -> None
 
 
 @pytest.mark.parametrize("kind", ["embeddings", "rerank"])
-def test_a_pooling_model_answers_its_probe_the_same_and_has_no_chat(standin, kind) -> None:
+def test_a_pooling_model_answers_its_probe_the_same_and_has_no_chat(standin: Standin, kind: str) -> None:
     """An embeddings or rerank deployment (--runner pooling): the real server's answers (captured from
     tiny-qwen3 --convert embed) and the stand-in's pass the same probe; chat is 404 on both."""
     s = standin("--runner", "pooling", "--convert", "embed")

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,24 +30,31 @@ STAYS_S = 2.0  # the window a "stays alive and silent" is watched for (the real 
 TIMEOUT = 5  # STANDIN_FOLLOWER_TIMEOUT for the runs that must not time out
 
 
-@pytest.fixture
-def ranks(tmp_path):
-    """start(rank, nnodes=2, timeout=...) -> a stand-in rank on 127.0.0.1; all are killed at the end."""
-    started: list[StandinProcess] = []
-    master = free_port()
+class Ranks:
+    """ranks(rank, nnodes=2, timeout=...) -> a stand-in rank on 127.0.0.1, its head at port `master`."""
 
-    def start(rank: int, nnodes: int = 2, timeout: float = TIMEOUT, tp: int | None = None,
-              port: int | None = None, extra: tuple[str, ...] = (), version: str = "0.33.0") -> StandinProcess:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.master = free_port()
+        self.started: list[StandinProcess] = []
+
+    def __call__(self, rank: int, nnodes: int = 2, timeout: float = TIMEOUT, tp: int | None = None,
+                 port: int | None = None, extra: tuple[str, ...] = (), version: str = "0.33.0") -> StandinProcess:
         args = ["--model", "tiny-qwen3", "--tensor-parallel-size", str(tp or nnodes), "--nnodes", str(nnodes),
-                "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port or master),
+                "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port or self.master),
                 *(["--headless"] if rank else []), *extra]
-        s = StandinProcess(tmp_path, args, {"STANDIN_FOLLOWER_TIMEOUT": str(timeout),
-                                            "STANDIN_VLLM_VERSION": version})
-        started.append(s)
+        s = StandinProcess(self.tmp_path, args, {"STANDIN_FOLLOWER_TIMEOUT": str(timeout),
+                                                 "STANDIN_VLLM_VERSION": version})
+        self.started.append(s)
         return s
-    start.master = master  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def ranks(tmp_path: Path) -> Iterator[Ranks]:
+    """All the ranks started are killed at the end."""
+    start = Ranks(tmp_path)
     yield start
-    for s in started:
+    for s in start.started:
         s.close()
 
 
@@ -60,7 +68,7 @@ def _loaded(s: StandinProcess) -> None:
     assert "Model loading took" in s.text()
 
 
-def test_head_and_headless_rank_serve_and_only_the_head_has_an_api(ranks) -> None:
+def test_head_and_headless_rank_serve_and_only_the_head_has_an_api(ranks: Ranks) -> None:
     head, follower = ranks(0), ranks(1)
     head.started()
     code, body = head.request("GET", "/v1/models")
@@ -75,7 +83,7 @@ def test_head_and_headless_rank_serve_and_only_the_head_has_an_api(ranks) -> Non
     assert "Starting vLLM server" not in text and "Application startup complete." not in text
 
 
-def test_a_taken_master_port_is_torchs_eaddrinuse(ranks) -> None:
+def test_a_taken_master_port_is_torchs_eaddrinuse(ranks: Ranks) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", ranks.master))
         taken.listen()
@@ -91,7 +99,7 @@ def test_a_taken_master_port_is_torchs_eaddrinuse(ranks) -> None:
 
 
 @pytest.mark.parametrize("nnodes, joining, joined", [(2, 0, "1/2"), (3, 1, "2/3")])
-def test_followers_that_never_come_are_torchs_store_timeout(ranks, nnodes, joining, joined) -> None:
+def test_followers_that_never_come_are_torchs_store_timeout(ranks: Ranks, nnodes: int, joining: int, joined: str) -> None:
     t0 = time.monotonic()
     head = ranks(0, nnodes=nnodes, timeout=1)
     followers = [ranks(r, nnodes=nnodes, timeout=1) for r in range(1, 1 + joining)]
@@ -106,7 +114,7 @@ def test_followers_that_never_come_are_torchs_store_timeout(ranks, nnodes, joini
         assert "Connection closed by peer [127.0.0.1]" in f.text()
 
 
-def test_a_headless_rank_that_cannot_reach_the_head_gives_up_with_torchs_client_error(ranks) -> None:
+def test_a_headless_rank_that_cannot_reach_the_head_gives_up_with_torchs_client_error(ranks: Ranks) -> None:
     follower = ranks(1, timeout=1)
     assert follower.exited() == 1
     text = follower.text()
@@ -134,7 +142,7 @@ def _master_port_listens(port: int) -> bool:
 
 
 @pytest.mark.parametrize("how", ["killed", "sigterm"])
-def test_a_lost_follower_is_found_by_the_next_request_as_the_real_pair_does(ranks, how) -> None:
+def test_a_lost_follower_is_found_by_the_next_request_as_the_real_pair_does(ranks: Ranks, how: str) -> None:
     """Real (rank0.log, report.json): /health 200 while idle and nothing logged; the next request 500 in
     0.05 s with gloo's "Connection closed by peer" as the root cause; rank 0 exits 0 half a second later."""
     assert REAL["a_health_after_follower_kill"] == ["200"] and REAL["a_request_after_kill"][0] == 500
@@ -162,7 +170,7 @@ def test_a_lost_follower_is_found_by_the_next_request_as_the_real_pair_does(rank
     assert "Connection closed by peer" in real.line and "Connection closed by peer" in fake.line
 
 
-def test_a_head_killed_outright_leaves_its_worker_on_the_master_port(ranks) -> None:
+def test_a_head_killed_outright_leaves_its_worker_on_the_master_port(ranks: Ranks) -> None:
     """Real (orphans_ps.txt): the API process SIGKILLed alone, its worker lives on in the process group and
     still listens on the master port; a signal to the group frees it (0.9 s seen)."""
     assert "VLLM::Worker_TP" in REAL["b_master_port_after_10s"] and REAL["b_follower_alive"]
@@ -178,7 +186,7 @@ def test_a_head_killed_outright_leaves_its_worker_on_the_master_port(ranks) -> N
 
 
 @pytest.mark.parametrize("how", ["killed", "sigterm"])
-def test_a_follower_outlives_the_head_alive_and_silent(ranks, how) -> None:
+def test_a_follower_outlives_the_head_alive_and_silent(ranks: Ranks, how: str) -> None:
     """Real (follower_after_rank0_exit.log): after rank 0's exit the follower stays alive and writes nothing
     (30 s seen; 12+ minutes in real-vllm.md), until it is stopped itself: then a quiet exit 0."""
     assert REAL["c_follower_alive_30s_after"] and REAL["c_follower_log_grew"] == 0
@@ -196,7 +204,7 @@ def test_a_follower_outlives_the_head_alive_and_silent(ranks, how) -> None:
     assert follower.exited() == 0 and "ERROR" not in follower.text()
 
 
-def test_the_stand_in_follower_log_reads_as_the_real_one(ranks) -> None:
+def test_the_stand_in_follower_log_reads_as_the_real_one(ranks: Ranks) -> None:
     real = logscan.scan((FIXTURES / "rank1_headless.log").read_text(errors="replace"))
     head, follower = ranks(0, version="0.32.0"), ranks(1, version="0.32.0")
     head.started()
@@ -207,7 +215,7 @@ def test_the_stand_in_follower_log_reads_as_the_real_one(ranks) -> None:
         assert "headless multiproc executor, with head node address" in text and "world_size=2 rank=1" in text
 
 
-def test_sigterm_while_the_head_waits_for_followers_is_a_quiet_exit(ranks) -> None:
+def test_sigterm_while_the_head_waits_for_followers_is_a_quiet_exit(ranks: Ranks) -> None:
     head = ranks(0, timeout=30)
     head.until(lambda: "world_size=2 rank=0" in head.text(), "the head's rendezvous")
     head.proc.terminate()
@@ -218,7 +226,7 @@ def test_sigterm_while_the_head_waits_for_followers_is_a_quiet_exit(ranks) -> No
     ((), 4, "World size (4) is larger than the number of available GPUs (1) in this node."),
     (("--distributed-executor-backend", "ray"), 2, "can only be set when distributed executor backend is mp"),
 ])
-def test_multi_node_refusals(ranks, extra, tp, line) -> None:
+def test_multi_node_refusals(ranks: Ranks, extra: tuple[str, ...], tp: int, line: str) -> None:
     head = ranks(0, tp=tp, extra=extra)
     assert head.exited() == 1 and line in head.text()
 

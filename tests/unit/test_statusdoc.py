@@ -9,6 +9,8 @@ import ast
 import time
 from pathlib import Path
 
+import pytest
+
 from spark_supervisor import statusdoc
 from spark_supervisor.cli import status
 from spark_supervisor.model import Phase, Status
@@ -33,7 +35,7 @@ def reads(path: Path, names: tuple[str, ...]) -> list[tuple[int, str]]:
             on, key = node.func.value, node.args[0].value
         elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
             on, key = node.value, node.slice.value
-        if isinstance(on, ast.Name) and on.id in names and isinstance(key, str):
+        if isinstance(on, ast.Name) and on.id in names and isinstance(key, str) and isinstance(node, ast.expr):
             found.append((node.lineno, key))
     return found
 
@@ -45,7 +47,8 @@ def test_every_key_status_reads_is_written() -> None:
     assert not unknown, f"cli/status.py reads keys the daemon never writes: {unknown}"
 
 
-def test_status_says_which_serve_paths_ran_for_real_and_which_only_on_the_stand_in(capsys) -> None:
+def test_status_says_which_serve_paths_ran_for_real_and_which_only_on_the_stand_in(
+        capsys: pytest.CaptureFixture[str]) -> None:
     """Ray's executor never runs on vLLM's CPU build, so the suite proves it on the stand-in only; mp runs the
     real server on one node and two (tests/integration/test_real_vllm.py, test_real_mp.py)."""
     from tests.helpers import data

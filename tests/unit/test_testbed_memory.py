@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,7 @@ def test_memory_held_is_short_on_memavailable_too() -> None:
     assert m["free_mib"] + m["cached_mib"] == m["available_mib"]
 
 
-def test_write_gpu_keeps_the_meminfo(tmp_path, monkeypatch) -> None:
+def test_write_gpu_keeps_the_meminfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(testbed, "DIR", tmp_path)
     (tmp_path / "spark-1").mkdir()
     testbed.write_gpu("spark-1", meminfo=testbed.page_cache_full())
@@ -70,7 +71,7 @@ def test_write_gpu_keeps_the_meminfo(tmp_path, monkeypatch) -> None:
 
 
 # ------------------------------------------------------------------------------------------- --meminfo
-def test_meminfo_prints_the_kernel_lines(tmp_path) -> None:
+def test_meminfo_prints_the_kernel_lines(tmp_path: Path) -> None:
     m = testbed.page_cache_full()
     r = _smi("--state", str(_state(tmp_path / "gpu.json", m)), "--meminfo")
     assert r.returncode == 0, r.stderr
@@ -84,7 +85,7 @@ def test_meminfo_prints_the_kernel_lines(tmp_path) -> None:
     assert (parsed.total_mib, parsed.available_mib) == (m["total_mib"], m["available_mib"])
 
 
-def test_meminfo_reads_the_older_state(tmp_path) -> None:
+def test_meminfo_reads_the_older_state(tmp_path: Path) -> None:
     r = _smi("--state", str(_state(tmp_path / "gpu.json", {"total_mib": 122880, "available_mib": 110592})),
              "--meminfo")
     assert r.returncode == 0, r.stderr
@@ -93,7 +94,7 @@ def test_meminfo_reads_the_older_state(tmp_path) -> None:
 
 
 # --------------------------------------------------------------------------------------- --drop-caches
-def test_drop_caches_frees_the_page_cache(tmp_path) -> None:
+def test_drop_caches_frees_the_page_cache(tmp_path: Path) -> None:
     m = testbed.page_cache_full()
     path = _state(tmp_path / "gpu.json", m, processes=[{"pid": 999999999, "name": "gone", "used_mib": 1}])
     before = json.loads(path.read_text())
@@ -118,7 +119,7 @@ def test_drop_caches_frees_the_page_cache(tmp_path) -> None:
     assert r.returncode == 0 and "freed 0 MiB" in r.stdout and path.stat().st_ino == ino
 
 
-def test_drop_caches_does_not_help_when_processes_hold_the_memory(tmp_path) -> None:
+def test_drop_caches_does_not_help_when_processes_hold_the_memory(tmp_path: Path) -> None:
     m = testbed.memory_held()
     path = _state(tmp_path / "gpu.json", m)
     assert _smi("--state", str(path), "--drop-caches").returncode == 0
@@ -127,42 +128,42 @@ def test_drop_caches_does_not_help_when_processes_hold_the_memory(tmp_path) -> N
     assert after["free_mib"] < UTIL * m["total_mib"]
 
 
-def test_drop_caches_leaves_the_older_state_alone(tmp_path) -> None:
+def test_drop_caches_leaves_the_older_state_alone(tmp_path: Path) -> None:
     path = _state(tmp_path / "gpu.json", {"total_mib": 122880, "available_mib": 110592})
     r = _smi("--state", str(path), "--drop-caches")
     assert r.returncode == 0 and "freed 0 MiB" in r.stdout
     assert json.loads(path.read_text())["meminfo"] == {"total_mib": 122880, "available_mib": 110592}
 
 
-def test_drop_caches_without_a_state_directory_fails_and_creates_nothing(tmp_path) -> None:
+def test_drop_caches_without_a_state_directory_fails_and_creates_nothing(tmp_path: Path) -> None:
     missing = tmp_path / "none" / "gpu.json"
     r = _smi("--state", str(missing), "--drop-caches")
     assert r.returncode == 1 and str(missing) in r.stderr and "Traceback" not in r.stderr
     assert not missing.parent.exists()
 
 
-def test_drop_caches_keeps_the_file_mode(tmp_path) -> None:
+def test_drop_caches_keeps_the_file_mode(tmp_path: Path) -> None:
     path = _state(tmp_path / "gpu.json", testbed.page_cache_full())
     path.chmod(0o644)
     assert nvidia_smi.main(["--state", str(path), "--drop-caches"]) == 0
     assert path.stat().st_mode & 0o777 == 0o644
 
 
-def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch, capsys) -> None:
+def test_a_failed_write_leaves_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     m = testbed.page_cache_full()
     path = _state(tmp_path / "gpu.json", m)
     text = path.read_text()
 
     def boom(src: str, dst: str) -> None:
         raise OSError("disk full")
-    monkeypatch.setattr(nvidia_smi.os, "replace", boom)
+    monkeypatch.setattr("spark_testbed.nvidia_smi.os.replace", boom)
     assert nvidia_smi.main(["--state", str(path), "--drop-caches"]) == 1
     assert "disk full" in capsys.readouterr().err
     assert path.read_text() == text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu.json"]
 
 
-def test_readers_never_see_half_a_file(tmp_path, capsys) -> None:
+def test_readers_never_see_half_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _state(tmp_path / "gpu.json", testbed.page_cache_full())
     bad: list[str] = []
     done = threading.Event()
@@ -196,8 +197,11 @@ class Serve(StandinProcess):
         return self.text()
 
 
+Start = Callable[..., "Serve"]  # serve(*state_files, **env)
+
+
 @pytest.fixture
-def serve(tmp_path):
+def serve(tmp_path: Path) -> Iterator[Start]:
     started: list[Serve] = []
 
     def start(*states: Path, **env: str) -> Serve:
@@ -216,7 +220,7 @@ def _error_line(m: dict[str, int]) -> str:
             "or reduce GPU memory used by other processes.")
 
 
-def test_a_full_page_cache_fails_the_start_like_vllm(serve, tmp_path) -> None:
+def test_a_full_page_cache_fails_the_start_like_vllm(serve: Start, tmp_path: Path) -> None:
     m = testbed.page_cache_full()
     text = serve(_state(tmp_path / "gpu.json", m)).failed()
     assert _error_line(m) in text
@@ -236,14 +240,14 @@ def test_a_full_page_cache_fails_the_start_like_vllm(serve, tmp_path) -> None:
     assert shape.search(text) and shape.search(canned)
 
 
-def test_the_start_succeeds_once_the_caches_are_dropped(serve, tmp_path) -> None:
+def test_the_start_succeeds_once_the_caches_are_dropped(serve: Start, tmp_path: Path) -> None:
     path = _state(tmp_path / "gpu.json", testbed.page_cache_full())
     serve(path).failed()
     assert _smi("--state", str(path), "--drop-caches").returncode == 0
     serve(path).started()
 
 
-def test_every_node_is_checked(serve, tmp_path) -> None:
+def test_every_node_is_checked(serve: Start, tmp_path: Path) -> None:
     ok = _state(tmp_path / "spark-1.json", testbed.page_cache_full(cached_mib=0))
     short = testbed.memory_held()
     text = serve(ok, _state(tmp_path / "spark-2.json", short)).failed()
@@ -251,16 +255,16 @@ def test_every_node_is_checked(serve, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("meminfo", [None, {"total_mib": 122880, "available_mib": 110592}])
-def test_the_default_figures_or_enough_free_start(serve, tmp_path, meminfo) -> None:
+def test_the_default_figures_or_enough_free_start(serve: Start, tmp_path: Path, meminfo: dict[str, int] | None) -> None:
     s = serve(_state(tmp_path / "gpu.json", meminfo), tmp_path / "missing.json")
     assert "Free memory" not in s.started()
 
 
-def test_no_check_without_state_files(serve) -> None:
+def test_no_check_without_state_files(serve: Start) -> None:
     serve().started()
 
 
-def test_kv_cache_follows_the_knob(serve, tmp_path) -> None:
+def test_kv_cache_follows_the_knob(serve: Start, tmp_path: Path) -> None:
     text = serve().started()
     assert "Available KV cache memory: 37.52 GiB" in text and "GPU KV cache size: 409,856 tokens" in text
     assert "Maximum concurrency for 65,536 tokens per request: 6.25x" in text
