@@ -157,6 +157,7 @@ def exported() -> set[str]:
         q.kv_cache(100_000, 120_000, True)
         q.ready_after(300.0)
         q.alerted("failed", "webhook", False)
+        q.change_refused()
         m.state_write_failed("status")
         families = list(m.registry.collect())
     finally:
