@@ -36,7 +36,8 @@ def daemon(tb: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def reload_to(d: Supervisor, config: Path, change: dict[str, Any]) -> dict[str, Any]:
-    """The operator's edit and SIGHUP; the status once the change is refused."""
+    """The operator's edit and SIGHUP: the status once the change is refused. Then the file put back and
+    SIGHUP again: the refusal is gone (the previous config, the same as the file, runs)."""
     doc = tomllib.loads(config.read_text())
     good = config.read_text()
     dep = doc["deployments"][0]
@@ -48,6 +49,8 @@ def reload_to(d: Supervisor, config: Path, change: dict[str, Any]) -> dict[str, 
         return d.wait(lambda s: bool((s.get("reload") or {}).get("refused")), 120, "the change refused")
     finally:
         config.write_text(good)
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait(lambda s: s.get("reload") is None, 60, "the refusal cleared by a reload of the good file")
 
 
 def test_a_reload_to_an_image_tag_that_does_not_exist_keeps_the_old_one_serving(
