@@ -1,6 +1,6 @@
 """One deployment's reconcile loop: observe -> plan -> act on its own nodes, with its own phase, probes,
 trackers, repair budget, history and load progress. The daemon runs one per configured deployment, each
-on its view of the config (``Config.view``), and shares what is process-wide (signals, systemd, metrics,
+on its view (``deployment.DeploymentView``, made once per load), and shares what is process-wide (signals, systemd, metrics,
 the status file) between them. What it keeps track of between ticks is in ``tracking``."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from .. import probes, statefile, statusdoc
 from ..act import ActionFailed
 from ..backend import Backend
 from ..config import Config
+from ..deployment import DeploymentView
 from ..metrics import DeploymentMetrics, NoMetrics
 from ..model import (
     Action,
@@ -45,16 +46,16 @@ Result = Verdict | ImageReport | ActionFailed | None
 
 
 class Reconciler:
-    def __init__(self, cfg: Config, backend: Backend, *, log: Any, metrics: DeploymentMetrics | NoMetrics,
+    def __init__(self, view: DeploymentView, backend: Backend, *, log: Any, metrics: DeploymentMetrics | NoMetrics,
                  watchdog: Callable[[], None], clock: Callable[[], float], wall: Callable[[], float],
                  rng: Callable[[], float], alert: Callable[..., object] | None = None):
-        self.cfg, self.backend, self.log, self.metrics = cfg, backend, log, metrics
+        self.view, self.backend, self.log, self.metrics = view, backend, log, metrics
         self.alert = alert or (lambda deployment, event, **fields: None)
         self.paused: Pause | None = None  # set by the daemon: observe and report, act on nothing
         self._paused_from = Phase.DETECTING  # the phase it was in when paused: what the plan is judged from
         self._trouble = False  # an alert about it went out (failed, degraded, repair): recovery is news
         self.watchdog, self.clock, self.wall, self.rng = watchdog, clock, wall, rng
-        self.name = cfg.deployment.name
+        self.name = view.name
         self.status = Status()
         self.last_obs: Observation | None = None
         self.last_seen: Seen | None = None  # what the tick derived from last_obs (plan.seen)
@@ -66,7 +67,7 @@ class Reconciler:
         self._look_closer = False
         self._eager = 0  # consecutive ticks run at once after acting
         self.watch = QuickWatch(log)
-        self.budget = RepairBudget(cfg, log=log, wall=wall, rng=rng)
+        self.budget = RepairBudget(view.cfg, log=log, wall=wall, rng=rng)
         self._doc: statusdoc.DeploymentDoc | None = None  # its part of the status file, kept until something changes
         self._doc_key: tuple[object, ...] = ()
 
@@ -82,11 +83,11 @@ class Reconciler:
     # ------------------------------------------------------------------------------------ one tick
     def _want_full(self, now: float) -> bool:
         return (self.last_full is None or self.status.phase in _FULL_PHASES or self._look_closer
-                or now - self.last_full.at >= self.cfg.supervisor.full_observe_interval)
+                or now - self.last_full.at >= self.view.cfg.supervisor.full_observe_interval)
 
     def tick(self) -> float:
         """One reconcile pass; returns the seconds until the next one."""
-        st, cfg, now = self.status, self.cfg, self.clock()
+        st, cfg, now = self.status, self.view.cfg, self.clock()
         obs = self.backend.observe(self._want_full(now))
         self.last_obs = obs
         self.last_seen = seen = derive(obs, st.phase, cfg)  # once: trackers, plan, quick watch, status
@@ -104,16 +105,16 @@ class Reconciler:
         assert self.paused is not None
         if st.phase != Phase.PAUSED:
             self._paused_from = st.phase
-        self.load.update(st, obs, seen, self.cfg, self.metrics, now)
-        decision = plan(obs, dataclasses.replace(st, phase=self._paused_from), self.cfg, now, seen)
+        self.load.update(st, obs, seen, self.view.cfg, self.metrics, now)
+        decision = plan(obs, dataclasses.replace(st, phase=self._paused_from), self.view.cfg, now, seen)
         sees = _would(decision, self._paused_from)
         if st.advance(Phase.PAUSED, Reason(Kind.PAUSED, f"{self.paused.text()}; {sees}"), now, self.wall()):
             self.log.info("phase.paused", phase=Phase.PAUSED.value, sees=sees, by=self.paused.by,
                           reason=self.paused.reason)
         self.watch.saw(obs, seen)
-        self.metrics.update(st, obs, self.clock(), self.cfg)
+        self.metrics.update(st, obs, self.clock(), self.view.cfg)
         self.changed()
-        return self.cfg.supervisor.interval
+        return self.view.cfg.supervisor.interval
 
     def resume(self, why: str) -> None:
         """Leave PAUSED: detect afresh (a serve left running is adopted, not restarted)."""
@@ -129,7 +130,7 @@ class Reconciler:
 
     def _reconcile(self, obs: Observation, seen: Seen, now: float, *, again: bool = True) -> float:
         """Plan and act on one observation; returns the seconds until the next tick."""
-        st, cfg = self.status, self.cfg
+        st, cfg = self.status, self.view.cfg
         st.repairs_in_window = self.budget.used(cfg)
         progress_before = st.progress
         self.load.update(st, obs, seen, cfg, self.metrics, now)  # before the plan: a load that moved this tick is not judged stalled
@@ -141,7 +142,7 @@ class Reconciler:
         self._advance(decision, failure, fatal, now)
         self.start.note(st, progress_before, now)
         self.watch.saw(obs, seen)
-        self.metrics.update(st, obs, self.clock(), self.cfg)
+        self.metrics.update(st, obs, self.clock(), self.view.cfg)
         self.changed()
         if (again and decision.actions and not failure and st.phase != Phase.FAILED
                 and all(isinstance(a, CheckImage) for a in decision.actions)):
@@ -176,7 +177,7 @@ class Reconciler:
                 self.metrics.page_cache_dropped(action.node)
             if isinstance(action, StartContainer):  # a new stage of the start: it may drop once more
                 st.page_cache_dropped = frozenset()
-                st.starts += action.node == self.cfg.members(self.cfg.deployment)[0].name  # the next checks again
+                st.starts += action.node == self.view.serve_node.name  # the next checks again
             if isinstance(action, Verify) and verdict is not None:
                 # Readiness and the periodic deep probe feed one tracker: a serve that never answers
                 # its first completion is as wedged as one that stops answering later.
@@ -189,17 +190,17 @@ class Reconciler:
         return failure, fatal
 
     def _start_repair(self, decision: Decision, now: float) -> None:
-        st, h = self.status, self.cfg.healing
+        st, h = self.status, self.view.cfg.healing
         self.start.restart()
         st.page_cache_dropped = frozenset()
         self.start.bringup_at = now
-        n = self.budget.spend(st, decision, self.cfg, self.metrics, now)
+        n = self.budget.spend(st, decision, self.view.cfg, self.metrics, now)
         self._trouble = True
         self.alert(self.name, "repair", phase=st.phase.value, reason=decision.reason, reason_kind=decision.why.kind,
                    repair=decision.repair, budget_used=n, budget=h.repair_budget)
 
     def _advance(self, decision: Decision, failure: Reason | None, fatal: bool, now: float) -> None:
-        st, sup = self.status, self.cfg.supervisor
+        st, sup = self.status, self.view.cfg.supervisor
         phase, why = decision.phase, decision.why
         if decision.fatal or fatal:
             phase, why = Phase.FAILED, failure or why
@@ -237,9 +238,9 @@ class Reconciler:
                    previous_phase=before.value)
 
     def phase_line(self) -> str:
-        st, dep = self.status, self.cfg.deployment
+        st, dep = self.status, self.view.dep
         if st.phase == Phase.SERVING:
-            n = len(self.cfg.members(dep))
+            n = len(self.view.members)
             return f"SERVING {dep.serve.name} on {n} node{'' if n == 1 else 's'}"
         if st.phase == Phase.BACKOFF:
             wait = max(0, st.backoff_until - self.clock())
@@ -253,7 +254,7 @@ class Reconciler:
         return self.watch.changed(self.backend, self.status.phase)
 
     def quick_interval(self) -> float:
-        return self.watch.interval(self.status.phase, self.cfg)
+        return self.watch.interval(self.status.phase, self.view.cfg)
 
     def changed(self) -> None:
         """Its status or observation changed outside a tick: build its document again."""
@@ -267,17 +268,17 @@ class Reconciler:
         if self._doc is not None and key == self._doc_key:
             return self._doc
         self._doc_key, read = key, self.last_seen.progress if self.last_seen is not None else None
-        self._doc = statusdoc.document(self.status, _with_slow_facts(self.last_obs, self.last_full), self.cfg,
+        self._doc = statusdoc.document(self.status, _with_slow_facts(self.last_obs, self.last_full), self.view.cfg,
                                        config_path, config_hash, self.wall(), self.wall() - now,
                                        tuple(p for p in (self.repairs.problem, *problems) if p), read)
         return self._doc
 
-    def reconfigure(self, cfg: Config, backend: Backend, why: str) -> None:
+    def reconfigure(self, view: DeploymentView, backend: Backend, why: str) -> None:
         """A reload changed what it runs: the new view and backend, then re-armed (a changed spec replaces
         the deployment through the planner, like any other difference it observes)."""
         self.backend.close()
-        self.cfg, self.backend = cfg, backend
-        self.budget.reopen(cfg)
+        self.view, self.backend = view, backend
+        self.budget.reopen(view.cfg)
         self.rearm(why)
 
     def rearm(self, why: str) -> None:

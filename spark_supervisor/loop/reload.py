@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import config as config_mod
 from .. import logs, statefile
+from ..deployment import DeploymentView, views
 from ..model import Reason
 from ..notify import Notifier
 from . import proof
@@ -89,14 +90,15 @@ class Reloader:
             return
         self.reload_error = ""
         read_as = before if before and config_mod.file_hash(self.config_path) == before else ""
-        changes = self.stack.destructive(new)
+        wanted = views(new)  # once for this reading of the file
+        changes = self.stack.destructive(wanted)
         proving_this = self.proving is not None and bool(read_as) and self.proving.key[0] == read_as
         if changes and not proving_this and not self._settled(read_as, changes):  # a file proven has settled
             return
         self.staged = None
-        views = self.stack.to_prove(new)
-        if views:
-            refused = self._proven(read_as, views, again)
+        proving = self.stack.to_prove(wanted)
+        if proving:
+            refused = self._proven(read_as, proving, again)
             if refused is None:
                 return  # proving: the loop reads the file again once the verdict is in
             if refused:
@@ -108,20 +110,19 @@ class Reloader:
         for w in new.warnings:
             self.log.warning("config.warning", problem=w)
         self.log.info("config.reloaded", path=self.config_path, changed=changed,
-                      deployments={d.name: {"ray_hash": config_mod.ray_hash(new, d),
-                                            "serve_hash": config_mod.serve_hash(new, d)} for d in new.deployments})
+                      deployments={n: {"ray_hash": v.ray_hash, "serve_hash": v.serve_hash} for n, v in wanted.items()})
         if changed:
-            self.stack.apply(new)
+            self.stack.apply(new, wanted)
             self.config_hash = config_mod.file_hash(self.config_path)
 
-    def _proven(self, file_hash: str, views: dict[str, config_mod.Config], again: bool) -> list[Reason] | None:
+    def _proven(self, file_hash: str, views: dict[str, DeploymentView], again: bool) -> list[Reason] | None:
         """The refusals of the proofs of ``views`` (empty: proven), or None while they run. A proof is started
         when none runs for this file and these specs; a SIGHUP (not ``again``) proves a finished one afresh:
         the operator may have loaded the missing image since."""
-        key = (file_hash, *sorted(f"{n}:{':'.join(_hashes(v))}" for n, v in views.items()))
+        key = (file_hash, *sorted(f"{n}:{v.ray_hash}:{v.serve_hash}" for n, v in views.items()))
         p = self.proving
         if p is None or p.key != key or not file_hash or (not again and p.result.done()):
-            self.proving = self.prove(key, views, self.stack.backend_factory, self.log)
+            self.proving = self.prove(key, {n: v.cfg for n, v in views.items()}, self.stack.backend_factory, self.log)
             self.log.warning("change.proving", deployments=sorted(views),
                              why="a change replaces what serves only once it is proven startable on every member")
             return None
@@ -185,6 +186,3 @@ class Reloader:
                 "staged": self._staged_text() if self.staged is not None and not self.reload_error else None,
                 "proving": self._proving_text() or None, "refused": [str(r) for r in self.refused]}
 
-
-def _hashes(view: config_mod.Config) -> tuple[str, str]:
-    return config_mod.ray_hash(view, view.deployment), config_mod.serve_hash(view, view.deployment)

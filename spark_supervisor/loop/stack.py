@@ -11,11 +11,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from .. import config as config_mod
 from ..act import ActionFailed
 from ..alerts import Alerter
 from ..backend import Backend, RealBackend
 from ..config import Config
+from ..deployment import DeploymentView, views
 from ..metrics import Metrics, NoMetrics
 from ..model import Pause, Phase, Reason, Status
 from ..retry import backoff_delay
@@ -38,12 +38,12 @@ class Stack:
         self.alerter = self._alerter(cfg)
         self.pausing = PauseState(cfg.supervisor.state_dir, log=log, clock=clock, wall=wall)
         self.reconcilers: dict[str, Reconciler] = {}
-        for dep in cfg.deployments:
-            self.reconcilers[dep.name] = self._reconciler(cfg.view(dep))
+        for name, view in views(cfg).items():
+            self.reconcilers[name] = self._reconciler(view)
 
-    def _reconciler(self, view: Config, backend: Backend | None = None) -> Reconciler:
-        name = view.deployment.name
-        r = Reconciler(view, backend or self.backend_factory(view), log=self.log.bind(deployment=name),
+    def _reconciler(self, view: DeploymentView, backend: Backend | None = None) -> Reconciler:
+        name = view.name
+        r = Reconciler(view, backend or self.backend_factory(view.cfg), log=self.log.bind(deployment=name),
                        metrics=self.metrics.bound(name), watchdog=self.watchdog,
                        clock=self.clock, wall=self.wall, rng=self.rng,
                        alert=lambda *a, **k: self.alerter.emit(*a, **k))
@@ -117,7 +117,7 @@ class Stack:
             r.due_at = self._due(wait)
             if r.status.phase in _ANSWERS and before not in _ANSWERS:
                 for other in self.reconcilers.values():  # those waiting for it look again at once
-                    if name in other.cfg.deployment.after and other.status.phase == Phase.WAITING:
+                    if name in other.view.dep.after and other.status.phase == Phase.WAITING:
                         other.due_at = 0.0
 
     def next_due(self) -> float:
@@ -139,7 +139,7 @@ class Stack:
     def _waiting_for(self, r: Reconciler) -> str:
         """The deployments it starts after that do not answer yet, with their phases."""
         out = []
-        for name in r.cfg.deployment.after:
+        for name in r.view.dep.after:
             other = self.reconcilers.get(name)
             if other is not None and other.status.phase not in _ANSWERS and not (
                     other.status.phase == Phase.DEGRADED and other.status.verdict is not None
@@ -149,7 +149,7 @@ class Stack:
 
     def required(self) -> list[Reconciler]:
         """The deployments READY=1 waits for: those marked required, or all when none is."""
-        req = [r for r in self.reconcilers.values() if r.cfg.deployment.required]
+        req = [r for r in self.reconcilers.values() if r.view.dep.required]
         return req or list(self.reconcilers.values())
 
     def rearm(self, why: str) -> None:
@@ -158,35 +158,33 @@ class Stack:
             r.rearm(why)
 
     # ----------------------------------------------------------------------------- a new config
-    def destructive(self, new: Config) -> list[str]:
-        """What a move to ``new`` would tear down: deployments no longer configured, and those whose Ray or
+    def destructive(self, wanted: dict[str, DeploymentView]) -> list[str]:
+        """What a move to ``wanted`` (a new config's views, deployment.views) would tear down: deployments no longer configured, and those whose Ray or
         serve spec changes (replaced). Additions and other settings are not."""
-        wanted = {d.name: new.view(d) for d in new.deployments}
         out = []
         for name, r in self.reconcilers.items():
             view = wanted.get(name)
             if view is None:
                 out.append(f"removes {name!r}")
-            elif _spec(view) != _spec(r.cfg):
+            elif _spec(view) != _spec(r.view):
                 out.append(f"replaces {name!r}")
         return out
 
-    def to_prove(self, new: Config) -> dict[str, Config]:
-        """The deployments a move to ``new`` would replace while they serve (SERVING or DEGRADED), with their
+    def to_prove(self, wanted: dict[str, DeploymentView]) -> dict[str, DeploymentView]:
+        """The deployments a move to ``wanted`` would replace while they serve (SERVING or DEGRADED), with their
         new views: what must be proven startable before anything of theirs is stopped (loop.proof)."""
         out = {}
-        for d in new.deployments:
-            r, view = self.reconcilers.get(d.name), new.view(d)
-            if r is not None and r.status.phase in (Phase.SERVING, Phase.DEGRADED) and _spec(view) != _spec(r.cfg):
-                out[d.name] = view
+        for name, view in wanted.items():
+            r = self.reconcilers.get(name)
+            if r is not None and r.status.phase in (Phase.SERVING, Phase.DEGRADED) and _spec(view) != _spec(r.view):
+                out[name] = view
         return out
 
-    def apply(self, new: Config) -> None:
-        """Move to a new config, deployment by deployment: an unchanged one is not touched, a changed one is
+    def apply(self, new: Config, wanted: dict[str, DeploymentView]) -> None:
+        """Move to a new config (``wanted``: its views), deployment by deployment: an unchanged one is not touched, a changed one is
         re-armed on its new view, a new one starts, and one no longer configured is torn down (only it)."""
-        views = {d.name: new.view(d) for d in new.deployments}
-        backends = self._new_backends(views)
-        for name in [n for n in self.reconcilers if n not in views]:
+        backends = self._new_backends(wanted)
+        for name in [n for n in self.reconcilers if n not in wanted]:
             self._remove(name)
         old_metrics = self.cfg.metrics
         if new.metrics != old_metrics:
@@ -196,7 +194,7 @@ class Stack:
             self.alerter.close()
             self.alerter = self._alerter(new)
         rebuilt: dict[str, Reconciler] = {}
-        for name, view in views.items():
+        for name, view in wanted.items():
             r = self.reconcilers.get(name)
             if r is None:
                 r = self._reconciler(view, backends[name])
@@ -206,21 +204,21 @@ class Stack:
                 if name in backends:
                     r.reconfigure(view, backends[name], "config change")
                 else:
-                    r.cfg = view  # the same deployment; only who else is configured may differ
+                    r.view = view  # the same deployment; only who else is configured may differ
                     r.changed()
             rebuilt[name] = r
         self.reconcilers = rebuilt
         self.cfg = new
 
-    def _new_backends(self, views: dict[str, Config]) -> dict[str, Backend]:
-        """A backend for each deployment new or changed in ``views``: every one first, so that a config
+    def _new_backends(self, wanted: dict[str, DeploymentView]) -> dict[str, Backend]:
+        """A backend for each deployment new or changed in ``wanted``: every one first, so that a config
         that cannot be set up leaves everything as it was."""
         backends: dict[str, Backend] = {}
         try:
-            for name, view in views.items():
+            for name, view in wanted.items():
                 old = self.reconcilers.get(name)
-                if old is None or _view_key(old.cfg) != _view_key(view):
-                    backends[name] = self.backend_factory(view)
+                if old is None or _view_key(old.view) != _view_key(view):
+                    backends[name] = self.backend_factory(view.cfg)
         except Exception:
             for b in backends.values():
                 b.close()
@@ -258,11 +256,11 @@ class Stack:
         self.alerter.close()  # what is queued (a FAILED just before the stop) still goes out, within its timeout
 
 
-def _view_key(view: Config) -> tuple[dict[str, Any], str]:
-    """What a deployment runs on: its view, and its API key (read from a file or the environment)."""
-    return view.model_dump(), view.deployment.api_key
+def _view_key(view: DeploymentView) -> tuple[dict[str, Any], str]:
+    """What a deployment runs on: its settings, and its API key (read from a file or the environment)."""
+    return view.cfg.model_dump(), view.dep.api_key
 
 
-def _spec(view: Config) -> tuple[str, str]:
+def _spec(view: DeploymentView) -> tuple[str, str]:
     """What a deployment runs: its Ray and serve spec hashes (a change of either replaces it)."""
-    return config_mod.ray_hash(view, view.deployment), config_mod.serve_hash(view, view.deployment)
+    return view.ray_hash, view.serve_hash

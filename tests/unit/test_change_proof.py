@@ -86,7 +86,7 @@ def test_a_change_whose_proof_fails_stops_nothing_and_says_why(tmp_path: Path) -
     daemon.stack.backend_factory = factory
     daemon.reload()
     daemon.tick()
-    assert daemon.cfg is not old_cfg and daemon.reconcilers["qwen"].cfg.deployment.ray.image == NEW_IMAGE
+    assert daemon.cfg is not old_cfg and daemon.reconcilers["qwen"].view.dep.ray.image == NEW_IMAGE
     assert daemon.reloader.refused == [] and "reload failed" not in daemon.status_line()
 
 
@@ -99,10 +99,10 @@ def test_a_change_that_is_proven_is_applied_and_the_other_deployment_untouched(t
     daemon.reload()
     clock.t += daemon.SETTLE_S
     daemon.tick()
-    assert daemon.reconcilers["qwen"].cfg.deployment.ray.image != NEW_IMAGE  # proving: the old one serves on
+    assert daemon.reconcilers["qwen"].view.dep.ray.image != NEW_IMAGE  # proving: the old one serves on
     assert "reload proving: replaces 'qwen'" in daemon.status_line()
     daemon.tick()
-    assert daemon.reconcilers["qwen"].cfg.deployment.ray.image == NEW_IMAGE
+    assert daemon.reconcilers["qwen"].view.dep.ray.image == NEW_IMAGE
     assert daemon.reconcilers["embed"] is embed and embed.backend is embed_backend
 
 
@@ -116,7 +116,7 @@ def test_a_change_of_a_deployment_that_does_not_serve_needs_no_proof(tmp_path: P
     daemon.reload()
     clock.t += daemon.SETTLE_S
     daemon.reload()
-    assert daemon.reconcilers["qwen"].cfg.deployment.ray.image == NEW_IMAGE
+    assert daemon.reconcilers["qwen"].view.dep.ray.image == NEW_IMAGE
     assert not any(b.proofs for b in made)
 
 

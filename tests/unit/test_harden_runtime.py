@@ -153,7 +153,7 @@ def test_a_config_cut_before_a_deployment_removes_nothing_until_it_reads_the_sam
     assert "reload staged: removes 'embed'" in daemon.status_line()
     path.write_text(whole)  # the writer finished
     clock.t += daemon.SETTLE_S
-    be["qwen"].next, be["embed"].next = obs(daemon.reconcilers["qwen"].cfg), obs(daemon.reconcilers["embed"].cfg)
+    be["qwen"].next, be["embed"].next = obs(daemon.reconcilers["qwen"].view.cfg), obs(daemon.reconcilers["embed"].view.cfg)
     daemon.tick()
     assert list(daemon.reconcilers) == ["qwen", "embed"] and not torn and daemon.reloader.staged is None
     # Cut again, and left so: the same file SETTLE_S later is what the operator meant.

@@ -113,13 +113,13 @@ def make(tmp_path: Path, d: dict[str, Any]) -> tuple[Daemon, dict[str, FakeBacke
     daemon = Daemon(str(path), cfg(d), log=structlog.get_logger(), backend_factory=factory, notifier=notes,
                     clock=clock, wall=lambda: 1.7e9 + clock.t, rng=lambda: 1.0, prove=proof.start_inline)
     for r in daemon.reconcilers.values():
-        r.status.images = images(r.cfg)
+        r.status.images = images(r.view.cfg)
     return daemon, backends, clock, notes, path
 
 
 def serving(daemon: Daemon, be: dict[str, FakeBackend], name: str) -> None:
     """What a serving deployment looks like to its own backend."""
-    v = daemon.reconcilers[name].cfg
+    v = daemon.reconcilers[name].view.cfg
     be[name].next = obs(v, deployed=True, serve=serve_running(v),
                         endpoint=EndpointObservation(EndpointState.UP, health=200, models=(v.deployment.serve.name,)))
 
@@ -135,7 +135,7 @@ def ticks_until(daemon: Daemon, done: Any, most: int = 6) -> None:
 def test_a_deployment_waits_for_the_ones_it_starts_after_then_starts(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path, stack(EMBED))
     q, e = daemon.reconcilers["qwen"], daemon.reconcilers["embed"]
-    be["qwen"].next, be["embed"].next = obs(q.cfg), obs(e.cfg)
+    be["qwen"].next, be["embed"].next = obs(q.view.cfg), obs(e.view.cfg)
     daemon.tick()
     assert e.status.phase == Phase.WAITING and e.status.why.kind == "WaitingFor" and "qwen (STARTING_RAY)" in e.status.reason
     assert be["embed"].ran == [] and StartContainer("spark-1") in be["qwen"].ran
@@ -154,7 +154,7 @@ def test_a_deployment_waits_for_the_ones_it_starts_after_then_starts(tmp_path: P
 def test_ready_does_not_wait_for_a_deployment_that_is_not_required(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path, stack({**EMBED, "required": False, "after": []}))
     serving(daemon, be, "qwen")
-    be["embed"].next = obs(daemon.reconcilers["embed"].cfg)
+    be["embed"].next = obs(daemon.reconcilers["embed"].view.cfg)
     ticks_until(daemon, lambda: daemon.reconcilers["qwen"].status.phase == Phase.SERVING)
     assert daemon.reconcilers["embed"].status.phase != Phase.SERVING
     assert sum(n.startswith("READY=1") for n in notes.sent) == 1
@@ -167,7 +167,7 @@ def test_a_repair_of_one_deployment_acts_on_nothing_of_the_other(tmp_path: Path)
     ticks_until(daemon, lambda: daemon.status_line() == "SERVING 2/2 deployments")
     be["qwen"].ran.clear()
     be["embed"].ran.clear()
-    v = daemon.reconcilers["qwen"].cfg
+    v = daemon.reconcilers["qwen"].view.cfg
     dead = serve_running(v)
     be["qwen"].next = obs(v, deployed=True, serve=type(dead)(**{**dead.__dict__, "running": False, "exit_code": 1}),
                           endpoint=EndpointObservation(EndpointState.REFUSED))
@@ -202,7 +202,7 @@ def test_a_reload_tears_down_only_the_deployment_removed_and_starts_the_one_adde
     assert list(daemon.reconcilers) == ["qwen", "rerank"]
     assert daemon.reconcilers["qwen"] is qwen and qwen.backend is qwen_backend and not qwen_backend.closed
     assert qwen.status.phase == Phase.SERVING  # untouched: its view did not change
-    be["rerank"].next = obs(daemon.reconcilers["rerank"].cfg)
+    be["rerank"].next = obs(daemon.reconcilers["rerank"].view.cfg)
     daemon.tick()
     assert be["rerank"].ran == [CheckImage("spark-2"), StartContainer("spark-2")]  # a new deployment checks its image
     assert not any(isinstance(a, StopServe | StartServe | RemoveContainers) for a in qwen_backend.ran[-3:])
