@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import logscan
 from ..admission import admit, gpu_blockers, gpu_unknown, port_holders
-from ..config import Node, ray_hash
+from ..config import Node
 from ..identity import is_orphan, is_stale, node_container_name, owned, spec_hash
 from ..model import (
     Action,
@@ -73,7 +73,7 @@ def containers(f: Facts) -> Decision | None:
     """3. The deployment's containers (Ray nodes, or the homes of the mp serve): all present, running and
     of the current spec, or none at all."""
     dep, st = f.dep, f.st
-    rh = ray_hash(f.cfg, dep)
+    rh = f.view.ray_hash
     problems: list[str] = []
     between: list[str] = []
     for node in f.members:
@@ -133,7 +133,7 @@ def placement(f: Facts) -> Decision | None:
         return Decision(Phase.DETECTING, Reason())
     if st.waiting_for:  # deployments.after: theirs first (the daemon says which do not answer yet)
         return Decision(Phase.WAITING, Reason(Kind.WAITING_FOR, st.waiting_for))
-    checked = image_gate(st, cfg, dep) or model_gate(f, st.phase if st.phase in (Phase.DETECTING, Phase.CLEANING)
+    checked = image_gate(st, f.view) or model_gate(f, st.phase if st.phase in (Phase.DETECTING, Phase.CLEANING)
                                               else Phase.DETECTING)
     if checked is not None:
         return checked

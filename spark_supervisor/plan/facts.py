@@ -10,6 +10,7 @@ from functools import cached_property
 
 from .. import logscan
 from ..config import Config, Deployment, Node
+from ..deployment import DeploymentView
 from ..identity import owned
 from ..model import (
     Action,
@@ -74,21 +75,26 @@ def ray_view(r: RayObservation, members: list[Node]) -> RayView:
 
 @dataclass(frozen=True)
 class Facts:
-    """What every rule step reads: this tick's observation, the status, the config, the time."""
+    """What every rule step reads: this tick's observation, the status, the deployment's view, the time."""
 
     obs: Observation
     st: Status
-    cfg: Config
+    view: DeploymentView
     now: float
     read: logscan.LoadProgress | None = None  # the serve's log as the tick read it (plan.seen), if it did
 
-    @cached_property
+    @property
+    def cfg(self) -> Config:
+        """The settings the deployment runs on."""
+        return self.view.cfg
+
+    @property
     def dep(self) -> Deployment:
-        return self.cfg.deployment
+        return self.view.dep
 
     @cached_property
     def members(self) -> list[Node]:
-        return self.cfg.members(self.dep)
+        return list(self.view.members)
 
     @cached_property
     def any_owned(self) -> bool:

@@ -4,25 +4,24 @@ when asked). Pure."""
 from __future__ import annotations
 
 from .. import modelcheck
-from ..config import Config, Deployment, ray_hash
+from ..deployment import DeploymentView
 from ..model import CheckImage, Decision, Kind, Phase, PrefetchModel, Reason, Status
 from ..preflight import image_problem
 from .facts import Facts
 
 
-def image_gate(st: Status, cfg: Config, dep: Deployment) -> Decision | None:
+def image_gate(st: Status, view: DeploymentView) -> Decision | None:
     """Before the deployment's containers start: its image checked on every node, for this start (an image
     re-pulled under the same name is a new image; the check of one already seen, by its ID, is kept and
     costs an inspect). What a start would otherwise find out at STARTING_RAY, or 15 minutes into a load.
     None: checked and fit."""
-    key = ray_hash(cfg, dep)
-    members = cfg.members(dep)
+    key, members, dep = view.ray_hash, view.members, view.dep
     todo = [n.name for n in members if (r := st.images.get(n.name)) is None or r.key != key or r.start != st.starts]
     if todo:  # part of getting ready to start: no phase of its own (CLEANING stays CLEANING)
         phase = st.phase if st.phase in (Phase.DETECTING, Phase.CLEANING) else Phase.DETECTING
         return Decision(phase, Reason(Kind.CHECKING_IMAGE, f"{dep.ray.image} on {', '.join(todo)}"),
                         tuple(CheckImage(n) for n in todo))
-    problem = image_problem(cfg, dep, st.images)
+    problem = image_problem(view.cfg, dep, st.images)
     if problem is not None:
         return Decision(Phase.FAILED, Reason(*problem), fatal=True)
     return None

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from .. import logscan
 from ..config import Config
+from ..deployment import DeploymentView, as_view
 from ..model import Observation, Phase, ProbeResult
 from ..probes import health_result
 from .unknown import unknowns
@@ -20,11 +21,11 @@ class Seen:
     health: ProbeResult  # the endpoint's /health, judged (probes.health_result)
 
 
-def derive(obs: Observation, phase: Phase, cfg: Config) -> Seen:
-    return Seen(logscan.scan(obs.serve.log_tail if obs.serve is not None else ""), unknowns(obs, cfg, phase),
+def derive(obs: Observation, phase: Phase, on: DeploymentView | Config) -> Seen:
+    return Seen(logscan.scan(obs.serve.log_tail if obs.serve is not None else ""), unknowns(obs, as_view(on), phase),
                 phase, health_result(obs.endpoint))
 
 
-def unknown_in(seen: Seen | None, obs: Observation, cfg: Config, phase: Phase) -> dict[str, str]:
+def unknown_in(seen: Seen | None, obs: Observation, on: DeploymentView | Config, phase: Phase) -> dict[str, str]:
     """What could not be seen, for ``phase``: the tick's reading when it was for that phase."""
-    return seen.unknown if seen is not None and seen.phase == phase else unknowns(obs, cfg, phase)
+    return seen.unknown if seen is not None and seen.phase == phase else unknowns(obs, on, phase)

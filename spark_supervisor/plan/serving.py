@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from .. import logscan
 from ..admission import admit, free_memory_failure, gpu_blockers
-from ..commands import serve_nodes
-from ..config import serve_hash
 from ..model import Decision, EndpointState, Kind, Phase, Reason, StartServe, StopServe, Verify
 from .facts import Facts, hold
 from .gates import model_gate
@@ -39,7 +37,7 @@ def serve(f: Facts) -> Decision | None:
         return Decision(Phase.STARTING_VLLM, Reason(detail=f"launching {dep.serve.name}"), (StartServe(),))
     if s.error:
         return None
-    if s.spec_hash != serve_hash(cfg, dep):
+    if s.spec_hash != f.view.serve_hash:
         return Decision(Phase.STARTING_VLLM, Reason(Kind.SERVE_SPEC_CHANGED, "relaunching"), (StopServe("spec changed"),))
     if s.running:
         return None
@@ -57,8 +55,8 @@ def ranks(f: Facts) -> Decision | None:
     """7. mp across nodes: every headless rank runs the same spec beside a running head. One that exited or
     vanished ends the whole serve (vLLM cannot go on without a rank): a serve repair of every rank. A rank
     that could not be looked at is unknown (shown by ``unknowns``), never a reason to stop anything."""
-    sh = serve_hash(f.cfg, f.dep)
-    members = [n.name for n in serve_nodes(f.cfg, f.dep)]
+    sh = f.view.serve_hash
+    members = [n.name for n in f.view.serve_nodes]
     for node, x in f.obs.followers.items():
         rank = members.index(node) if node in members else -1
         if x is None or x.error:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from spark_supervisor import plan as p
 from spark_supervisor.config import Config
+from spark_supervisor.deployment import as_view
 from spark_supervisor.model import (
     Container,
     Observation,
@@ -20,7 +21,7 @@ C = cfg()
 
 
 def facts(o: Observation, st: Status | None = None, c: Config = C, now: float = 100.0) -> p.Facts:
-    return p.Facts(o, st or Status(images=images(c)), c, now)
+    return p.Facts(o, st or Status(images=images(c)), as_view(c), now)
 
 
 def test_the_steps_run_in_the_documented_order() -> None:

@@ -14,6 +14,7 @@ import structlog
 import tomli_w
 
 from spark_supervisor import config
+from spark_supervisor.deployment import DeploymentView
 from spark_supervisor.loop import proof
 from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import (
@@ -89,10 +90,10 @@ def test_the_same_port_on_different_nodes_is_no_clash() -> None:
 # ------------------------------------------------------------------------------------------- owner rule
 def test_hygiene_never_takes_another_configured_deployments_container_for_an_orphan() -> None:
     c = cfg(stack(EMBED))
-    v = c.view(c.deployments[0])
+    v = DeploymentView.build(c, c.deployments[0])
     embeds = Container("e1", "embed-vllm-spark-2", "img", "exited", {config.OWNER_LABEL: "embed"})
     gone = Container("g1", "old-vllm-spark-2", "img", "running", {config.OWNER_LABEL: "old"})
-    o = obs(v, nodes={"spark-1": node_obs("spark-1"), "spark-2": node_obs("spark-2", (embeds, gone))})
+    o = obs(v.cfg, nodes={"spark-1": node_obs("spark-1"), "spark-2": node_obs("spark-2", (embeds, gone))})
     d = hygiene(Facts(o, Status(), v, 0.0))
     assert d is not None and d.actions == (RemoveContainers("spark-2", ("old-vllm-spark-2",), "orphan"),)
     assert d.why.kind == "StaleFound" and "embed" not in d.reason
