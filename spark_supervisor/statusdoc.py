@@ -15,7 +15,8 @@ import os
 from typing import Any
 
 from . import identity, logscan
-from .config import Config, Deployment, ray_hash, serve_hash
+from .config import Config
+from .deployment import DeploymentView, as_view
 from .model import Observation, Status
 from .model.document import DeploymentDoc, HistoryDoc, StatusDoc
 from .statefile import iso
@@ -33,18 +34,20 @@ EVIDENCE = {
 }
 
 
-def backend(cfg: Config, dep: Deployment) -> dict[str, Any]:
+def backend(view: DeploymentView) -> dict[str, Any]:
     """The serve path: vLLM's executor backend, across how many nodes, and what proves it."""
-    name = "ray" if dep.uses_ray else "mp"
-    return {"name": name, "nodes": len(cfg.members(dep)), "evidence": EVIDENCE[name]}
+    name = "ray" if view.dep.uses_ray else "mp"
+    return {"name": name, "nodes": len(view.members), "evidence": EVIDENCE[name]}
 
 
-def document(st: Status, obs: Observation | None, cfg: Config, config_path: str, config_hash: str,
+def document(st: Status, obs: Observation | None, on: DeploymentView | Config, config_path: str, config_hash: str,
              now_wall: float, mono_to_wall: float, state_problems: tuple[str, ...] = (),
              read: logscan.LoadProgress | None = None) -> DeploymentDoc:
-    """``read``: the serve's log as the tick read it (plan.seen), if it did."""
+    """``on``: the deployment's view (a one-deployment config: its). ``read``: the serve's log as the tick
+    read it (plan.seen), if it did."""
     now_mono = now_wall - mono_to_wall
-    dep = cfg.deployment
+    view = as_view(on)
+    cfg, dep = view.cfg, view.dep
     doc: DeploymentDoc = {
         "schema": SCHEMA,
         "phase": st.phase.value,
@@ -68,10 +71,10 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
         "load_fraction": round(st.load_fraction, 3),
         "eta_s": round(st.eta_s) if st.eta_s is not None else None,
         "deployment": {"name": dep.name, "model": dep.serve.model, "served_model_name": dep.serve.name,
-                       "tensor_parallel_size": dep.serve.tensor_parallel_size, "endpoint": cfg.endpoint(dep),
-                       "nodes": [n.name for n in cfg.members(dep)], "required": dep.required,
-                       "after": list(dep.after), "backend": backend(cfg, dep),
-                       "ray_hash": ray_hash(cfg, dep), "serve_hash": serve_hash(cfg, dep)},
+                       "tensor_parallel_size": dep.serve.tensor_parallel_size, "endpoint": view.endpoint,
+                       "nodes": [n.name for n in view.members], "required": dep.required,
+                       "after": list(dep.after), "backend": backend(view),
+                       "ray_hash": view.ray_hash, "serve_hash": view.serve_hash},
         "config": {"path": config_path, "hash": config_hash},
         "daemon": {"pid": os.getpid(), "updated": iso(now_wall)},
         "nodes": {},
@@ -79,7 +82,7 @@ def document(st: Status, obs: Observation | None, cfg: Config, config_path: str,
         "serve": None,
         "bringup": bringup(st),
     }
-    for n in cfg.nodes:
+    for n in cfg.nodes:  # in the file's order
         entry: dict[str, Any] = {"fabric_ip": n.fabric_ip, "role": n.role}
         o = obs.nodes.get(n.name) if obs else None
         image = st.images.get(n.name)

@@ -90,7 +90,7 @@ class Reconciler:
         st, cfg, now = self.status, self.view.cfg, self.clock()
         obs = self.backend.observe(self._want_full(now))
         self.last_obs = obs
-        self.last_seen = seen = derive(obs, st.phase, cfg)  # once: trackers, plan, quick watch, status
+        self.last_seen = seen = derive(obs, st.phase, self.view)  # once: trackers, plan, quick watch, status
         if obs.full:
             self.last_full = obs
             st.preflight = tuple(preflight(cfg, obs))
@@ -106,7 +106,7 @@ class Reconciler:
         if st.phase != Phase.PAUSED:
             self._paused_from = st.phase
         self.load.update(st, obs, seen, self.view.cfg, self.metrics, now)
-        decision = plan(obs, dataclasses.replace(st, phase=self._paused_from), self.view.cfg, now, seen)
+        decision = plan(obs, dataclasses.replace(st, phase=self._paused_from), self.view, now, seen)
         sees = _would(decision, self._paused_from)
         if st.advance(Phase.PAUSED, Reason(Kind.PAUSED, f"{self.paused.text()}; {sees}"), now, self.wall()):
             self.log.info("phase.paused", phase=Phase.PAUSED.value, sees=sees, by=self.paused.by,
@@ -134,7 +134,7 @@ class Reconciler:
         st.repairs_in_window = self.budget.used(cfg)
         progress_before = st.progress
         self.load.update(st, obs, seen, cfg, self.metrics, now)  # before the plan: a load that moved this tick is not judged stalled
-        decision = plan(obs, st, cfg, now, seen)
+        decision = plan(obs, st, self.view, now, seen)
         self._look_closer = decision.look_closer
         if decision.repair:
             self._start_repair(decision, now)
@@ -268,7 +268,7 @@ class Reconciler:
         if self._doc is not None and key == self._doc_key:
             return self._doc
         self._doc_key, read = key, self.last_seen.progress if self.last_seen is not None else None
-        self._doc = statusdoc.document(self.status, _with_slow_facts(self.last_obs, self.last_full), self.view.cfg,
+        self._doc = statusdoc.document(self.status, _with_slow_facts(self.last_obs, self.last_full), self.view,
                                        config_path, config_hash, self.wall(), self.wall() - now,
                                        tuple(p for p in (self.repairs.problem, *problems) if p), read)
         return self._doc
