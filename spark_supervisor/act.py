@@ -12,7 +12,7 @@ from typing import Any
 from . import commands, identity, modelcheck, redaction, statefile
 from . import retry as retry_mod
 from .adapters import AdapterError, NotFoundError
-from .config import Node, deployment_secrets, ray_hash, serve_hash
+from .config import Node
 from .model import (
     Action,
     CheckImage,
@@ -63,7 +63,7 @@ class Actor:
 
     def _dispatch(self, action: Action) -> Verdict | ImageReport | None:
         w, cfg = self.world, self.world.cfg
-        dep = cfg.deployment
+        view, dep = w.view, w.view.dep
         match action:
             case StopUnits(node=node, units=units, disable=disable, mask=mask):
                 a = w.nodes[node]
@@ -93,8 +93,8 @@ class Actor:
                 self.log.info("ray.container_started", node=node, container=spec.name, id=cid,
                               role=a.node.role, node_ip=a.node.fabric_ip)
             case StartServe():
-                sh = serve_hash(cfg, dep)
-                for rank in commands.serve_nodes(cfg, dep):  # rank 0 first: the others connect to it
+                sh = view.serve_hash
+                for rank in view.serve_nodes:  # rank 0 first: the others connect to it
                     container = identity.node_container_name(dep, rank)
                     w.nodes[rank.name].docker.exec(container, commands.serve_launch(cfg, dep, sh, rank),
                                                    env=commands.serve_env(cfg, dep, sh, rank), detach=True)
@@ -106,7 +106,7 @@ class Actor:
                 self._drop_page_cache(w.nodes[node], dep.ray.image)
                 self.log.info("memory.page_cache_dropped", node=node, why=why)
             case StopServe(why=why):
-                nodes = commands.serve_nodes(cfg, dep)
+                nodes = list(view.serve_nodes)
                 with ThreadPoolExecutor(max_workers=len(nodes)) as pool:  # every rank: one does not outlive the rest
                     list(pool.map(self._stop_serve, nodes))
                 self.log.info("serve.stopped", nodes=[n.name for n in nodes], why=why)
@@ -122,7 +122,7 @@ class Actor:
 
     def _redact(self, out: str) -> str:
         """A helper's output (the image could echo its environment) fit for a reason or a log line."""
-        return redaction.text(out, deployment_secrets(self.world.cfg, self.world.cfg.deployment))
+        return redaction.text(out, self.world.view.secrets)
 
     IMAGES = "images.json"  # image checks by node, kept for as long as the image's ID and the spec stay the same
 
@@ -130,10 +130,10 @@ class Actor:
         """commands.IMAGE_PROBE in a short-lived container of the image on the node; a check already made
         of this very image (its ID) for this spec is not made again (a reboot does not change the image)."""
         cfg = self.world.cfg
-        dep, node = cfg.deployment, a.node.name
+        dep, node = self.world.view.dep, a.node.name
         spec = commands.image_probe(cfg, dep, a.node)
         self._ensure_image(a, spec.image)
-        image_id, key = a.docker.image_id(spec.image), ray_hash(cfg, dep)
+        image_id, key = a.docker.image_id(spec.image), self.world.view.ray_hash
         state_dir = cfg.supervisor.state_dir
         kept = statefile.read_json(state_dir, self.IMAGES).get(node)
         if isinstance(kept, dict) and kept.get("image_id") == image_id and kept.get("key") == key:
@@ -170,7 +170,7 @@ class Actor:
         and go). While a prefetch runs there, its progress instead; once it has ended, its container goes and
         the node is checked again."""
         cfg = self.world.cfg
-        dep, node = cfg.deployment, a.node
+        dep, node = self.world.view.dep, a.node
         key = modelcheck.key(cfg, dep)
         name = identity.prefetch_name(dep, node)
         found = next((c for c in a.docker.containers() if c.name == name), None)
@@ -208,8 +208,7 @@ class Actor:
 
     def _prefetch_model(self, a: Any) -> ImageReport:
         """Start the prefetch on a node (a detached container: its progress is read at each tick)."""
-        cfg = self.world.cfg
-        dep = cfg.deployment
+        cfg, dep = self.world.cfg, self.world.view.dep
         spec = commands.model_prefetch(cfg, dep, a.node)
         a.docker.remove(spec.name)  # one left from an earlier run
         self._ensure_image(a, spec.image)
@@ -220,7 +219,7 @@ class Actor:
             a.node.name, dep.serve.model, modelcheck.key(cfg, dep), prefetch="running", prefetched=True))
 
     def _stop_serve(self, node: Node) -> None:
-        dep = self.world.cfg.deployment
+        dep = self.world.view.dep
         try:
             self.world.nodes[node.name].docker.exec(identity.node_container_name(dep, node), commands.serve_stop(dep),
                                                     what="serve stop")
@@ -252,11 +251,11 @@ class Actor:
     def _ensure_image(self, a: Any, image: str) -> None:
         if a.docker.has_image(image):
             return
-        policy = self.world.cfg.deployment.ray.image_pull
+        policy = self.world.view.dep.ray.image_pull
         if policy == "never":
             raise ActionFailed(Kind.IMAGE_MISSING, f"{image} is not on {a.node.name} and image_pull = \"never\" "
                                f"(load it with `docker load` or set image_pull = \"if-missing\")")
-        timeout = self.world.cfg.deployment.ray.pull_timeout
+        timeout = self.world.view.dep.ray.pull_timeout
         self.log.warning("image.pulling", node=a.node.name, image=image, timeout_s=timeout)
         last = [0.0]
 

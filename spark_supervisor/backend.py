@@ -55,7 +55,7 @@ class RealBackend:
         self.world = World(cfg, control_dir=control_dir(cfg.supervisor.state_dir))
         self.observer = Observer(self.world, recent=self._recent)
         self.actor, self.log = Actor(self.world, log, heartbeat), log
-        self.quick_probe = QuickProbe(self.world.ray.url if cfg.deployment.uses_ray else "", self.world.api.url)
+        self.quick_probe = QuickProbe(self.world.ray.url if self.world.view.dep.uses_ray else "", self.world.api.url)
         self._seen: tuple[float, RayObservation | None, EndpointObservation | None] = (0.0, None, None)
         self._fresh_s = cfg.healing.quick_check_interval + 0.25
 
@@ -91,10 +91,9 @@ class RealBackend:
 
 def teardown(world: World, log: Any) -> list[str]:
     """Remove every container this deployment owns, on every node, workers first."""
-    cfg = world.cfg
-    dep = cfg.deployment
+    dep = world.view.dep
     removed, errors = [], []
-    for node in reversed(cfg.members(dep)):
+    for node in reversed(world.view.members):
         a = world.nodes[node.name]
         try:
             names = identity.teardown_targets(a.docker.containers(), dep, node)

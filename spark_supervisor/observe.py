@@ -20,7 +20,8 @@ from .adapters.nvidia import parse_meminfo, parse_smi_xml
 from .adapters.ray import RayDashboard, read_nodes
 from .adapters.shell import NodeShell, Result
 from .adapters.vllm import VllmApi
-from .config import Config, Node, deployment_secrets
+from .config import Config, Node
+from .deployment import DeploymentView, as_view
 from .model import (
     Container,
     EndpointObservation,
@@ -48,12 +49,13 @@ class NodeAdapters:
 
 
 class World:
-    """The real adapters for one config (rebuilt on reload)."""
+    """The real adapters for one deployment (rebuilt on reload), on its view (a one-deployment config: its)."""
 
-    def __init__(self, cfg: Config, control_dir: str = ""):
+    def __init__(self, on: DeploymentView | Config, control_dir: str = ""):
+        self.view = view = as_view(on)
+        cfg, dep = view.cfg, view.dep
         sup = cfg.supervisor
-        dep = cfg.deployment
-        docker_timeout = max(sup.io_timeout, dep.serve.stop_timeout + 15)
+        docker_timeout = view.deadlines.docker.seconds
         self.cfg = cfg
         self.nodes = {
             n.name: NodeAdapters(n, NodeShell(n.name, n.ssh, timeout=sup.io_timeout,
@@ -62,10 +64,8 @@ class World:
             for n in cfg.nodes
         }
         self.http = httpx.Client(trust_env=False)
-        head = cfg.serve_node(dep)
-        self.ray = RayDashboard(self.http, f"http://{head.fabric_ip}:{dep.ray.dashboard_port}", sup.io_timeout)
-        self.api = VllmApi(self.http, cfg.endpoint(dep), api_key=dep.api_key,
-                           timeout=min(sup.io_timeout, 5))
+        self.ray = RayDashboard(self.http, view.dashboard, sup.io_timeout)
+        self.api = VllmApi(self.http, view.endpoint, api_key=dep.api_key, timeout=view.deadlines.api.seconds)
         self.pool = cf.ThreadPoolExecutor(max_workers=len(cfg.nodes) + 2, thread_name_prefix="observe")
         self.probes = cf.ThreadPoolExecutor(max_workers=4 * len(cfg.nodes), thread_name_prefix="probe")
 
@@ -78,7 +78,7 @@ class World:
 
     def head(self) -> NodeAdapters:
         """The node the serve runs on."""
-        return self.nodes[self.cfg.serve_node(self.cfg.deployment).name]
+        return self.nodes[self.view.serve_node.name]
 
 
 def _units(r: Result) -> tuple[Unit, ...]:
@@ -180,16 +180,17 @@ def _probes(a: NodeAdapters, cfg: Config) -> dict[str, Probe]:
     return out
 
 
-def _ended(a: NodeAdapters, cfg: Config, containers: tuple[Container, ...]) -> tuple[Container, ...]:
+def _ended(a: NodeAdapters, on: DeploymentView | Config, containers: tuple[Container, ...]) -> tuple[Container, ...]:
     """The deployment's exited containers with their exit code and last lines (why they ended); one that
     cannot be read stays as listed (unknown why, still exited)."""
-    dep = cfg.deployment
+    view = as_view(on)
+    dep = view.dep
     out = []
     for c in containers:
         if c.lost and identity.owns(c, dep):
             try:
                 code, tail = a.docker.ended(c.name)
-                c = dataclasses.replace(c, exit_code=code, log_tail=redaction.text(tail, deployment_secrets(cfg, dep)))
+                c = dataclasses.replace(c, exit_code=code, log_tail=redaction.text(tail, view.secrets))
             except AdapterError:
                 pass
         out.append(c)
@@ -202,10 +203,13 @@ def _run_batch(a: NodeAdapters, argvs: list[list[str]]) -> list[Result | None]:
     return [None if x is None else Result(x[0], x[1], r.err) for x in commands.parse_probes(r.out, len(argvs))]
 
 
-def observe_node(a: NodeAdapters, cfg: Config, full: bool, probes: cf.Executor | None = None) -> NodeObservation:
+def observe_node(a: NodeAdapters, on: DeploymentView | Config, full: bool, probes: cf.Executor | None = None
+                 ) -> NodeObservation:
     """Containers every tick; on a full observation also units, GPU, memory and interfaces, read in
-    parallel with the Docker calls (on a worker each is an SSH round trip)."""
-    name = a.node.name
+    parallel with the Docker calls (on a worker each is an SSH round trip). ``on``: the deployment's view
+    (a one-deployment config: its)."""
+    view = as_view(on)
+    cfg, name = view.cfg, a.node.name
     wanted = _probes(a, cfg) if full and probes is not None else {}
     started = _start_probes(a, wanted, probes) if wanted and probes is not None else (None, {})
     try:
@@ -214,7 +218,7 @@ def observe_node(a: NodeAdapters, cfg: Config, full: bool, probes: cf.Executor |
         containers = tuple(a.docker.containers())
     except AdapterError as e:
         return NodeObservation(name, error=str(e))
-    containers = _ended(a, cfg, containers)
+    containers = _ended(a, view, containers)
     if not full:
         return NodeObservation(name, containers=containers)
     errors: list[str] = []
@@ -225,8 +229,7 @@ def observe_node(a: NodeAdapters, cfg: Config, full: bool, probes: cf.Executor |
         errors.append(f"docker version: {e}")
     got: dict[str, Any] = {"units": None if cfg.stale.units else ()}
     try:
-        got.update(_collect_probes(wanted, *started, cfg.supervisor.io_timeout + cfg.supervisor.ssh_connect_timeout,
-                                   errors))
+        got.update(_collect_probes(wanted, *started, view.deadlines.probes.seconds, errors))
     except Unreachable as e:
         return NodeObservation(name, error=str(e))
     gpu = got.get("nvidia-smi")
@@ -313,7 +316,7 @@ def observe_serve(world: World, container: Container | None, node: str = "") -> 
     """None: no running container to look in. Raises AdapterError when the exec fails: unknown."""
     if container is None or not container.running:
         return None
-    dep = world.cfg.deployment
+    dep = world.view.dep
     engine = world.nodes[node].docker if node else world.head().docker
     code, out = engine.exec(container.name, commands.serve_state(dep), what="serve state")
     if code == 3:
@@ -376,13 +379,13 @@ class Observer:
         """mp across nodes: the headless ranks, each in its node's container (in parallel: SSH round trips),
         looked at every sweep. Rank 0's healthy /health proves nothing of them: the real vLLM (0.32, measured)
         answers 200 for as long as it is idle after a follower died, and finds out only at the next request."""
-        cfg, w = self.world.cfg, self.world
-        dep = cfg.deployment
-        if not commands.multi_node_mp(cfg, dep):
+        w = self.world
+        view, dep = w.view, w.view.dep
+        if not view.multi_node_mp:
             return {}
         out: dict[str, ServeObservation | None] = {}
         pending = {}
-        for node in commands.serve_nodes(cfg, dep)[1:]:
+        for node in view.serve_nodes[1:]:
             o, last = nodes[node.name], self._followers.get(node.name)
             name = identity.node_container_name(dep, node)
             c = next((x for x in o.containers if x.name == name), None)
@@ -392,7 +395,7 @@ class Observer:
                 pending[node.name] = w.pool.submit(self._look, c, node.name, last)
         for name, f in pending.items():
             try:
-                out[name] = f.result(timeout=self.world.cfg.supervisor.io_timeout + 10)
+                out[name] = f.result(timeout=view.deadlines.follower.seconds)
             except cf.TimeoutError:
                 out[name] = dataclasses.replace(self._followers.get(name) or ServeObservation(False),
                                                 error="ServeStateTimeout: no answer")
@@ -408,10 +411,10 @@ class Observer:
             return last
         if head_c is None or not head_c.running:
             return RayObservation(False, Kind.RAY_HEAD_NOT_RUNNING, via="gcs")
-        cfg = self.world.cfg
-        timeout = cfg.supervisor.io_timeout
+        view = self.world.view
+        timeout = view.deadlines.ray_gcs.seconds
         try:
-            code, out = self.world.head().docker.exec(head_c.name, commands.ray_nodes(cfg, cfg.deployment, timeout),
+            code, out = self.world.head().docker.exec(head_c.name, commands.ray_nodes(view.cfg, view.dep, timeout),
                                                       what="ray nodes")
         except AdapterError as e:
             return RayObservation(False, f"{Kind.RAY_GCS_UNREACHABLE}: {e}"[:200], via="gcs")
@@ -420,10 +423,10 @@ class Observer:
         return read_nodes(out.strip().splitlines()[-1] if out.strip() else "", "gcs")
 
     def observe(self, full: bool) -> Observation:
-        w, cfg = self.world, self.world.cfg
-        dep = cfg.deployment
-        timeout = cfg.supervisor.io_timeout + cfg.supervisor.ssh_connect_timeout + 5
-        futures = {name: w.pool.submit(observe_node, a, cfg, full, w.probes) for name, a in w.nodes.items()}
+        w, view = self.world, self.world.view
+        dep = view.dep
+        timeout = view.deadlines.node.seconds
+        futures = {name: w.pool.submit(observe_node, a, view, full, w.probes) for name, a in w.nodes.items()}
         ray_recent = self.recent()[0] if not full else None
         ray_f = (w.pool.submit(w.ray.observe) if dep.uses_ray and self.ray_via == "dashboard"
                  and (ray_recent is None or not ray_recent.reachable) else None)
@@ -433,7 +436,7 @@ class Observer:
                 nodes[name] = f.result(timeout=timeout)
             except cf.TimeoutError:
                 nodes[name] = NodeObservation(name, error=f"ObserveTimeout: no answer within {timeout:.0f}s")
-        home = cfg.serve_node(dep)
+        home = view.serve_node
         head_name = identity.node_container_name(dep, home)
         head_c = next((c for c in nodes[home.name].containers if c.name == head_name), None)
         if head_c is not None and not nodes[home.name].error:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from spark_supervisor.act import ActionFailed, Actor
+from spark_supervisor.deployment import as_view
 from spark_supervisor.model import DropPageCache, StartServe
 from tests.helpers import cfg, data
 
@@ -43,7 +44,7 @@ def actor(extra_args: list[str], out: str = "", **serve: Any) -> tuple[Actor, Lo
     d["deployments"][0]["serve"].update(extra_args=extra_args, **serve)
     c = cfg(d)
     c.deployment.readiness._api_key = KEY
-    world = SimpleNamespace(cfg=c, nodes={n.name: SimpleNamespace(node=n, docker=Engine(out), shell=None) for n in c.nodes})
+    world = SimpleNamespace(cfg=c, view=as_view(c), nodes={n.name: SimpleNamespace(node=n, docker=Engine(out), shell=None) for n in c.nodes})
     log = Log()
     return Actor(world, log), log  # type: ignore[arg-type]
 

@@ -12,6 +12,7 @@ import pytest
 
 from spark_supervisor import backend
 from spark_supervisor.config import OWNER_LABEL, ROLE_LABEL
+from spark_supervisor.deployment import as_view
 from spark_supervisor.model import Container, Phase, RemoveContainers, Status
 from spark_supervisor.observe import World
 from spark_supervisor.plan import is_orphan, is_stale, plan
@@ -73,7 +74,7 @@ class FakeEngine:
 def teardown(listed: dict[str, list[Container]]) -> dict[str, list[str]]:
     engines = {n: FakeEngine(cs) for n, cs in listed.items()}
     # the world, of which teardown reads the config and each node's engine
-    world = cast(World, SimpleNamespace(cfg=C, nodes={n: SimpleNamespace(docker=e) for n, e in engines.items()}))
+    world = cast(World, SimpleNamespace(cfg=C, view=as_view(C), nodes={n: SimpleNamespace(docker=e) for n, e in engines.items()}))
     backend.teardown(world, SimpleNamespace(info=lambda *a, **k: None, error=lambda *a, **k: None))
     return {n: e.removed for n, e in engines.items()}
 

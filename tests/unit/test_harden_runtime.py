@@ -15,6 +15,7 @@ import pytest
 import tomli_w
 
 from spark_supervisor import control, files, statefile
+from spark_supervisor.deployment import as_view
 from spark_supervisor.loop.daemon import StateDirUnfit, lock_state_dir
 from spark_supervisor.maintenance import parse_duration
 from spark_supervisor.maintenance import pause as cli_pause
@@ -356,7 +357,7 @@ def test_a_damaged_image_record_is_checked_again_not_a_crash(tmp_path: Path, kep
     c = cfg(d)
     node = c.nodes[0]
     engine = _Engine("")  # what the probe prints matters not here: that it ran does
-    world = SimpleNamespace(cfg=c, nodes={node.name: SimpleNamespace(node=node, docker=engine)})
+    world = SimpleNamespace(cfg=c, view=as_view(c), nodes={node.name: SimpleNamespace(node=node, docker=engine)})
     if isinstance(kept, dict):
         kept = {"image_id": engine.image_id(""), "key": ray_hash(c, c.deployment), **kept}
     statefile.write_json(str(tmp_path / "state"), Actor.IMAGES, {node.name: kept})
@@ -384,6 +385,6 @@ def test_a_sound_image_record_is_still_used(tmp_path: Path) -> None:
                          vllm_path="/usr/bin/vllm", vllm_version="0.11.0", dashboard=True)
     statefile.write_json(str(tmp_path / "state"), Actor.IMAGES, {node.name: {
         "image_id": engine.image_id(""), "key": key, "report": dataclasses.asdict(report)}})
-    world = SimpleNamespace(cfg=c, nodes={node.name: SimpleNamespace(node=node, docker=engine)})
+    world = SimpleNamespace(cfg=c, view=as_view(c), nodes={node.name: SimpleNamespace(node=node, docker=engine)})
     assert Actor(world, structlog.get_logger())._check_image(world.nodes[node.name]) == report  # type: ignore[arg-type]
     assert engine.probes == 0
