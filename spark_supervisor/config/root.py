@@ -52,9 +52,10 @@ class Config(_Strict):
         return next(n for n in self.nodes if n.role == "head")
 
     def view(self, dep: Deployment) -> Config:
-        """One deployment's own config: its nodes only, its own state directory under ours (repair log, bests,
-        status), and the names of every configured deployment (``owners``: their containers are nobody's
-        orphans). The reconcile machinery runs on a view, one per deployment."""
+        """The settings one deployment runs on: its nodes only, its own state directory under ours (repair log,
+        bests, status), and the names of every configured deployment (``owners``: their containers are
+        nobody's orphans). The reconcile machinery runs on a ``deployment.DeploymentView``, whose ``cfg`` this
+        is; ``DeploymentView.build`` makes both, once per (re)load."""
         sup = self.supervisor.model_copy(update={"state_dir": deployment_dir(self.supervisor.state_dir, dep.name)})
         v = self.model_copy(update={"deployments": [dep], "nodes": self.members(dep), "supervisor": sup})
         v._owners = frozenset(d.name for d in self.deployments)
@@ -67,6 +68,8 @@ class Config(_Strict):
 
     @property
     def deployment(self) -> Deployment:
+        """The file's first deployment (a one-deployment config's only one); one deployment of many is a
+        ``DeploymentView``'s ``dep``."""
         return self.deployments[0]
 
     def members(self, dep: Deployment) -> list[Node]:
