@@ -4,7 +4,8 @@ the way), and what to do about it."""
 
 from __future__ import annotations
 
-from .config import Config, Deployment
+from .config import Deployment
+from .deployment import DeploymentView
 from .model import (
     Decision,
     DropPageCache,
@@ -32,12 +33,12 @@ def _mem(o: NodeObservation) -> str:
             if m.free_mib is not None else f"MemAvailable {m.available_mib} MiB")
 
 
-def gpu_blockers(obs: Observation, cfg: Config, dep: Deployment) -> list[str]:
+def gpu_blockers(obs: Observation, view: DeploymentView) -> list[str]:
     """What still holds GPU memory on the deployment's nodes: processes no configured deployment owns, and
     memory that even dropping the page cache would not give back (MemAvailable below what vLLM will ask for)."""
     held: list[str] = []
-    st = cfg.stale
-    for node in cfg.members(dep):
+    st, dep = view.cfg.stale, view.dep
+    for node in view.members:
         o = obs.nodes[node.name]
         if o.gpu is not None:
             residual = 0
@@ -57,23 +58,23 @@ def gpu_blockers(obs: Observation, cfg: Config, dep: Deployment) -> list[str]:
     return held
 
 
-def page_cache_in_the_way(obs: Observation, cfg: Config, dep: Deployment) -> dict[str, str]:
+def page_cache_in_the_way(obs: Observation, view: DeploymentView) -> dict[str, str]:
     """Nodes where vLLM's own check would fail on MemFree although MemAvailable is enough: the page cache
     (a previous load's weight shards) is what stands in the way. node -> the figures."""
     out = {}
-    for node in cfg.members(dep):
+    for node in view.members:
         o = obs.nodes[node.name]
-        need = _need_mib(o, dep)
+        need = _need_mib(o, view.dep)
         m = o.memory
         if need is not None and m is not None and m.free_mib is not None and m.free_mib < need <= m.available_mib:
             out[node.name] = f"{node.name}: {_mem(o)}; vLLM will ask for {need} MiB"
     return out
 
 
-def admit(obs: Observation, st: Status, cfg: Config, phase: Phase) -> Decision | None:
+def admit(obs: Observation, st: Status, view: DeploymentView, phase: Phase) -> Decision | None:
     """Before a launch: drop the page cache where it is in the way (once), or say why it cannot start."""
-    dep = cfg.deployment
-    cache = page_cache_in_the_way(obs, cfg, dep)
+    cfg = view.cfg
+    cache = page_cache_in_the_way(obs, view)
     if not cache:
         return None
     figures = "; ".join(cache.values())
@@ -89,10 +90,10 @@ def admit(obs: Observation, st: Status, cfg: Config, phase: Phase) -> Decision |
                     tuple(DropPageCache(n, "page cache in the way") for n in cache))
 
 
-def gpu_unknown(obs: Observation, cfg: Config, dep: Deployment) -> list[str]:
+def gpu_unknown(obs: Observation, view: DeploymentView) -> list[str]:
     """Members whose GPU memory could not be read this tick: nothing may start there on a guess."""
     out = []
-    for node in cfg.members(dep):
+    for node in view.members:
         o = obs.nodes[node.name]
         errors = [e for e in o.probe_errors if e.startswith(("nvidia-smi", "meminfo"))]
         if errors or o.gpu is None:  # no process list, or no memory figures: not a reading to start on
@@ -100,16 +101,16 @@ def gpu_unknown(obs: Observation, cfg: Config, dep: Deployment) -> list[str]:
     return out
 
 
-def free_memory_failure(obs: Observation, st: Status, cfg: Config, line: str) -> Decision:
+def free_memory_failure(obs: Observation, st: Status, view: DeploymentView, line: str) -> Decision:
     """vLLM refused to start on free memory. Right after a drop, or with MemAvailable short too, the same
     would happen again: FAILED with the numbers. Otherwise the page cache is the likely cause: drop it and
     let the launch be retried once (no repair budget: nothing was broken)."""
-    dep = cfg.deployment
+    cfg = view.cfg
     if not obs.full:
         return Decision(st.phase, Reason(Kind.FREE_MEMORY_BELOW_UTILIZATION, "reading memory before deciding"), look_closer=True)
-    nodes = [obs.nodes[n.name] for n in cfg.members(dep)]
+    nodes = [obs.nodes[n.name] for n in view.members]
     figures = "; ".join(f"{o.name}: {_mem(o)}" for o in nodes if o.memory is not None) or "memory not read"
-    short = gpu_blockers(obs, cfg, dep)
+    short = gpu_blockers(obs, view)
     if st.page_cache_dropped or short or cfg.memory.page_cache == "never":
         why = ("after dropping the page cache" if st.page_cache_dropped else
                "with MemAvailable short too" if short else "and [memory] page_cache = \"never\"")
@@ -117,7 +118,7 @@ def free_memory_failure(obs: Observation, st: Status, cfg: Config, line: str) ->
                         "free the memory or lower gpu_memory_utilization"), (StopServe("failed"),), fatal=True)
     return Decision(Phase.STARTING_VLLM, Reason(Kind.FREE_MEMORY_BELOW_UTILIZATION, f"{figures}: dropping the page cache, "
                     "then one more launch"), (StopServe("free memory"), *(
-                        DropPageCache(n.name, "vLLM refused on free memory") for n in cfg.members(dep))))
+                        DropPageCache(n.name, "vLLM refused on free memory") for n in view.members)))
 
 
 RAY_CLIENT_PORT = 10001  # `ray start --head` serves Ray Client here unless --ray-client-server-port says otherwise
@@ -132,11 +133,10 @@ def _flag(args: tuple[str, ...] | list[str], flag: str) -> str | None:
     return None
 
 
-def ports_needed(cfg: Config, dep: Deployment, dashboard: bool = True) -> dict[str, dict[int, str]]:
+def ports_needed(view: DeploymentView, dashboard: bool = True) -> dict[str, dict[int, str]]:
     """node -> port -> what binds it there once the deployment starts, as the config says."""
-    from .commands import serve_nodes  # commands imports config only; kept local like the planner's helpers
-    head = cfg.serve_node(dep)
-    out: dict[str, dict[int, str]] = {n.name: {} for n in cfg.members(dep)}
+    dep, head = view.dep, view.serve_node
+    out: dict[str, dict[int, str]] = {n.name: {} for n in view.members}
     if dep.uses_ray:
         ray = dep.ray
         out[head.name][ray.port] = "Ray's GCS"
@@ -145,21 +145,21 @@ def ports_needed(cfg: Config, dep: Deployment, dashboard: bool = True) -> dict[s
         client = _flag(list(ray.extra_args), "--ray-client-server-port")
         port = int(client) if client is not None and client.isdigit() else RAY_CLIENT_PORT
         out[head.name].setdefault(port, "Ray's client server")
-    rank0 = serve_nodes(cfg, dep)[0]
+    rank0 = view.serve_nodes[0]
     out[rank0.name].setdefault(dep.serve.port, f"the serve ({dep.serve.name})")
-    if not dep.uses_ray and len(cfg.members(dep)) > 1:
+    if view.multi_node_mp:
         out[rank0.name].setdefault(dep.serve.master_port, "the serve's rank 0 (master_port)")
     return out
 
 
-def port_holders(obs: Observation, cfg: Config, dep: Deployment, dashboard: bool = True) -> tuple[list[str], list[str]]:
+def port_holders(obs: Observation, view: DeploymentView, dashboard: bool = True) -> tuple[list[str], list[str]]:
     """Before the deployment's containers start: (ports held by something that is not a configured
     deployment's container on a member's fabric IP or every address, unknown: nodes whose listeners could
     not be read, or whose holder may be ours but cannot be told)."""
     held: list[str] = []
     unseen: list[str] = []
-    for node in cfg.members(dep):
-        o, want = obs.nodes[node.name], ports_needed(cfg, dep, dashboard)[node.name]
+    for node in view.members:
+        o, want = obs.nodes[node.name], ports_needed(view, dashboard)[node.name]
         if o.listening is None:
             unseen.append(f"{node.name}: listening ports not read")
             continue

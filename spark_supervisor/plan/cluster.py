@@ -128,7 +128,7 @@ def placement(f: Facts) -> Decision | None:
     memory of every member is seen free (never on a guess)."""
     if f.any_owned:
         return None
-    obs, st, cfg, dep = f.obs, f.st, f.cfg, f.dep
+    obs, st, cfg = f.obs, f.st, f.cfg
     if not obs.full:
         return Decision(Phase.DETECTING, Reason())
     if st.waiting_for:  # deployments.after: theirs first (the daemon says which do not answer yet)
@@ -139,22 +139,22 @@ def placement(f: Facts) -> Decision | None:
         return checked
     head_report = st.images.get(f.members[0].name)
     dashboard = head_report is None or head_report.dashboard
-    busy, ports_unseen = port_holders(obs, cfg, dep, dashboard)
+    busy, ports_unseen = port_holders(obs, f.view, dashboard)
     if busy:  # before any container starts and any budget is spent: what would only exit, named
         return Decision(Phase.FAILED, Reason(Kind.PORT_IN_USE, "; ".join(busy) + f": {logscan.PORT_HINT}"), fatal=True)
-    unseen = ports_unseen + gpu_unknown(obs, cfg, dep)
+    unseen = ports_unseen + gpu_unknown(obs, f.view)
     if unseen:  # nothing starts on a guess; DEGRADED once it lasts
         late = st.phase == Phase.DEGRADED or (st.phase == Phase.CLEANING
                                               and st.in_phase(f.now) > cfg.healing.unknown_patience)
         return Decision(Phase.DEGRADED if late else Phase.CLEANING,
                         Reason(Kind.OBSERVATION_UNKNOWN, ("GPU memory: " if not ports_unseen else "") + "; ".join(unseen)))
-    held = gpu_blockers(obs, cfg, dep)
+    held = gpu_blockers(obs, f.view)
     if held:
         if st.phase == Phase.CLEANING and st.in_phase(f.now) > cfg.stale.memory_free_timeout:
             return Decision(Phase.FAILED, Reason(Kind.GPU_MEMORY_HELD, f"still held after {cfg.stale.memory_free_timeout:.0f}s: "
                             + "; ".join(held) + " (not ours: stop it, then `spark-supervisor reset`)"), fatal=True)
         return Decision(Phase.CLEANING, Reason(Kind.WAITING_FOR_GPU_MEMORY, "; ".join(held)))
-    admitted = admit(obs, st, cfg, Phase.CLEANING)
+    admitted = admit(obs, st, f.view, Phase.CLEANING)
     if admitted is not None:
         return admitted
     return Decision(Phase.STARTING_RAY, Reason(detail=f"0/{len(f.members)} nodes"),

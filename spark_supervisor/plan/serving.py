@@ -25,13 +25,13 @@ def serve(f: Facts) -> Decision | None:
             return Decision(Phase.FAILED, Reason(Kind.PREFLIGHT_FAILED, "; ".join(st.preflight)), fatal=True)
         if not obs.full:  # admission reads every member's memory first, on the next tick, at once
             return Decision(Phase.STARTING_VLLM, Reason(detail="reading memory before the launch"), look_closer=True)
-        held = gpu_blockers(obs, cfg, dep)
+        held = gpu_blockers(obs, f.view)
         if held:
             if st.phase == Phase.STARTING_VLLM and st.in_phase(f.now) > cfg.stale.memory_free_timeout:
                 return Decision(Phase.FAILED, Reason(Kind.GPU_MEMORY_HELD, f"still held after {cfg.stale.memory_free_timeout:.0f}s: "
                                 + "; ".join(held)), fatal=True)
             return Decision(Phase.STARTING_VLLM, Reason(Kind.WAITING_FOR_GPU_MEMORY, "; ".join(held)))
-        admitted = admit(obs, st, cfg, Phase.STARTING_VLLM) or model_gate(f, Phase.STARTING_VLLM)
+        admitted = admit(obs, st, f.view, Phase.STARTING_VLLM) or model_gate(f, Phase.STARTING_VLLM)
         if admitted is not None:
             return admitted
         return Decision(Phase.STARTING_VLLM, Reason(detail=f"launching {dep.serve.name}"), (StartServe(),))
@@ -43,7 +43,7 @@ def serve(f: Facts) -> Decision | None:
         return None
     fail = f.progress.failure
     if fail is not None and fail.reason == Kind.FREE_MEMORY_BELOW_UTILIZATION:
-        return free_memory_failure(obs, st, cfg, fail.line)
+        return free_memory_failure(obs, st, f.view, fail.line)
     if fail is not None and fail.deterministic:  # the same again on retry: stop and say why
         return Decision(Phase.FAILED, Reason(Kind.SERVE_FAILED, f"{fail.reason}: {fail.hint} ({fail.line})"),
                         (StopServe("failed"),), fatal=True)

@@ -11,6 +11,7 @@ import pytest
 
 from spark_supervisor import logscan
 from spark_supervisor.adapters import AdapterError
+from spark_supervisor.deployment import as_view
 from spark_supervisor.model import Listener, Observation, Phase, Reason, StartContainer, Status
 from spark_supervisor.observe import NodeAdapters, _ended, parse_listening
 from spark_supervisor.plan import plan
@@ -191,11 +192,11 @@ def test_the_ports_needed_are_read_from_the_config() -> None:
     d = data()
     d["deployments"][0]["ray"] = {"port": 6380, "dashboard_port": 8266, "extra_args": ["--ray-client-server-port", "10002"]}
     d["deployments"][0]["serve"]["port"] = 8100
-    assert ports_needed(cfg(d), cfg(d).deployment) == {
+    assert ports_needed(as_view(cfg(d))) == {
         "spark-1": {6380: "Ray's GCS", 8266: "Ray's dashboard", 10002: "Ray's client server", 8100: "the serve (Qwen3.5)"},
         "spark-2": {}}
-    assert 8266 not in ports_needed(cfg(d), cfg(d).deployment, dashboard=False)["spark-1"]
+    assert 8266 not in ports_needed(as_view(cfg(d)), dashboard=False)["spark-1"]
     d["deployments"][0]["serve"].update(distributed_executor_backend="mp", master_port=29600)
     mp = cfg(d)
-    assert ports_needed(mp, mp.deployment) == {"spark-1": {8100: "the serve (Qwen3.5)",
+    assert ports_needed(as_view(mp)) == {"spark-1": {8100: "the serve (Qwen3.5)",
                                                            29600: "the serve's rank 0 (master_port)"}, "spark-2": {}}
