@@ -15,6 +15,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
 
+from .deployment import DeploymentView, as_view
 from .model import Kind, Observation, Phase, Status, Verdict
 
 if TYPE_CHECKING:
@@ -128,8 +129,10 @@ class Metrics:
     def bound(self, deployment: str) -> DeploymentMetrics:
         return DeploymentMetrics(self, deployment)
 
-    def update(self, dep: str, st: Status, obs: Observation | None, now: float, cfg: Config | None = None) -> None:
-        """After each tick. ``now`` is the clock of ``st``; ``cfg`` (the deployment's view) adds the limits."""
+    def update(self, dep: str, st: Status, obs: Observation | None, now: float,
+               on: DeploymentView | Config | None = None) -> None:
+        """After each tick. ``now`` is the clock of ``st``; ``on`` (the deployment's view, or a one-deployment
+        config) adds the limits."""
         for phase in Phase:
             self.phase.labels(dep, phase.value).set(1 if phase == st.phase else 0)
         self.reason.labels(dep).info({"phase": st.phase.value, "reason": st.why.kind})
@@ -148,9 +151,10 @@ class Metrics:
             self.unknown_for.labels(dep, what).set(round(now - since, 3) if since is not None else 0)
         seen.update(st.unknown_since)
         members = None
-        if cfg is not None:
-            dep_cfg = cfg.deployment
-            members = {n.name for n in cfg.members(dep_cfg)}
+        if on is not None:
+            view = as_view(on)
+            cfg, dep_cfg = view.cfg, view.dep
+            members = {n.name for n in view.members}
             self.budget_max.labels(dep).set(cfg.healing.repair_budget)
             self.window.labels(dep).set(cfg.healing.repair_window)
             self.stall_timeout.labels(dep).set(dep_cfg.readiness.stall_timeout)

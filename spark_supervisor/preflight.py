@@ -7,6 +7,7 @@ import ipaddress
 from . import modelcheck
 from .commands import node_env
 from .config import Config, Deployment
+from .deployment import DeploymentView, as_view
 from .model import ImageReport, Kind, Observation
 
 _IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
@@ -27,9 +28,10 @@ def _on(ip: str, cidrs: tuple[str, ...]) -> bool:
     return any(addr == ipaddress.ip_interface(c).ip or addr in ipaddress.ip_interface(c).network for c in cidrs)
 
 
-def preflight(cfg: Config, obs: Observation) -> list[str]:
-    dep = cfg.deployment
-    members = cfg.members(dep)
+def preflight(on: DeploymentView | Config, obs: Observation) -> list[str]:
+    """The fabric as the deployment's members see it (``on``: its view, or a one-deployment config)."""
+    view = as_view(on)
+    dep, members = view.dep, list(view.members)
     problems: list[str] = []
     for node in members:
         env = {**dep.ray.env, **node_env(node), **node.env}

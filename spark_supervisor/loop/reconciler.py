@@ -87,13 +87,13 @@ class Reconciler:
 
     def tick(self) -> float:
         """One reconcile pass; returns the seconds until the next one."""
-        st, cfg, now = self.status, self.view.cfg, self.clock()
+        st, now = self.status, self.clock()
         obs = self.backend.observe(self._want_full(now))
         self.last_obs = obs
         self.last_seen = seen = derive(obs, st.phase, self.view)  # once: trackers, plan, quick watch, status
         if obs.full:
             self.last_full = obs
-            st.preflight = tuple(preflight(cfg, obs))
+            st.preflight = tuple(preflight(self.view, obs))
         self.liveness.track(st, obs, seen, self.metrics, now)
         if self.paused is not None:
             return self._paused_tick(obs, seen, now)
@@ -112,7 +112,7 @@ class Reconciler:
             self.log.info("phase.paused", phase=Phase.PAUSED.value, sees=sees, by=self.paused.by,
                           reason=self.paused.reason)
         self.watch.saw(obs, seen)
-        self.metrics.update(st, obs, self.clock(), self.view.cfg)
+        self.metrics.update(st, obs, self.clock(), self.view)
         self.changed()
         return self.view.cfg.supervisor.interval
 
@@ -142,7 +142,7 @@ class Reconciler:
         self._advance(decision, failure, fatal, now)
         self.start.note(st, progress_before, now)
         self.watch.saw(obs, seen)
-        self.metrics.update(st, obs, self.clock(), self.view.cfg)
+        self.metrics.update(st, obs, self.clock(), self.view)
         self.changed()
         if (again and decision.actions and not failure and st.phase != Phase.FAILED
                 and all(isinstance(a, CheckImage) for a in decision.actions)):
