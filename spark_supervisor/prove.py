@@ -19,9 +19,8 @@ REFUSED = Kind.CHANGE_REFUSED
 def prove(world: World, actor: Actor) -> Reason | None:
     """None when the spec of ``world``'s deployment can start as far as anything short of starting it can
     tell; else why not, as a ChangeRefused reason naming the node and what is wrong there."""
-    view = world.cfg
-    dep = view.deployment
-    members = view.members(dep)
+    view = world.view
+    dep, members = view.dep, view.members
     with ThreadPoolExecutor(max_workers=len(members), thread_name_prefix="prove") as pool:
         futures = {n.name: pool.submit(actor.run, CheckImage(n.name)) for n in members}
         reports: dict[str, ImageReport] = {}
@@ -35,5 +34,5 @@ def prove(world: World, actor: Actor) -> Reason | None:
                 return Reason(REFUSED, f"{node} could not be checked: {e}")
             if isinstance(got, ImageReport):
                 reports[node] = got
-    problem = image_problem(view, dep, reports)
+    problem = image_problem(view.cfg, dep, reports)
     return Reason(REFUSED, f"{problem[0]}: {problem[1]}") if problem else None

@@ -7,12 +7,16 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base import EX_CONFIG, _load
 
+if TYPE_CHECKING:
+    from ..deployment import DeploymentView
+
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from ..deployment import views
     whole = _load(args.config)
     for w in whole.warnings:  # what may be meant, but should not be: said, and check still passes
         print(f"warning: {w}", file=sys.stderr)
@@ -30,26 +34,25 @@ def cmd_check(args: argparse.Namespace) -> int:
     for p in unfit:
         print(f"preflight: supervisor.state_dir: {p}")
     several = len(whole.deployments) > 1
-    found = len(unfit) + sum(_preflight(whole.view(dep), f"{dep.name}: " if several else "") for dep in whole.deployments)
+    found = len(unfit) + sum(_preflight(v, f"{name}: " if several else "") for name, v in views(whole).items())
     print("preflight: OK" if not found else f"preflight: {found} problem(s)")
     return 1 if found else 0
 
 
-def _preflight(cfg: Any, prefix: str) -> int:
+def _preflight(view: DeploymentView, prefix: str) -> int:
     """One deployment's preflight, printed; returns the number of problems."""
-    dep = cfg.deployment
     from ..observe import Observer, World
     from ..preflight import preflight
-    world = World(cfg)
+    world = World(view)
     try:
         obs = Observer(world).observe(full=True)
     finally:
         world.close()
     problems = [f"{o.name}: unreachable: {o.error}" for o in obs.nodes.values() if o.error]
-    problems += preflight(cfg, obs)
-    problems += _check_images(cfg, [n for n in cfg.members(dep) if not obs.nodes[n.name].error])
+    problems += preflight(view, obs)
+    problems += _check_images(view.cfg, [n for n in view.members if not obs.nodes[n.name].error])
     if obs.ray is not None and obs.ray.reachable:
-        fabric = {n.fabric_ip for n in cfg.members(dep)}
+        fabric = {n.fabric_ip for n in view.members}
         problems += [f"Ray node {n.node_id[:12]} registered with {n.ip}, not a fabric IP"
                      for n in obs.ray.alive if n.ip not in fabric]
     for p in problems:
@@ -87,16 +90,17 @@ def _check_images(cfg: Any, nodes: list[Any]) -> list[str]:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
+    from ..deployment import views
     from ..diagnose import diagnose, render
     from ..observe import World
     whole = _load(args.config)
     ok = True
-    for dep in whole.deployments:
-        world = World(whole.view(dep))
+    for name, view in views(whole).items():
+        world = World(view)
         try:
             diags = diagnose(world)
             if len(whole.deployments) > 1:
-                print(f"== {dep.name}")
+                print(f"== {name}")
             print(render(diags, world))
         finally:
             world.close()
@@ -127,19 +131,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from ..deployment import views
     from ..model import Phase, Status, describe
     from ..observe import Observer, World
     from ..plan import plan
     whole = _load(args.config)
     outs = []
-    for dep in whole.deployments:
-        cfg = whole.view(dep)
-        world = World(cfg)
+    for view in views(whole).values():
+        dep = view.dep
+        world = World(view)
         try:
             obs = Observer(world).observe(full=True)
         finally:
             world.close()
-        decision = plan(obs, Status(phase=Phase.DETECTING), cfg, obs.at)
+        decision = plan(obs, Status(phase=Phase.DETECTING), view, obs.at)
         actions = [describe(a) for a in decision.actions]
         outs.append({"deployment": dep.name, "phase": decision.phase.value, "reason": decision.reason,
                      "failure": decision.failure, "actions": actions})
@@ -159,6 +164,7 @@ def cmd_teardown(args: argparse.Namespace) -> int:
     from .. import logs
     from ..act import ActionFailed
     from ..backend import teardown
+    from ..deployment import DeploymentView
     from ..observe import World
     whole = _load(args.config)
     from .. import control, maintenance
@@ -172,7 +178,7 @@ def cmd_teardown(args: argparse.Namespace) -> int:
     logs.setup()
     removed, failed = [], False
     for dep in whole.deployments:  # each on its own: one that cannot be reached does not stop the others
-        world = World(whole.view(dep))
+        world = World(DeploymentView.build(whole, dep))
         try:
             removed += teardown(world, logs.get())
         except ActionFailed as e:

@@ -13,7 +13,6 @@ from typing import Any
 from .. import probes, statefile, statusdoc
 from ..act import ActionFailed
 from ..backend import Backend
-from ..config import Config
 from ..deployment import DeploymentView
 from ..metrics import DeploymentMetrics, NoMetrics
 from ..model import (
@@ -155,7 +154,7 @@ class Reconciler:
                 return 0.0  # something was done: look again at once rather than idle for an interval
         else:
             self._eager = 0
-        return _interval(st, cfg, self.clock)
+        return _interval(st, self.view, self.clock)
 
     def _act(self, decision: Decision) -> tuple[Reason | None, bool]:
         """Run the decision's actions and take in what they found; returns the failure (if any) and whether
@@ -297,8 +296,9 @@ class Reconciler:
         self.due_at = 0.0
 
 
-def _interval(st: Status, cfg: Config, clock: Callable[[], float]) -> float:
+def _interval(st: Status, view: DeploymentView, clock: Callable[[], float]) -> float:
     """The seconds until the next tick when nothing calls for one at once: the phase's own pace."""
+    cfg = view.cfg
     if st.phase in (Phase.SERVING, Phase.FAILED, Phase.WAITING):
         return cfg.supervisor.interval
     if st.phase == Phase.BACKOFF:
@@ -307,7 +307,7 @@ def _interval(st: Status, cfg: Config, clock: Callable[[], float]) -> float:
     if st.phase == Phase.DEGRADED:
         return min(backoff_delay(st.failures + 1, cfg.supervisor.backoff_base, 30, 1.0), 30)
     if st.phase == Phase.LOADING:
-        return min(cfg.deployment.readiness.poll_interval, cfg.supervisor.interval)
+        return min(view.dep.readiness.poll_interval, cfg.supervisor.interval)
     return cfg.supervisor.transition_interval
 
 
