@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from . import commands, identity, redaction
 from .adapters import AdapterError
 from .adapters.shell import run_local
-from .config import deployment_secrets
 from .model import ProbeResult
 from .observe import NodeAdapters, World
 from .probes import health_result
@@ -51,10 +50,9 @@ class NodeDiagnosis:
 
 
 def _layers(world: World, a: NodeAdapters, timeout: float) -> list[Layer]:
-    cfg = world.cfg
-    dep = cfg.deployment
+    dep = world.view.dep
     container = identity.node_container_name(dep, a.node)
-    secrets = deployment_secrets(cfg, dep)
+    secrets = world.view.secrets
 
     def shown(e: Exception) -> str:
         return redaction.text(str(e), secrets)
@@ -62,7 +60,7 @@ def _layers(world: World, a: NodeAdapters, timeout: float) -> list[Layer]:
     if a.node.role == "head":
         ep = world.api.observe_health()
         out.append(Layer("serve API", health_result(ep) == ProbeResult.SUCCESS,
-                         f"{redaction.url(cfg.endpoint(dep))}/health: {ep.state} {ep.health or ''}".strip()))
+                         f"{redaction.url(world.view.endpoint)}/health: {ep.state} {ep.health or ''}".strip()))
         if out[-1].ok:
             return out
     try:
@@ -82,7 +80,7 @@ def _layers(world: World, a: NodeAdapters, timeout: float) -> list[Layer]:
         try:
             r = run_local(a.node.oob, timeout)
             out.append(Layer("out-of-band", r.rc == 0,
-                             f"{' '.join(commands.shown_argv(cfg, dep, list(a.node.oob)))}: exit {r.rc}"))
+                             f"{' '.join(commands.shown_argv(world.cfg, dep, list(a.node.oob)))}: exit {r.rc}"))
         except AdapterError as e:
             out.append(Layer("out-of-band", False, shown(e)))
     # Report top-down, but the verdict reads bottom-up: stop at the first layer that answers.
@@ -98,7 +96,7 @@ def diagnose(world: World) -> list[NodeDiagnosis]:
 
 def render(diags: list[NodeDiagnosis], world: World) -> str:
     lines = []
-    dep = world.cfg.deployment
+    dep = world.view.dep
     for d in diags:
         failing = d.first_failing
         node = world.nodes[d.node].node

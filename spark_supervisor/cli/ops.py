@@ -50,7 +50,7 @@ def _preflight(view: DeploymentView, prefix: str) -> int:
         world.close()
     problems = [f"{o.name}: unreachable: {o.error}" for o in obs.nodes.values() if o.error]
     problems += preflight(view, obs)
-    problems += _check_images(view.cfg, [n for n in view.members if not obs.nodes[n.name].error])
+    problems += _check_images(view, [n for n in view.members if not obs.nodes[n.name].error])
     if obs.ray is not None and obs.ray.reachable:
         fabric = {n.fabric_ip for n in view.members}
         problems += [f"Ray node {n.node_id[:12]} registered with {n.ip}, not a fabric IP"
@@ -60,7 +60,7 @@ def _preflight(view: DeploymentView, prefix: str) -> int:
     return len(problems)
 
 
-def _check_images(cfg: Any, nodes: list[Any]) -> list[str]:
+def _check_images(view: DeploymentView, nodes: list[Any]) -> list[str]:
     """The image check the daemon runs before a first start, on every reachable node; prints what each holds."""
     import structlog
 
@@ -68,8 +68,8 @@ def _check_images(cfg: Any, nodes: list[Any]) -> list[str]:
     from ..model import CheckImage, ImageReport
     from ..observe import World
     from ..preflight import image_problem
-    dep = cfg.deployment
-    world = World(cfg)
+    dep = view.dep
+    world = World(view)
     problems, reports = [], {}
     try:
         actor = Actor(world, structlog.get_logger())
@@ -85,7 +85,7 @@ def _check_images(cfg: Any, nodes: list[Any]) -> list[str]:
                   + ("" if r.dashboard or not dep.uses_ray else " (Ray will be read through its GCS)"))
     finally:
         world.close()
-    found = image_problem(cfg, dep, reports)
+    found = image_problem(view.cfg, dep, reports)
     return problems + ([f"{found[0]}: {found[1]}"] if found else [])
 
 
