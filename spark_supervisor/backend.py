@@ -13,7 +13,7 @@ from .act import ActionFailed, Actor
 from .adapters import AdapterError
 from .adapters.quick import QuickProbe
 from .adapters.shell import control_dir
-from .config import Config
+from .deployment import DeploymentView
 from .model import (
     Action,
     EndpointObservation,
@@ -51,8 +51,9 @@ class Backend(Protocol):
 
 
 class RealBackend:
-    def __init__(self, cfg: Config, log: Any, heartbeat: Callable[[], None] | None = None):
-        self.world = World(cfg, control_dir=control_dir(cfg.supervisor.state_dir))
+    def __init__(self, view: DeploymentView, log: Any, heartbeat: Callable[[], None] | None = None):
+        cfg = view.cfg
+        self.world = World(view, control_dir=control_dir(cfg.supervisor.state_dir))
         self.observer = Observer(self.world, recent=self._recent)
         self.actor, self.log = Actor(self.world, log, heartbeat), log
         self.quick_probe = QuickProbe(self.world.ray.url if self.world.view.dep.uses_ray else "", self.world.api.url)

@@ -25,6 +25,7 @@ from .. import statefile
 from ..backend import Backend
 from ..config import Config
 from ..control import ControlServer
+from ..deployment import DeploymentView
 from ..model import Pause, Status
 from ..notify import Notifier
 from ..retry import backoff_delay
@@ -51,7 +52,7 @@ class Daemon:
     SETTLE_S = Reloader.SETTLE_S
 
     def __init__(self, config_path: str, cfg: Config, *, log: Any,
-                 backend_factory: Callable[[Config], Backend] | None = None,
+                 backend_factory: Callable[[DeploymentView], Backend] | None = None,
                  notifier: Notifier | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
                  rng: Callable[[], float] = random.random, prove: proof.Start = proof.start):

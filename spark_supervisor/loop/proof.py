@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..backend import Backend
-from ..config import Config
+from ..deployment import DeploymentView
 from ..model import Reason
 from ..prove import REFUSED
 
@@ -34,10 +34,10 @@ class Proving:
     seen: bool = False  # its verdict was acted on
 
 
-Start = Callable[[tuple[str, ...], dict[str, Config], Callable[[Config], Backend], Any], Proving]
+Start = Callable[[tuple[str, ...], dict[str, DeploymentView], Callable[[DeploymentView], Backend], Any], Proving]
 
 
-def refusals(views: dict[str, Config], backend_factory: Callable[[Config], Backend], log: Any) -> list[Reason]:
+def refusals(views: dict[str, DeploymentView], backend_factory: Callable[[DeploymentView], Backend], log: Any) -> list[Reason]:
     """Each deployment's new spec proven with a backend of its own (closed after): the refusals, each
     prefixed with its deployment's name."""
     refused = []
@@ -56,7 +56,7 @@ def refusals(views: dict[str, Config], backend_factory: Callable[[Config], Backe
     return refused
 
 
-def start(key: tuple[str, ...], views: dict[str, Config], backend_factory: Callable[[Config], Backend],
+def start(key: tuple[str, ...], views: dict[str, DeploymentView], backend_factory: Callable[[DeploymentView], Backend],
           log: Any) -> Proving:
     """The proofs on a daemon thread: one stuck on an engine must not hold the daemon's exit."""
     result: Future[list[Reason]] = Future()
@@ -65,7 +65,7 @@ def start(key: tuple[str, ...], views: dict[str, Config], backend_factory: Calla
     return Proving(key, sorted(views), result)
 
 
-def start_inline(key: tuple[str, ...], views: dict[str, Config], backend_factory: Callable[[Config], Backend],
+def start_inline(key: tuple[str, ...], views: dict[str, DeploymentView], backend_factory: Callable[[DeploymentView], Backend],
                  log: Any) -> Proving:
     """The proofs run at once, on the caller's thread (fakes answer at once: the unit tests' clock decides)."""
     result: Future[list[Reason]] = Future()

@@ -122,7 +122,7 @@ class Reloader:
         key = (file_hash, *sorted(f"{n}:{v.ray_hash}:{v.serve_hash}" for n, v in views.items()))
         p = self.proving
         if p is None or p.key != key or not file_hash or (not again and p.result.done()):
-            self.proving = self.prove(key, {n: v.cfg for n, v in views.items()}, self.stack.backend_factory, self.log)
+            self.proving = self.prove(key, views, self.stack.backend_factory, self.log)
             self.log.warning("change.proving", deployments=sorted(views),
                              why="a change replaces what serves only once it is proven startable on every member")
             return None

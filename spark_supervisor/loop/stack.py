@@ -27,12 +27,12 @@ _ANSWERS = {Phase.VERIFYING, Phase.SERVING}
 
 
 class Stack:
-    def __init__(self, cfg: Config, *, log: Any, backend_factory: Callable[[Config], Backend] | None,
+    def __init__(self, cfg: Config, *, log: Any, backend_factory: Callable[[DeploymentView], Backend] | None,
                  watchdog: Callable[[], None], clock: Callable[[], float], wall: Callable[[], float],
                  rng: Callable[[], float]):
         self.cfg, self.log = cfg, log
         self.backend_factory = backend_factory or (
-            lambda c: RealBackend(c, log.bind(deployment=c.deployment.name), heartbeat=watchdog))
+            lambda v: RealBackend(v, log.bind(deployment=v.name), heartbeat=watchdog))
         self.watchdog, self.clock, self.wall, self.rng = watchdog, clock, wall, rng
         self.metrics = self._metrics(cfg)
         self.alerter = self._alerter(cfg)
@@ -43,7 +43,7 @@ class Stack:
 
     def _reconciler(self, view: DeploymentView, backend: Backend | None = None) -> Reconciler:
         name = view.name
-        r = Reconciler(view, backend or self.backend_factory(view.cfg), log=self.log.bind(deployment=name),
+        r = Reconciler(view, backend or self.backend_factory(view), log=self.log.bind(deployment=name),
                        metrics=self.metrics.bound(name), watchdog=self.watchdog,
                        clock=self.clock, wall=self.wall, rng=self.rng,
                        alert=lambda *a, **k: self.alerter.emit(*a, **k))
@@ -218,7 +218,7 @@ class Stack:
             for name, view in wanted.items():
                 old = self.reconcilers.get(name)
                 if old is None or _view_key(old.view) != _view_key(view):
-                    backends[name] = self.backend_factory(view.cfg)
+                    backends[name] = self.backend_factory(view)
         except Exception:
             for b in backends.values():
                 b.close()

@@ -10,9 +10,9 @@ from typing import Any
 import structlog
 import tomli_w
 
-from spark_supervisor import config
 from spark_supervisor.act import ActionFailed
 from spark_supervisor.backend import Backend, Fingerprint
+from spark_supervisor.deployment import DeploymentView
 from spark_supervisor.loop import proof
 from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import (
@@ -316,7 +316,7 @@ def test_a_reload_whose_backend_cannot_be_built_keeps_the_old_one(tmp_path: Path
     d["supervisor"]["interval"] = 7
     path.write_text(tomli_w.dumps(d))
 
-    def broken(c: config.Config) -> Backend:
+    def broken(v: DeploymentView) -> Backend:
         raise OSError("too many open files")
     daemon.stack.backend_factory = broken
     daemon.reload()

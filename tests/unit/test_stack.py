@@ -107,9 +107,9 @@ def make(tmp_path: Path, d: dict[str, Any]) -> tuple[Daemon, dict[str, FakeBacke
     backends: dict[str, FakeBackend] = {}
     clock, notes = Clock(), Notes()
 
-    def factory(view: config.Config) -> FakeBackend:
-        be = backends[view.deployment.name] = FakeBackend()
-        be.reports = images(view)
+    def factory(view: DeploymentView) -> FakeBackend:
+        be = backends[view.name] = FakeBackend()
+        be.reports = images(view.cfg)
         return be
     daemon = Daemon(str(path), cfg(d), log=structlog.get_logger(), backend_factory=factory, notifier=notes,
                     clock=clock, wall=lambda: 1.7e9 + clock.t, rng=lambda: 1.0, prove=proof.start_inline)
