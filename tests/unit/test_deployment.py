@@ -4,13 +4,16 @@ facts the config's helpers compute, and each derived deadline with why it has it
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
+import tomli_w
 
 from spark_supervisor import commands, config
 from spark_supervisor.deployment import DeploymentView, views
 from tests.helpers import cfg, data
+from tests.unit.test_daemon import FakeBackend, make
 from tests.unit.test_stack import EMBED, stack
 
 
@@ -82,3 +85,27 @@ def test_the_view_is_frozen() -> None:
     v = views(cfg())["qwen"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         v.ray_hash = "x"  # type: ignore[misc]
+
+
+def test_a_reload_makes_each_view_once_and_the_backend_gets_the_reconcilers(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[DeploymentView] = []
+    build = DeploymentView.build
+
+    def counting(whole: config.Config, dep: config.Deployment) -> DeploymentView:
+        made.append(build(whole, dep))
+        return made[-1]
+    monkeypatch.setattr(DeploymentView, "build", staticmethod(counting))
+    daemon, _, _, _, path = make(tmp_path)
+    given: list[DeploymentView] = []
+
+    def factory(v: DeploymentView) -> FakeBackend:
+        given.append(v)
+        return FakeBackend()
+    daemon.stack.backend_factory = factory
+    assert len(made) == 1
+    d = data()
+    d["supervisor"] = {"state_dir": str(tmp_path / "state"), "interval": 2}
+    path.write_text(tomli_w.dumps(d))
+    daemon.reload()
+    assert len(made) == 2 and len(given) == 1 and given[0] is made[1] and daemon.reconcilers["qwen"].view is made[1]
