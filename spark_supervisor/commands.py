@@ -363,7 +363,6 @@ RAY_NODES = script.load("ray-nodes.sh")
 RAY_NODES_PY = script.load("ray-nodes.py")
 
 
-def ray_nodes(cfg: Config, dep: Deployment, timeout: float) -> list[str]:
-    head = cfg.serve_node(dep)
-    return ["sh", "-c", RAY_NODES, "spark-ray-nodes", dep.ray.command[0], RAY_NODES_PY,
-            f"{head.fabric_ip}:{dep.ray.port}", f"{timeout:g}"]
+def ray_nodes(dep: Deployment, gcs: str, timeout: float) -> list[str]:
+    """Ray's node table read through the GCS at ``gcs`` (host:port: DeploymentView.gcs), in the head container."""
+    return ["sh", "-c", RAY_NODES, "spark-ray-nodes", dep.ray.command[0], RAY_NODES_PY, gcs, f"{timeout:g}"]

@@ -414,7 +414,7 @@ class Observer:
         view = self.world.view
         timeout = view.deadlines.ray_gcs.seconds
         try:
-            code, out = self.world.head().docker.exec(head_c.name, commands.ray_nodes(view.cfg, view.dep, timeout),
+            code, out = self.world.head().docker.exec(head_c.name, commands.ray_nodes(view.dep, view.gcs, timeout),
                                                       what="ray nodes")
         except AdapterError as e:
             return RayObservation(False, f"{Kind.RAY_GCS_UNREACHABLE}: {e}"[:200], via="gcs")

@@ -8,6 +8,7 @@ from typing import Any
 from spark_supervisor import commands
 from spark_supervisor.adapters.ray import read_nodes
 from spark_supervisor.config import RAY_STATE_LABEL, Config, serve_hash
+from spark_supervisor.deployment import as_view
 from spark_supervisor.model import (
     CheckImage,
     EndpointObservation,
@@ -133,7 +134,7 @@ def test_the_gcs_reading_uses_the_dashboards_shape_and_the_same_rules() -> None:
     assert ray.reachable and ray.via == "gcs" and [n.ip for n in ray.alive] == ["192.168.200.12"]
     bad = read_nodes("Traceback (most recent call last):", "gcs")
     assert not bad.reachable and bad.error.startswith("RayStateUnreadable")
-    argv = commands.ray_nodes(C, C.deployment, 5)
+    argv = commands.ray_nodes(C.deployment, as_view(C).gcs, 5)
     assert argv[:2] == ["sh", "-c"] and argv[-2:] == ["192.168.200.12:6379", "5"]
 
 
