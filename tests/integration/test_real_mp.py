@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
+import tomli_w
 
 from spark_testbed import realvllm, testbed
 from spark_testbed.harness import Supervisor, container_processes, containers, is_serve, serve_pids
@@ -187,6 +189,31 @@ def test_the_daemon_killed_and_restarted_adopts_the_real_pair(pair: Pair) -> Non
     assert after.ids == s.ids and after.pids == s.pids, "adopted: the same containers and ranks"
     assert not d.repairs() and not [e for e in d.events("action.started") if e.get("action") == "StartServe"]
     record("daemon SIGKILLed and restarted", serving_again_s=round(took, 1), relaunches=0)
+
+
+def test_a_reload_to_a_flag_the_real_parser_refuses_is_refused_before_anything_stops(pair: Pair) -> None:
+    """The change is proven first (issue 22): the new serve arguments through vLLM 0.32's own parser, in a
+    short-lived container of the image, while the pair serves on; refused there, nothing is stopped."""
+    s = serving(pair)
+    good = pair.config.read_text()
+    doc = tomllib.loads(good)
+    doc["deployments"][0]["serve"]["extra_args"] = [*doc["deployments"][0]["serve"]["extra_args"], "--no-such-flag"]
+    pair.config.write_text(tomli_w.dumps(doc))
+    t = time.monotonic()
+    try:
+        pair.daemon.proc.send_signal(signal.SIGHUP)
+        st = pair.daemon.wait(lambda x: bool((x.get("reload") or {}).get("refused")), 180, "the change refused")
+        took = time.monotonic() - t
+    finally:
+        pair.config.write_text(good)
+    refused = st["reload"]["refused"]
+    assert len(refused) == 1 and refused[0].startswith(f"ChangeRefused: {PAIR}: BadArguments: "), refused
+    assert "vLLM 0.32.0 refuses the serve's arguments on spark-1: unrecognized arguments: --no-such-flag" in refused[0]
+    after = serving(pair)
+    assert after.ids == s.ids and after.pids == s.pids and not pair.daemon.repairs(s.at), "nothing was stopped"
+    pair.daemon.proc.send_signal(signal.SIGHUP)  # the file put back: the refusal goes
+    pair.daemon.wait(lambda x: x.get("reload") is None, 60, "the refusal cleared")
+    record("reload to a flag vLLM refuses", refused_after_s=round(took, 1), serving_time_lost_s=0)
 
 
 def test_the_follower_killed_is_seen_by_the_daemon_and_both_ranks_are_relaunched(pair: Pair) -> None:
