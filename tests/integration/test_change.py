@@ -89,3 +89,23 @@ def test_a_reload_to_a_model_missing_on_one_node_keeps_the_old_one_serving_and_n
     verify_serving(d)
     assert owned_ids() == before and not d.repairs()
     assert "spark-1" not in refused[0].split(" Hint: ")[0], refused  # only the node that lacks it
+
+
+def test_apply_dry_run_names_the_refusal_and_touches_nothing(daemon: tuple[Supervisor, Path]) -> None:
+    import subprocess
+
+    from spark_testbed.harness import BIN
+    d, config = daemon
+    verify_serving(d)
+    before = owned_ids()
+    doc = tomllib.loads(config.read_text())
+    doc["deployments"][0]["ray"] = {**doc["deployments"][0]["ray"], "image": "spark-testbed/hostfs:no-such-tag"}
+    new = config.parent / "new.toml"
+    new.write_text(tomli_w.dumps(doc))
+    out = subprocess.run([str(BIN / "spark-supervisor"), "apply", "--dry-run", str(new), "--config", str(config)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "  testbed: replace (ray differ): REFUSED: ChangeRefused: ImageMissing: spark-testbed/hostfs:no-such-tag" \
+        in out.stdout, out.stdout
+    verify_serving(d)
+    assert owned_ids() == before and not d.repairs()
