@@ -103,6 +103,7 @@ class Reloader:
                 self._refuse(refused)
                 return
         self.proving, self.refused = None, []
+        self.stack.rollbacks.notes.clear()  # what they were about is replaced by this file
         changed = new != cfg
         logs.register_config(new)  # a key or secret the new file brings is redacted from here on
         for w in new.warnings:
@@ -163,6 +164,8 @@ class Reloader:
             return f" (reload staged: {self._staged_text()})"
         if self._proving_text():
             return f" (reload proving: {self._proving_text()})"
+        if self.stack.rollbacks.notes:
+            return f" ({'; '.join(str(r) for r in self.stack.rollbacks.notes)})"
         return ""
 
     def _proving_text(self) -> str:
@@ -179,11 +182,13 @@ class Reloader:
 
     def doc(self) -> dict[str, Any] | None:
         """The last reload, when it failed or waits: the status file's "reload"."""
-        if not self.reload_error and self.staged is None and not self._proving_text():
+        rolled = [str(r) for r in self.stack.rollbacks.notes]
+        if not self.reload_error and self.staged is None and not self._proving_text() and not rolled:
             return None
         return {"error": self.reload_error or None, "at": statefile.iso(self.reload_at),
                 "staged": self._staged_text() if self.staged is not None and not self.reload_error else None,
-                "proving": self._proving_text() or None, "refused": [str(r) for r in self.refused]}
+                "proving": self._proving_text() or None, "refused": [str(r) for r in self.refused],
+                "rolled_back": rolled}
 
 
 def _hashes(view: config_mod.Config) -> tuple[str, str]:

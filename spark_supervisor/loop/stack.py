@@ -21,6 +21,7 @@ from ..model import Pause, Phase, Reason, Status
 from ..retry import backoff_delay
 from .pause import PauseState
 from .reconciler import Reconciler
+from .rollback import Rollbacks
 
 # Phases that count as "answers" for a deployment that starts after it (its memory profiling is over).
 _ANSWERS = {Phase.VERIFYING, Phase.SERVING}
@@ -37,6 +38,7 @@ class Stack:
         self.metrics = self._metrics(cfg)
         self.alerter = self._alerter(cfg)
         self.pausing = PauseState(cfg.supervisor.state_dir, log=log, clock=clock, wall=wall)
+        self.rollbacks = Rollbacks(log)
         self.reconcilers: dict[str, Reconciler] = {}
         for dep in cfg.deployments:
             self.reconcilers[dep.name] = self._reconciler(cfg.view(dep))
@@ -115,10 +117,20 @@ class Stack:
                 wait = backoff_delay(r.status.failures, self.cfg.supervisor.backoff_base,
                                      self.cfg.supervisor.backoff_max, self.rng())
             r.due_at = self._due(wait)
+            self._roll_back_if_due(name, r)
             if r.status.phase in _ANSWERS and before not in _ANSWERS:
                 for other in self.reconcilers.values():  # those waiting for it look again at once
                     if name in other.cfg.deployment.after and other.status.phase == Phase.WAITING:
                         other.due_at = 0.0
+
+    def _roll_back_if_due(self, name: str, r: Reconciler) -> None:
+        """A switched-to spec that failed before it served: back to the spec that served (loop.rollback)."""
+        back = self.rollbacks.due(name, r)
+        if back is None:
+            return
+        view, why = back
+        r.reconfigure(view, self.backend_factory(view), "rollback")
+        self.alerter.emit(name, "rolled_back", phase=r.status.phase.value, reason=str(why), reason_kind=why.kind)
 
     def next_due(self) -> float:
         """When (the daemon's clock) the next deployment's tick, or the pause's end, is due."""
@@ -204,6 +216,8 @@ class Stack:
             else:
                 r.metrics = self.metrics.bound(name)
                 if name in backends:
+                    if _spec(view) != _spec(r.cfg):
+                        self.rollbacks.switched(name, r, view)
                     r.reconfigure(view, backends[name], "config change")
                 else:
                     r.cfg = view  # the same deployment; only who else is configured may differ

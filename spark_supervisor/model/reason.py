@@ -51,6 +51,7 @@ class Kind(StrEnum):
 
     # What the planner and the loop decide.
     CHANGE_REFUSED = "ChangeRefused"  # a reload's new spec failed its proof: the old one serves on
+    ROLLED_BACK = "RolledBack"  # a reload's new spec failed once switched to: the last that served again
     CHECKING_IMAGE = "CheckingImage"
     CHECKING_MODEL = "CheckingModel"
     CONTAINER_IN_TRANSITION = "ContainerInTransition"

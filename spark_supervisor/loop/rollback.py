@@ -1,0 +1,54 @@
+"""The way back from a change that failed once switched to: the last spec that served, per deployment.
+
+A change is proven before the switch (loop.proof), but a proof cannot see everything: a model that loads and
+then kills the engine on its first request, a start that misses its deadline. So when a reload replaces a
+serving deployment, the spec it ran is kept, and the new one is on probation until it reaches SERVING. If it
+fails first -- FAILED, or a failed attempt at its start or verification -- the deployment is put back on
+the spec it ran (its compile cache is still warm), `RolledBack: <the new spec's failure>` is shown until the
+next reload, alerted and logged; the operator's file is left as it is, and a later reload tries it again.
+``[changes] rollback = false`` turns it off (the failed spec then stays, as any other failure).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import Config
+from ..model import Kind, Phase, Reason
+from .reconciler import Reconciler
+
+
+class Rollbacks:
+    def __init__(self, log: Any) -> None:
+        self.log = log
+        # deployment -> the view it ran before the switch, and when its phase then began (SERVING counts as the
+        # change made good only once entered after the switch)
+        self.probation: dict[str, tuple[Config, float]] = {}
+        self.notes: list[Reason] = []  # the rollbacks since the last reload applied: shown with the reload
+
+    def switched(self, name: str, before: Reconciler, after: Config) -> None:
+        """A reload is about to replace what ``before`` runs with ``after``: keep the view it runs if it serves
+        (the way back), unless the new config turns rollbacks off."""
+        self.probation.pop(name, None)
+        if after.changes.rollback and before.status.phase in (Phase.SERVING, Phase.DEGRADED):
+            self.probation[name] = (before.cfg, before.status.since_wall)
+            self.log.info("change.switched", deployment=name, way_back="the spec that served")
+
+    def due(self, name: str, r: Reconciler) -> tuple[Config, Reason] | None:
+        """After a tick of ``r``: the view to go back to and why, when the spec on probation failed first."""
+        held = self.probation.get(name)
+        if held is None:
+            return None
+        back, switched_in = held
+        st = r.status
+        if st.phase == Phase.SERVING and st.since_wall != switched_in:
+            self.probation.pop(name)  # the change made it: this spec is the way back from now on
+            self.log.info("change.proven_by_serving", deployment=name)
+            return None
+        if st.phase not in (Phase.FAILED, Phase.BACKOFF) and st.failures == 0:
+            return None
+        self.probation.pop(name)
+        why = Reason(Kind.ROLLED_BACK, f"{name}: {st.reason or st.phase.value}"[:600])
+        self.notes.append(why)
+        self.log.error("change.rolled_back", deployment=name, reason=str(why))
+        return back, why
