@@ -86,6 +86,10 @@ def parser() -> argparse.ArgumentParser:
                     help="resume by itself after this long (30m, 1h30m, 90s; a bare number is minutes)")
     pa.add_argument("--reason", default="", help="shown in status and STATUS=")
     add("resume", maintenance.cmd_resume, "leave maintenance mode: detect afresh and reconcile")
+    rs = add("restart", maintenance.cmd_restart, "relaunch the models: a start, logged with who asked, not a "
+             "repair (the budget is not charged)")
+    rs.add_argument("deployment", nargs="?", default="", help="only this deployment (default: every one)")
+    rs.add_argument("--serve-only", action="store_true", help="relaunch the serve alone; the containers stay")
     logs.add_arguments(add("logs", logs.cmd_logs, "the serve's log of the current launch (or the previous) on a node"))
     ls = add("logscan", tools.cmd_logscan, "read a vLLM serve log: phase reached, timings, failure and hint",
              config=False, json=True)

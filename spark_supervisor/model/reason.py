@@ -87,6 +87,7 @@ class Kind(StrEnum):
     RAY_STRAY_NODE = "RayStrayNode"
     REPAIR_DELAYED = "RepairDelayed"
     RESTART_BUDGET_EXHAUSTED = "RestartBudgetExhausted"
+    RESTARTING = "Restarting"  # the operator asked (`spark-supervisor restart`): a start, not a repair
     SANITY_FAILED = "SanityFailed"
     SERVE_EXITED = "ServeExited"
     SERVE_FAILED = "ServeFailed"

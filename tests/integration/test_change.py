@@ -109,3 +109,23 @@ def test_apply_dry_run_names_the_refusal_and_touches_nothing(daemon: tuple[Super
         in out.stdout, out.stdout
     verify_serving(d)
     assert owned_ids() == before and not d.repairs()
+
+
+def test_restart_serve_only_relaunches_the_serve_with_the_requester_logged_and_no_repair(
+        daemon: tuple[Supervisor, Path]) -> None:
+    import subprocess
+
+    from spark_testbed.harness import BIN, serve_pids
+    d, config = daemon
+    st = verify_serving(d)
+    before, pid = owned_ids(), serve_pids("spark-1")
+    out = subprocess.run([str(BIN / "spark-supervisor"), "restart", "--serve-only", "--config", str(config)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "testbed: serve stopped; starting again (serve-only restart asked by" in out.stdout, \
+        out.stdout + out.stderr
+    asked = d.events("operator.restart")
+    assert asked and asked[-1]["serve_only"] and "pid " in asked[-1]["by"], asked  # who asked: SO_PEERCRED
+    d.wait(lambda s: s["phase"] == "SERVING" and s["since"] != st["since"], 180, "SERVING on the relaunched serve")
+    st = verify_serving(d)
+    assert owned_ids() == before and serve_pids("spark-1") != pid  # the containers stayed, the serve is new
+    assert not d.repairs() and st["repairs"]["in_window"] == 0  # a start, not a repair
