@@ -53,6 +53,7 @@ class Actor:
         # A transient engine/SSH hiccup is retried within one operation, as the config's [retry] says.
         self._retry = retry_mod.from_config(world.cfg.retry)
         self._images_lock = threading.Lock()
+        self.pins: dict[str, str] = {}  # node -> image ID its repairs start (Status.pinned)
 
     def run(self, action: Action) -> Verdict | ImageReport | None:
         try:
@@ -87,7 +88,7 @@ class Actor:
                 return self._prefetch_model(w.nodes[node])
             case StartContainer(node=node, dashboard=dashboard):
                 a = w.nodes[node]
-                spec = commands.node_container(cfg, dep, a.node, dashboard=dashboard)
+                spec = self._pinned(node, commands.node_container(cfg, dep, a.node, dashboard=dashboard))
                 self._ensure_image(a, spec.image)
                 cid = self._retry(a.docker.run)(spec)
                 self.log.info("ray.container_started", node=node, container=spec.name, id=cid,
@@ -120,6 +121,11 @@ class Actor:
                 return v
         return None
 
+    def _pinned(self, node: str, spec: commands.ContainerSpec) -> commands.ContainerSpec:
+        """The spec with the image its node ran when the deployment last served, by ID, if one is pinned."""
+        pin = self.pins.get(node)
+        return dataclasses.replace(spec, image=pin) if pin else spec
+
     def _redact(self, out: str) -> str:
         """A helper's output (the image could echo its environment) fit for a reason or a log line."""
         return redaction.text(out, deployment_secrets(self.world.cfg, self.world.cfg.deployment))
@@ -131,7 +137,7 @@ class Actor:
         of this very image (its ID) for this spec is not made again (a reboot does not change the image)."""
         cfg = self.world.cfg
         dep, node = cfg.deployment, a.node.name
-        spec = commands.image_probe(cfg, dep, a.node)
+        spec = self._pinned(node, commands.image_probe(cfg, dep, a.node))
         self._ensure_image(a, spec.image)
         image_id, key = a.docker.image_id(spec.image), ray_hash(cfg, dep)
         state_dir = cfg.supervisor.state_dir

@@ -117,7 +117,8 @@ class DockerEngine:
         at = time.monotonic()  # taken before asking: a change made while the answer travels is not hidden
         raw = self._call(lambda: self.client().api.containers(all=True))
         found = [Container(id=c["Id"][:12], name=(c.get("Names") or ["/?"])[0].lstrip("/"),
-                           image=c.get("Image", ""), state=c.get("State", ""), labels=c.get("Labels") or {})
+                           image=c.get("Image", ""), state=c.get("State", ""), labels=c.get("Labels") or {},
+                           image_id=c.get("ImageID", ""))
                  for c in raw]
         LISTINGS.put(self.url, found, at)
         return found

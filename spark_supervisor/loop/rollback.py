@@ -1,4 +1,5 @@
-"""The way back from a change that failed once switched to: the last spec that served, per deployment.
+"""The way back from a change that failed once switched to: the last spec that served, per deployment; and
+the images a serving deployment's repairs start, by ID.
 
 A change is proven before the switch (loop.proof), but a proof cannot see everything: a model that loads and
 then kills the engine on its first request, a start that misses its deadline. So when a reload replaces a
@@ -11,11 +12,29 @@ next reload, alerted and logged; the operator's file is left as it is, and a lat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from ..alerts import Alerter
+from ..backend import Backend
 from ..config import Config
+from ..identity import node_container_name
 from ..model import Kind, Phase, Reason
 from .reconciler import Reconciler
+
+
+def pin_what_serves(r: Reconciler) -> None:
+    """Serving: the image ID each member's container runs is what its repairs start from now on (Status.pinned),
+    not whatever its tag names by then: a tag re-pulled underneath is picked up by a reload, never by a repair."""
+    obs, dep = r.last_obs, r.cfg.deployment
+    if obs is None:
+        return
+    ids = {n.name: c.image_id for n in r.cfg.members(dep) if n.name in obs.nodes
+           for c in obs.nodes[n.name].containers if c.name == node_container_name(dep, n) and c.image_id}
+    if ids and ids != r.status.pinned:
+        r.status.pinned = ids
+        r.backend.pin(ids)
+        r.log.info("image.pinned", image=dep.ray.image, ids=ids)
 
 
 class Rollbacks:
@@ -52,3 +71,14 @@ class Rollbacks:
         self.notes.append(why)
         self.log.error("change.rolled_back", deployment=name, reason=str(why))
         return back, why
+
+    def roll_back_if_due(self, name: str, r: Reconciler, backend_factory: Callable[[Config], Backend],
+                         alerter: Alerter) -> None:
+        """After a tick of ``r``: back to the spec that served, when the one switched to failed first."""
+        back = self.due(name, r)
+        if back is None:
+            return
+        view, why = back
+        r.status.pinned = {}
+        r.reconfigure(view, backend_factory(view), "rollback")
+        alerter.emit(name, "rolled_back", phase=r.status.phase.value, reason=str(why), reason_kind=why.kind)

@@ -21,7 +21,7 @@ from ..model import Pause, Phase, Reason, Status
 from ..retry import backoff_delay
 from .pause import PauseState
 from .reconciler import Reconciler
-from .rollback import Rollbacks
+from .rollback import Rollbacks, pin_what_serves
 
 # Phases that count as "answers" for a deployment that starts after it (its memory profiling is over).
 _ANSWERS = {Phase.VERIFYING, Phase.SERVING}
@@ -117,20 +117,13 @@ class Stack:
                 wait = backoff_delay(r.status.failures, self.cfg.supervisor.backoff_base,
                                      self.cfg.supervisor.backoff_max, self.rng())
             r.due_at = self._due(wait)
-            self._roll_back_if_due(name, r)
+            if r.status.phase == Phase.SERVING and before != Phase.SERVING:
+                pin_what_serves(r)
+            self.rollbacks.roll_back_if_due(name, r, self.backend_factory, self.alerter)
             if r.status.phase in _ANSWERS and before not in _ANSWERS:
                 for other in self.reconcilers.values():  # those waiting for it look again at once
                     if name in other.cfg.deployment.after and other.status.phase == Phase.WAITING:
                         other.due_at = 0.0
-
-    def _roll_back_if_due(self, name: str, r: Reconciler) -> None:
-        """A switched-to spec that failed before it served: back to the spec that served (loop.rollback)."""
-        back = self.rollbacks.due(name, r)
-        if back is None:
-            return
-        view, why = back
-        r.reconfigure(view, self.backend_factory(view), "rollback")
-        self.alerter.emit(name, "rolled_back", phase=r.status.phase.value, reason=str(why), reason_kind=why.kind)
 
     def next_due(self) -> float:
         """When (the daemon's clock) the next deployment's tick, or the pause's end, is due."""
@@ -218,6 +211,7 @@ class Stack:
                 if name in backends:
                     if _spec(view) != _spec(r.cfg):
                         self.rollbacks.switched(name, r, view)
+                        r.status.pinned = {}  # the new spec starts from its tag
                     r.reconfigure(view, backends[name], "config change")
                 else:
                     r.cfg = view  # the same deployment; only who else is configured may differ

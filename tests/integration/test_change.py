@@ -9,6 +9,7 @@ import shutil
 import signal
 import tomllib
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 import tomli_w
 
 from spark_testbed import testbed
-from spark_testbed.harness import Supervisor, owned_ids, verify_serving, write_config
+from spark_testbed.harness import OWNED, Supervisor, owned_ids, verify_serving, write_config
 from tests.integration.conftest import reset_testbed
 
 pytestmark = pytest.mark.testbed
@@ -129,3 +130,29 @@ def test_restart_serve_only_relaunches_the_serve_with_the_requester_logged_and_n
     st = verify_serving(d)
     assert owned_ids() == before and serve_pids("spark-1") != pid  # the containers stayed, the serve is new
     assert not d.repairs() and st["repairs"]["in_window"] == 0  # a start, not a repair
+
+
+def test_a_tag_repulled_underneath_is_not_what_a_repair_starts(daemon: tuple[Supervisor, Path]) -> None:
+    """Images pinned by ID (issue 22, item 3): the tag of the deployment's image moved to other content on
+    spark-2 while it serves (by hand, by another tool); a repair there starts the image it ran, not the tag."""
+    d, config = daemon
+    verify_serving(d)
+    name = OWNED["spark-2"]
+
+    def image_of(container: str) -> str:
+        return testbed.docker("spark-2", "inspect", "--format", "{{.Image}}", container).stdout.decode().strip()
+    ran = image_of(name)
+    st = d.status()
+    assert st is not None
+    assert st["nodes"]["spark-2"]["pinned_image"] == ran, st["nodes"]["spark-2"]
+    t = datetime.now().timestamp()
+    testbed.docker("spark-2", "tag", testbed.BUSYBOX, testbed.HOSTFS)  # the tag now names other content
+    try:
+        testbed.docker("spark-2", "rm", "-f", name)
+        d.wait(lambda s: bool(d.repairs(t)), 120, "a repair")
+        d.wait(lambda s: s["phase"] == "SERVING" and datetime.fromisoformat(s["since"]).timestamp() > t, 240,
+               "SERVING after the repair")
+        verify_serving(d)
+        assert image_of(name) == ran, "the repair started the pinned image, not the re-pulled tag"
+    finally:
+        testbed.docker("spark-2", "tag", ran, testbed.HOSTFS)  # the tag back where it was
