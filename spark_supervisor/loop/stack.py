@@ -172,7 +172,7 @@ class Stack:
             view = wanted.get(name)
             if view is None:
                 out.append(f"removes {name!r}")
-            elif _spec(view) != _spec(r.cfg):
+            elif spec_hashes(view) != spec_hashes(r.cfg):
                 out.append(f"replaces {name!r}")
         return out
 
@@ -182,7 +182,7 @@ class Stack:
         out = {}
         for d in new.deployments:
             r, view = self.reconcilers.get(d.name), new.view(d)
-            if r is not None and r.status.phase in (Phase.SERVING, Phase.DEGRADED) and _spec(view) != _spec(r.cfg):
+            if r is not None and r.status.phase in (Phase.SERVING, Phase.DEGRADED) and spec_hashes(view) != spec_hashes(r.cfg):
                 out[d.name] = view
         return out
 
@@ -209,7 +209,7 @@ class Stack:
             else:
                 r.metrics = self.metrics.bound(name)
                 if name in backends:
-                    if _spec(view) != _spec(r.cfg):
+                    if spec_hashes(view) != spec_hashes(r.cfg):
                         self.rollbacks.switched(name, r, view)
                         r.status.pinned = {}  # the new spec starts from its tag
                     r.reconfigure(view, backends[name], "config change")
@@ -271,6 +271,6 @@ def _view_key(view: Config) -> tuple[dict[str, Any], str]:
     return view.model_dump(), view.deployment.api_key
 
 
-def _spec(view: Config) -> tuple[str, str]:
+def spec_hashes(view: Config) -> tuple[str, str]:
     """What a deployment runs: its Ray and serve spec hashes (a change of either replaces it)."""
     return config_mod.ray_hash(view, view.deployment), config_mod.serve_hash(view, view.deployment)

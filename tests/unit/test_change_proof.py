@@ -85,7 +85,7 @@ def test_a_change_whose_proof_fails_stops_nothing_and_says_why(tmp_path: Path) -
     assert daemon.cfg is old_cfg and daemon.reconcilers["qwen"] is qwen and qwen.backend is old_backend
     assert qwen.status.phase == Phase.SERVING and not old_backend.ran  # nothing stopped
     assert not any(isinstance(a, RemoveContainers) for b in be.values() for a in b.ran)
-    assert daemon.reloader.refused == [Reason("ChangeRefused", f"qwen: ImageMissing: {NEW_IMAGE} is not on spark-2")]
+    assert daemon.reloader.refused == {"qwen": Reason("ChangeRefused", f"ImageMissing: {NEW_IMAGE} is not on spark-2")}
     assert f"reload failed: ChangeRefused: qwen: ImageMissing: {NEW_IMAGE} is not on spark-2" in daemon.status_line()
     doc = json.loads((tmp_path / "state" / "status.json").read_text())
     assert doc["reload"]["refused"] == [f"ChangeRefused: qwen: ImageMissing: {NEW_IMAGE} is not on spark-2"]
@@ -98,7 +98,7 @@ def test_a_change_whose_proof_fails_stops_nothing_and_says_why(tmp_path: Path) -
     daemon.reload()
     daemon.tick()
     assert daemon.cfg is not old_cfg and daemon.reconcilers["qwen"].cfg.deployment.ray.image == NEW_IMAGE
-    assert daemon.reloader.refused == [] and "reload failed" not in daemon.status_line()
+    assert daemon.reloader.refused == {} and "reload failed" not in daemon.status_line()
 
 
 def test_a_change_that_is_proven_is_applied_and_the_other_deployment_untouched(tmp_path: Path) -> None:
