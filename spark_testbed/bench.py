@@ -319,17 +319,26 @@ def scaling_rows(sc: dict[int, dict[str, float]]) -> str:
                      f"{v['cpu_full'] * 1000:.0f} ms | grows less than linearly |" for c, v in sorted(sc.items()))
 
 
+def _serve_args(max_num_seqs: int) -> Callable[[dict[str, Any]], None]:
+    return lambda dep: dep["serve"].update(extra_args=["--max-num-seqs", str(max_num_seqs)])
+
+
+def _image(tag: str) -> Callable[[dict[str, Any]], None]:
+    return lambda dep: dep["ray"].update(image=tag)
+
+
 def change_rows(d: Supervisor, runs: int) -> str:
     """A change by reload, each of the three kinds `runs` times on the serving daemon ``d``."""
     for node in testbed.NODES:  # the same content under a second tag: an image change that starts
         testbed.docker(node, "tag", testbed.HOSTFS, "spark-testbed/hostfs:bench")
-    args, images, refused = [], [], []
+    args: list[dict[str, float]] = []
+    images: list[dict[str, float]] = []
+    refused: list[dict[str, float]] = []
     tags = ("spark-testbed/hostfs:bench", testbed.HOSTFS)  # each run moves to the other
     for i in range(runs):
-        args.append(change(d, lambda dep, i=i: dep["serve"].update(extra_args=["--max-num-seqs", str(8 + i)])))
-        images.append(change(d, lambda dep, i=i: dep["ray"].update(image=tags[i % 2])))
-        refused.append(change(d, lambda dep: dep["ray"].update(image="spark-testbed/hostfs:no-such-tag"),
-                              refused=True))
+        args.append(change(d, _serve_args(8 + i)))
+        images.append(change(d, _image(tags[i % 2])))
+        refused.append(change(d, _image("spark-testbed/hostfs:no-such-tag"), refused=True))
     print("changes:", {"args": args, "images": images, "refused": refused}, flush=True)
     return "\n".join([
         f"| serve-argument change (serve-only restart): serving time lost | {med(args, 'lost')} | |",
