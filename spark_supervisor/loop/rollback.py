@@ -5,7 +5,7 @@ A change is proven before the switch (loop.proof), but a proof cannot see everyt
 then kills the engine on its first request, a start that misses its deadline. So when a reload replaces a
 serving deployment, the spec it ran is kept, and the new one is on probation until it reaches SERVING. If it
 fails first -- FAILED, or a failed attempt at its start or verification -- the deployment is put back on
-the spec it ran (its compile cache is still warm), `RolledBack: <the new spec's failure>` is shown until the
+the spec it ran and the image IDs it ran (its compile cache is still warm), `RolledBack: <the new spec's failure>` is shown until the
 next reload, alerted and logged; the operator's file is left as it is, and a later reload tries it again.
 ``[changes] rollback = false`` turns it off (the failed spec then stays, as any other failure).
 """
@@ -40,9 +40,9 @@ def pin_what_serves(r: Reconciler) -> None:
 class Rollbacks:
     def __init__(self, log: Any) -> None:
         self.log = log
-        # deployment -> the view it ran before the switch, and when its phase then began (SERVING counts as the
-        # change made good only once entered after the switch)
-        self.probation: dict[str, tuple[Config, float]] = {}
+        # deployment -> the view it ran before the switch, the image IDs it ran (Status.pinned), and when its
+        # phase then began (SERVING counts as the change made good only once entered after the switch)
+        self.probation: dict[str, tuple[Config, dict[str, str], float]] = {}
         self.notes: list[Reason] = []  # the rollbacks since the last reload applied: shown with the reload
 
     def switched(self, name: str, before: Reconciler, after: Config) -> None:
@@ -50,15 +50,16 @@ class Rollbacks:
         (the way back), unless the new config turns rollbacks off."""
         self.probation.pop(name, None)
         if after.changes.rollback and before.status.phase in (Phase.SERVING, Phase.DEGRADED):
-            self.probation[name] = (before.cfg, before.status.since_wall)
+            self.probation[name] = (before.cfg, dict(before.status.pinned), before.status.since_wall)
             self.log.info("change.switched", deployment=name, way_back="the spec that served")
 
-    def due(self, name: str, r: Reconciler) -> tuple[Config, Reason] | None:
-        """After a tick of ``r``: the view to go back to and why, when the spec on probation failed first."""
+    def due(self, name: str, r: Reconciler) -> tuple[Config, dict[str, str], Reason] | None:
+        """After a tick of ``r``: the view to go back to, the images it ran and why, when the spec on probation
+        failed first."""
         held = self.probation.get(name)
         if held is None:
             return None
-        back, switched_in = held
+        back, pinned, switched_in = held
         st = r.status
         if st.phase == Phase.SERVING and st.since_wall != switched_in:
             self.probation.pop(name)  # the change made it: this spec is the way back from now on
@@ -70,7 +71,7 @@ class Rollbacks:
         why = Reason(Kind.ROLLED_BACK, f"{name}: {st.reason or st.phase.value}"[:600])
         self.notes.append(why)
         self.log.error("change.rolled_back", deployment=name, reason=str(why))
-        return back, why
+        return back, pinned, why
 
     def roll_back_if_due(self, name: str, r: Reconciler, backend_factory: Callable[[Config], Backend],
                          alerter: Alerter) -> None:
@@ -78,7 +79,9 @@ class Rollbacks:
         back = self.due(name, r)
         if back is None:
             return
-        view, why = back
-        r.status.pinned = {}
-        r.reconfigure(view, backend_factory(view), "rollback")
+        view, pinned, why = back
+        backend = backend_factory(view)
+        backend.pin(pinned)  # the way back is the very images that served, not what their tags name now
+        r.status.pinned = pinned
+        r.reconfigure(view, backend, "rollback")
         alerter.emit(name, "rolled_back", phase=r.status.phase.value, reason=str(why), reason_kind=why.kind)
