@@ -126,6 +126,23 @@ class Actor:
         pin = self.pins.get(node)
         return dataclasses.replace(spec, image=pin) if pin else spec
 
+    def _room_to_pull(self, a: Any, image: str) -> None:
+        """A pull only where the engine's disk has ray.pull_min_free_gib free; a free space that cannot be read
+        is no evidence either way (the pull goes on, and fails by itself if the disk fills)."""
+        need = self.world.cfg.deployment.ray.pull_min_free_gib
+        if not need:
+            return
+        try:
+            root = a.docker.root_dir()
+            free = free_gib(a.shell.run(["df", "-Pk", root]).out) if root else None
+        except AdapterError as e:
+            root, free = "", None
+            self.log.warning("image.disk_unread", node=a.node.name, error=str(e))
+        if free is not None and free < need:
+            raise ActionFailed(Kind.DISK_TOO_FULL, f"{image} not pulled on {a.node.name}: {free:.1f} GiB free in "
+                               f"{root}, under ray.pull_min_free_gib = {need:g} (free space, or lower it)",
+                               deterministic=True)
+
     def _redact(self, out: str) -> str:
         """A helper's output (the image could echo its environment) fit for a reason or a log line."""
         return redaction.text(out, deployment_secrets(self.world.cfg, self.world.cfg.deployment))
@@ -262,6 +279,7 @@ class Actor:
         if policy == "never":
             raise ActionFailed(Kind.IMAGE_MISSING, f"{image} is not on {a.node.name} and image_pull = \"never\" "
                                f"(load it with `docker load` or set image_pull = \"if-missing\")")
+        self._room_to_pull(a, image)
         timeout = self.world.cfg.deployment.ray.pull_timeout
         self.log.warning("image.pulling", node=a.node.name, image=image, timeout_s=timeout)
         last = [0.0]
@@ -274,3 +292,12 @@ class Actor:
                               done_mib=done >> 20, total_mib=total >> 20)
         a.docker.pull(image, timeout=timeout, heartbeat=self.heartbeat, progress=progress)
         self.log.info("image.pulled", node=a.node.name, image=image)
+
+
+def free_gib(df: str) -> float | None:
+    """GiB available from `df -Pk DIR`'s data line (POSIX format: the fourth field, in KiB); None unreadable."""
+    rows = [ln.split() for ln in df.strip().splitlines()[1:]]
+    try:
+        return int(rows[-1][3]) / (1 << 20)
+    except (IndexError, ValueError):
+        return None

@@ -110,6 +110,10 @@ class DockerEngine:
     def version(self) -> str:
         return str(self._call(lambda: self.client().version().get("Version", "")))
 
+    def root_dir(self) -> str:
+        """Where the engine keeps its images (docker info's DockerRootDir): what a pull fills."""
+        return str(self._call(lambda: self.client().info().get("DockerRootDir", "")))
+
     def containers(self) -> list[Container]:
         kept = LISTINGS.get(self.url)
         if kept is not None:

@@ -113,6 +113,9 @@ class Ray(_Strict):
     join_timeout: Sec3600 = 180
     image_pull: Literal["never", "if-missing"] = "never"
     pull_timeout: SecDay = 1800  # deadline for one image pull
+    # A pull starts only with this much free on the engine's disk (its DockerRootDir): a vLLM image is ~20 GB,
+    # and a disk filled by a pull takes the serving containers' logs and caches down with it. 0: no check.
+    pull_min_free_gib: Annotated[float, Field(ge=0, le=10000)] = 40
 
     _split = field_validator("extra_args", mode="before", json_schema_input_type=str | list[str])(_split_args)
 
