@@ -53,6 +53,7 @@ class Actor:
         # A transient engine/SSH hiccup is retried within one operation, as the config's [retry] says.
         self._retry = retry_mod.from_config(world.cfg.retry)
         self._images_lock = threading.Lock()
+        self.pins: dict[str, str] = {}  # node -> image ID its repairs start (Status.pinned)
 
     def run(self, action: Action) -> Verdict | ImageReport | None:
         try:
@@ -87,7 +88,7 @@ class Actor:
                 return self._prefetch_model(w.nodes[node])
             case StartContainer(node=node, dashboard=dashboard):
                 a = w.nodes[node]
-                spec = commands.node_container(cfg, dep, a.node, dashboard=dashboard)
+                spec = self._pinned(node, commands.node_container(cfg, dep, a.node, dashboard=dashboard))
                 self._ensure_image(a, spec.image)
                 cid = self._retry(a.docker.run)(spec)
                 self.log.info("ray.container_started", node=node, container=spec.name, id=cid,
@@ -120,6 +121,28 @@ class Actor:
                 return v
         return None
 
+    def _pinned(self, node: str, spec: commands.ContainerSpec) -> commands.ContainerSpec:
+        """The spec with the image its node ran when the deployment last served, by ID, if one is pinned."""
+        pin = self.pins.get(node)
+        return dataclasses.replace(spec, image=pin) if pin else spec
+
+    def _room_to_pull(self, a: Any, image: str) -> None:
+        """A pull only where the engine's disk has ray.pull_min_free_gib free; a free space that cannot be read
+        is no evidence either way (the pull goes on, and fails by itself if the disk fills)."""
+        need = self.world.cfg.deployment.ray.pull_min_free_gib
+        if not need:
+            return
+        try:
+            root = a.docker.root_dir()
+            free = free_gib(a.shell.run(["df", "-Pk", root]).out) if root else None
+        except AdapterError as e:
+            root, free = "", None
+            self.log.warning("image.disk_unread", node=a.node.name, error=str(e))
+        if free is not None and free < need:
+            raise ActionFailed(Kind.DISK_TOO_FULL, f"{image} not pulled on {a.node.name}: {free:.1f} GiB free in "
+                               f"{root}, under ray.pull_min_free_gib = {need:g} (free space, or lower it)",
+                               deterministic=True)
+
     def _redact(self, out: str) -> str:
         """A helper's output (the image could echo its environment) fit for a reason or a log line."""
         return redaction.text(out, self.world.view.secrets)
@@ -131,7 +154,7 @@ class Actor:
         of this very image (its ID) for this spec is not made again (a reboot does not change the image)."""
         cfg = self.world.cfg
         dep, node = self.world.view.dep, a.node.name
-        spec = commands.image_probe(cfg, dep, a.node)
+        spec = self._pinned(node, commands.image_probe(cfg, dep, a.node))
         self._ensure_image(a, spec.image)
         image_id, key = a.docker.image_id(spec.image), self.world.view.ray_hash
         state_dir = cfg.supervisor.state_dir
@@ -255,6 +278,7 @@ class Actor:
         if policy == "never":
             raise ActionFailed(Kind.IMAGE_MISSING, f"{image} is not on {a.node.name} and image_pull = \"never\" "
                                f"(load it with `docker load` or set image_pull = \"if-missing\")")
+        self._room_to_pull(a, image)
         timeout = self.world.view.dep.ray.pull_timeout
         self.log.warning("image.pulling", node=a.node.name, image=image, timeout_s=timeout)
         last = [0.0]
@@ -267,3 +291,12 @@ class Actor:
                               done_mib=done >> 20, total_mib=total >> 20)
         a.docker.pull(image, timeout=timeout, heartbeat=self.heartbeat, progress=progress)
         self.log.info("image.pulled", node=a.node.name, image=image)
+
+
+def free_gib(df: str) -> float | None:
+    """GiB available from `df -Pk DIR`'s data line (POSIX format: the fourth field, in KiB); None unreadable."""
+    rows = [ln.split() for ln in df.strip().splitlines()[1:]]
+    try:
+        return int(rows[-1][3]) / (1 << 20)
+    except (IndexError, ValueError):
+        return None

@@ -47,6 +47,7 @@ class Backend(Protocol):
     def quick(self) -> Fingerprint: ...
     def teardown(self) -> list[str]: ...
     def prove(self) -> Reason | None: ...
+    def pin(self, images: dict[str, str]) -> None: ...
     def close(self) -> None: ...
 
 
@@ -84,6 +85,10 @@ class RealBackend:
     def prove(self) -> Reason | None:
         """Whether this spec can start on every member (a change is proven before it replaces what serves)."""
         return prove_mod.prove(self.world, self.actor)
+
+    def pin(self, images: dict[str, str]) -> None:
+        """Start these images (node -> ID) from now on, not what the tag names (Status.pinned)."""
+        self.actor.pins = dict(images)
 
     def close(self) -> None:
         self.quick_probe.close()

@@ -326,6 +326,25 @@ def image_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
                          {**options, "network_mode": "none"})
 
 
+SERVE_ARGS_PY = script.load("serve-args.py")
+
+
+def serve_args_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
+    """The serve's arguments (rank ``node``'s, the model as ``--model``) through the image's own vLLM argument
+    parser (SERVE_ARGS_PY), as a short-lived container of the image with the node container's mounts and
+    environment and no network: what a change is proven with before it replaces what serves."""
+    from . import modelcheck
+    base = node_container(cfg, dep, node)
+    options = {k: v for k, v in base.options.items() if k in ("volumes", "init")}
+    argv = serve_argv(dep, rank_args(cfg, dep, node))[len(dep.serve.command):]
+    if dep.serve.model_arg == "positional":
+        argv = ["--model", *argv]  # make_arg_parser takes the model as --model (`vllm serve` adds the positional)
+    return ContainerSpec("", base.image, ["sh", "-c", modelcheck.RUN_PY, "spark-serve-args", dep.serve.command[0],
+                                          SERVE_ARGS_PY, *argv],
+                         {**base.environment, **dep.serve.env}, helper_labels("serve-args-check", node=node),
+                         {**options, "network_mode": "none"})
+
+
 def model_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
     """The model check of one node (modelcheck.PROBE_PY), as a short-lived container of the image with the
     node container's mounts and environment: the paths vLLM will see."""

@@ -25,7 +25,7 @@ from pathlib import Path
 from . import files
 
 SOCKET = "control.sock"
-COMMANDS = ("reset", "ping", "pause", "resume")
+COMMANDS = ("reset", "ping", "pause", "resume", "restart")
 
 
 class Unavailable(Exception):

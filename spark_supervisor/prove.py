@@ -1,12 +1,14 @@
 """Whether a deployment's spec can start on every member, short of starting it: the proof a change must pass
 before it replaces what serves (loop.proof). Its image is there (pulled if the config allows it) and passes
-the image check (the backend's commands present, the same versions on every node), and its model is there as
-the image sees it: a short-lived container per node, in parallel, while the old spec keeps serving."""
+the image check (the backend's commands present, the same versions on every node), its model is there as
+the image sees it (a short-lived container per node, in parallel), and rank 0's serve arguments pass the
+image's own vLLM argument parser (one more on the serve node) -- all while the old spec keeps serving."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+from . import commands
 from .act import ActionFailed, Actor
 from .adapters import AdapterError
 from .model import CheckImage, ImageReport, Kind, Reason
@@ -35,4 +37,32 @@ def prove(world: World, actor: Actor) -> Reason | None:
             if isinstance(got, ImageReport):
                 reports[node] = got
     problem = image_problem(view.cfg, dep, reports)
-    return Reason(REFUSED, f"{problem[0]}: {problem[1]}") if problem else None
+    if problem:
+        return Reason(REFUSED, f"{problem[0]}: {problem[1]}")
+    return _arguments(world, actor, reports.get(view.serve_nodes[0].name))
+
+
+def _arguments(world: World, actor: Actor, image: ImageReport | None) -> Reason | None:
+    """Rank 0's serve arguments through the image's own vLLM parser (commands.SERVE_ARGS_PY) on the serve
+    node: refused there, refused here. A parser that could not be found or run proves nothing either way
+    (an image without that vLLM layout, a stand-in): logged, not a refusal."""
+    view = world.view
+    dep, node = view.dep, view.serve_nodes[0]
+    spec = commands.serve_args_probe(view.cfg, dep, node)
+    try:
+        code, out = world.nodes[node.name].docker.run_once(spec)
+    except AdapterError as e:
+        actor.log.warning("change.arguments_unchecked", node=node.name, why=str(e))
+        return None
+    line = next((ln for ln in reversed(out.splitlines()) if ln.startswith("serve_args=")), "")
+    verdict, _, detail = line.removeprefix("serve_args=").partition(" ")
+    if code != 0 or verdict != "ok":
+        if verdict == "refused":
+            vllm = f"vLLM {image.vllm_version}" if image is not None and image.vllm_version else "vLLM"
+            return Reason(REFUSED, f"{Kind.BAD_ARGUMENTS}: {dep.ray.image}'s {vllm} refuses the serve's "
+                          f"arguments on {node.name}: {detail}")
+        actor.log.warning("change.arguments_unchecked", node=node.name, exit=code,
+                          why=(detail or out.strip()[-200:]) or "no answer")
+        return None
+    actor.log.info("change.arguments_checked", node=node.name, image=dep.ray.image)
+    return None

@@ -83,7 +83,7 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
         "bringup": bringup(st),
     }
     for n in cfg.nodes:  # in the file's order
-        entry: dict[str, Any] = {"fabric_ip": n.fabric_ip, "role": n.role}
+        entry: dict[str, Any] = {"fabric_ip": n.fabric_ip, "role": n.role, "pinned_image": st.pinned.get(n.name)}
         o = obs.nodes.get(n.name) if obs else None
         image = st.images.get(n.name)
         if image is not None:

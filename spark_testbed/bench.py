@@ -7,7 +7,10 @@
 - worker loss: `docker rm -f` of the worker's Ray container -> repair started (also relative to the
   moment Ray's dashboard marks the node DEAD) and -> SERVING again;
 - the idle daemon over a minute of SERVING: CPU percent of one core and resident memory;
-- `spark-supervisor status` wall time.
+- `spark-supervisor status` wall time;
+- a change by reload (prove, then switch): for a serve-argument change and an image change, the serving time
+  lost (the last /health 200 of the old serve to the first of the new, polled at 20 Hz) and where the rest of
+  the reload's time went (its proof, while the old one serves); a refused change's serving time lost.
 Writes bench/results.md.
 """
 
@@ -124,6 +127,61 @@ def fault(d: Supervisor, inject: Callable[[], object]) -> dict[str, float]:
         return out
     finally:
         poller.stop()
+
+
+class HealthGaps:
+    """/health polled at 20 Hz: the longest run without a 200 (the serving time lost) while it watches."""
+
+    def __init__(self) -> None:
+        self.longest, self._last_ok, self._stop = 0.0, time.time(), threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=0.5) as http:
+            while not self._stop.wait(0.05):
+                try:
+                    ok = http.get(HEALTH).status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                now = time.time()
+                if ok:
+                    self.longest = max(self.longest, now - self._last_ok - 0.05)
+                    self._last_ok = now
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._t.join(timeout=2)
+        return max(0.0, self.longest)
+
+
+def change(d: Supervisor, edit: Callable[[dict[str, Any]], None], refused: bool = False) -> dict[str, float]:
+    """Reload to the config with ``edit`` made to its deployment; the serving time lost, and the reload's time
+    to SERVING on the new spec (or to the refusal). The file is put back (and reloaded) after a refusal."""
+    import tomllib
+
+    import tomli_w
+    good = d.config.read_text()
+    doc = tomllib.loads(good)
+    edit(doc["deployments"][0])
+    gaps = HealthGaps()
+    t = time.time()
+    try:
+        d.config.write_text(tomli_w.dumps(doc))
+        d.proc.send_signal(signal.SIGHUP)
+        if refused:
+            d.wait(lambda s: bool((s.get("reload") or {}).get("refused")), 300, "the refusal")
+            done = time.time()
+        else:
+            done = _serving_after(d, t + 1)
+        proven = _first(d, "config.reloaded", after=t)
+    finally:
+        lost = gaps.stop()
+        if refused:
+            d.config.write_text(good)
+            d.proc.send_signal(signal.SIGHUP)
+            d.wait(lambda s: s.get("reload") is None, 60, "the refusal cleared")
+    return {"lost": lost, "total": done - t, "proof": proven - t if not refused else done - t}
 
 
 def real_restarts(workdir: Path) -> dict[str, float]:
@@ -261,6 +319,39 @@ def scaling_rows(sc: dict[int, dict[str, float]]) -> str:
                      f"{v['cpu_full'] * 1000:.0f} ms | grows less than linearly |" for c, v in sorted(sc.items()))
 
 
+def _serve_args(max_num_seqs: int) -> Callable[[dict[str, Any]], None]:
+    return lambda dep: dep["serve"].update(extra_args=["--max-num-seqs", str(max_num_seqs)])
+
+
+def _image(tag: str) -> Callable[[dict[str, Any]], None]:
+    return lambda dep: dep["ray"].update(image=tag)
+
+
+def change_rows(d: Supervisor, runs: int) -> str:
+    """A change by reload, each of the three kinds `runs` times on the serving daemon ``d``."""
+    for node in testbed.NODES:  # the same content under a second tag: an image change that starts
+        testbed.docker(node, "tag", testbed.HOSTFS, "spark-testbed/hostfs:bench")
+    args: list[dict[str, float]] = []
+    images: list[dict[str, float]] = []
+    refused: list[dict[str, float]] = []
+    tags = ("spark-testbed/hostfs:bench", testbed.HOSTFS)  # each run moves to the other
+    for i in range(runs):
+        args.append(change(d, _serve_args(8 + i)))
+        images.append(change(d, _image(tags[i % 2])))
+        refused.append(change(d, _image("spark-testbed/hostfs:no-such-tag"), refused=True))
+    print("changes:", {"args": args, "images": images, "refused": refused}, flush=True)
+    return "\n".join([
+        f"| serve-argument change (serve-only restart): serving time lost | {med(args, 'lost')} | |",
+        f"| ... the reload to SERVING on it; of which its proof, the old serve answering | {med(args, 'total')}; "
+        f"{med(args, 'proof')} | |",
+        f"| image change (the deployment replaced): serving time lost | {med(images, 'lost')} | |",
+        f"| ... the reload to SERVING on it; of which its proof | {med(images, 'total')}; {med(images, 'proof')} | |",
+        f"| **a refused change (an image tag that does not exist): serving time lost** | {med(refused, 'lost')} "
+        f"| 0 s (teardown-first: dark until fixed) |",
+        f"| ... its proof to the refusal | {med(refused, 'total')} | |",
+    ])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="spark-testbed-bench")
     ap.add_argument("--runs", type=int, default=3)
@@ -268,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-real", action="store_true", help="only the real-vLLM cold/warm measurement")
     ap.add_argument("--only-scaling", action="store_true", help="only the observation time on 2 and 3 nodes")
     ap.add_argument("--only-stack", action="store_true", help="only the idle daemon with three deployments")
+    ap.add_argument("--only-changes", action="store_true", help="only the changes by reload (prove, then switch)")
     a = ap.parse_args(argv)
     testbed.up()
     os.environ.update(testbed.env())
@@ -281,6 +373,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.only_stack:
         print(stack_rows(stack_idle(workdir, watch, a.idle_seconds), a.idle_seconds))
+        return 0
+    if a.only_changes:
+        testbed.clean_containers()
+        d = Supervisor(write_config(workdir, watch), workdir, "changes")
+        try:
+            d.wait_phase("SERVING", 300)
+            rows = change_rows(d, a.runs)
+        finally:
+            d.stop(signal.SIGTERM)
+            subprocess.run([str(BIN / "spark-supervisor"), "teardown", "--config", str(d.config)],
+                           capture_output=True, check=False, timeout=120)
+        print(rows)
+        (testbed.SRC / "bench" / "results-changes.md").write_text(rows + "\n")
         return 0
     real = real_restarts(workdir)
     print("real vLLM:", real, flush=True)
@@ -321,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         print("serve deaths:", deaths, flush=True)
         losses = [fault(d, lambda: testbed.docker("spark-2", "rm", "-f", OWNED["spark-2"])) for _ in range(a.runs)]
         print("worker losses:", losses, flush=True)
+        changes = change_rows(d, a.runs)
     finally:
         d.stop(signal.SIGTERM)
         subprocess.run([str(BIN / "spark-supervisor"), "teardown", "--config", str(d.config)], capture_output=True,
@@ -346,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| idle daemon CPU over {a.idle_seconds:.0f} s of SERVING | {quiet['cpu_percent']:.2f} % of a core | < 0.5 % |",
         f"| idle daemon resident memory (max) | {quiet['rss_mib']:.1f} MiB | < 80 MB |",
         f"| `spark-supervisor status` | {st_time:.3f} s | < 0.5 s |",
+        changes,
         stack_rows(stack, a.idle_seconds),
         scaling_rows(scaling),
         real_rows,

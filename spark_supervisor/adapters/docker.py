@@ -110,6 +110,10 @@ class DockerEngine:
     def version(self) -> str:
         return str(self._call(lambda: self.client().version().get("Version", "")))
 
+    def root_dir(self) -> str:
+        """Where the engine keeps its images (docker info's DockerRootDir): what a pull fills."""
+        return str(self._call(lambda: self.client().info().get("DockerRootDir", "")))
+
     def containers(self) -> list[Container]:
         kept = LISTINGS.get(self.url)
         if kept is not None:
@@ -117,7 +121,8 @@ class DockerEngine:
         at = time.monotonic()  # taken before asking: a change made while the answer travels is not hidden
         raw = self._call(lambda: self.client().api.containers(all=True))
         found = [Container(id=c["Id"][:12], name=(c.get("Names") or ["/?"])[0].lstrip("/"),
-                           image=c.get("Image", ""), state=c.get("State", ""), labels=c.get("Labels") or {})
+                           image=c.get("Image", ""), state=c.get("State", ""), labels=c.get("Labels") or {},
+                           image_id=c.get("ImageID", ""))
                  for c in raw]
         LISTINGS.put(self.url, found, at)
         return found

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 SYSTEM_CONFIG = "/etc/spark-supervisor/spark-supervisor.toml"
 DEFAULT_CONFIG = os.environ.get("SPARK_SUPERVISOR_CONFIG", SYSTEM_CONFIG)
@@ -54,7 +57,7 @@ def _status_epilog(head: str = "exit status (as `systemctl status` and LSB init 
                      + [_wrapped(STATUS_NOTE)])
 
 
-def _load(path: str, code: int = EXIT_CONFIG) -> Any:
+def _load(path: str, code: int = EXIT_CONFIG) -> Config:
     from .. import config
     try:
         return config.load(path)

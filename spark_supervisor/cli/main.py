@@ -66,6 +66,14 @@ def parser() -> argparse.ArgumentParser:
         "--preflight", action="store_true", help="also check the fabric on every node (exit 1 on a problem)")
     add("diagnose", ops.cmd_diagnose, "per node, the deepest layer that answers and the first that does not")
     add("plan", ops.cmd_plan, "observe once and print what would be done; change nothing", json=True)
+    ap = add("apply", ops.cmd_apply, "what a reload to FILE would do to each deployment (unchanged, settings only, "
+             "serve-only restart, replace), each change that stops one proven as the daemon proves it; acts on "
+             "nothing", json=True)
+    ap.add_argument("file", metavar="FILE", help="the config file a reload would read")
+    ap.add_argument("--dry-run", action="store_true", required=True, help="show, change nothing (the only mode: to apply, put the file in place and "
+                    "reload the daemon)")
+    ap.add_argument("--no-prove", dest="prove", action="store_false",
+                    help="skip the proofs (no probe containers on the nodes)")
     add("teardown", ops.cmd_teardown, "remove what the supervisor owns, on every node")
     add("reset", ops.cmd_reset, "re-arm after FAILED and forget the repair budget")
     st = add("status", status.cmd_status, "what the daemon last wrote: phase, nodes, Ray, serve, history", json=True,
@@ -78,6 +86,10 @@ def parser() -> argparse.ArgumentParser:
                     help="resume by itself after this long (30m, 1h30m, 90s; a bare number is minutes)")
     pa.add_argument("--reason", default="", help="shown in status and STATUS=")
     add("resume", maintenance.cmd_resume, "leave maintenance mode: detect afresh and reconcile")
+    rs = add("restart", maintenance.cmd_restart, "relaunch the models: a start, logged with who asked, not a "
+             "repair (the budget is not charged)")
+    rs.add_argument("deployment", nargs="?", default="", help="only this deployment (default: every one)")
+    rs.add_argument("--serve-only", action="store_true", help="relaunch the serve alone; the containers stay")
     logs.add_arguments(add("logs", logs.cmd_logs, "the serve's log of the current launch (or the previous) on a node"))
     ls = add("logscan", tools.cmd_logscan, "read a vLLM serve log: phase reached, timings, failure and hint",
              config=False, json=True)

@@ -1,5 +1,5 @@
 """The commands that read the config and reach the nodes: `check` (and its preflight), `diagnose`, `run`,
-`plan`, `teardown` and `reset`. Each imports what it needs when it runs."""
+`plan`, `teardown`, `reset` and `apply --dry-run`. Each imports what it needs when it runs."""
 
 from __future__ import annotations
 
@@ -212,3 +212,45 @@ def cmd_reset(args: argparse.Namespace) -> int:
             return 1
     print(f"no daemon running; cleared the repair budgets in {state_dir}")
     return 0
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    """What a reload to FILE would do to each deployment (changes.diff), each change that stops a deployment
+    proven as the daemon proves it (the image and model on every member, the serve's arguments through the
+    image's vLLM parser: short-lived probe containers, nothing that serves is touched). Acts on nothing."""
+    import structlog
+
+    from ..backend import RealBackend
+    from ..changes import diff
+    from ..config import Config
+    from ..deployment import views as views_of
+    old: Config = _load(args.config)
+    new: Config = _load(args.file)
+    found, settings = diff(old, new)
+    views = views_of(new)
+    refused = 0
+    rows = []
+    for c in found:
+        verdict = ""
+        if c.stops and c.name in views and args.prove:
+            backend = RealBackend(views[c.name], structlog.get_logger())
+            try:
+                why = backend.prove()
+            finally:
+                backend.close()
+            refused += why is not None
+            verdict = f"REFUSED: {why}" if why is not None else "proven: it can start on every member"
+        rows.append({"deployment": c.name, "change": c.change.value, "differs": list(c.differs),
+                     "verdict": verdict})
+    if args.json:
+        print(json.dumps({"from": args.config, "to": args.file, "deployments": rows, "settings": list(settings),
+                          "refused": refused}, indent=1))
+    else:
+        print(f"a reload from {args.config} to {args.file} would (nothing is changed now):")
+        for r in rows:
+            print(f"  {r['deployment']}: {r['change']}" + (f" ({', '.join(r['differs'])} differ)" if r["differs"]
+                                                          and r["change"] != "unchanged" else "")
+                  + (f": {r['verdict']}" if r["verdict"] else ""))
+        if settings:
+            print(f"  settings: {', '.join(settings)} (applied in place)")
+    return 1 if refused else 0

@@ -119,6 +119,9 @@ def _print_status(doc: StatusDoc) -> None:
         print(f"reload staged {reload.get('at', '')}: {reload['staged']}")
     elif reload.get("proving"):
         print(f"reload proving {reload.get('at', '')}: {reload['proving']}")
+    for note in reload.get("rolled_back") or ():
+        print(f"ROLLED BACK {reload.get('at', '')}: {note} (the spec that served before runs again; the file is "
+              "unchanged: a reload tries it again)")
 
 
 def _print_deployment(doc: DeploymentDoc) -> None:

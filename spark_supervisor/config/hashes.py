@@ -21,7 +21,7 @@ def ray_hash(cfg: Config, dep: Deployment) -> str:
     """What shapes the Ray containers: changing it replaces the whole deployment."""
     nodes = [n.model_dump(exclude={"nvidia_smi", "meminfo", "ip", "oob"}) for n in cfg.members(dep)]
     return _digest({"nodes": nodes,
-                    "ray": dep.ray.model_dump(exclude={"join_timeout", "image_pull", "pull_timeout"}),
+                    "ray": dep.ray.model_dump(exclude={"join_timeout", "image_pull", "pull_timeout", "pull_min_free_gib"}),
                     "backend": dep.serve.distributed_executor_backend, "cache_dir": dep.serve.cache_dir,
                     "log_host_dir": dep.serve.log_host_dir})  # both are mounts
 

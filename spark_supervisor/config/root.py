@@ -10,7 +10,7 @@ from pydantic import PrivateAttr, model_validator
 from ..redaction import secret_env
 from .checks import RULES
 from .fields import _raise, _Strict
-from .schema import Alerts, Deployment, Healing, Memory, Metrics, Node, Retry, Stale, Supervisor
+from .schema import Alerts, Changes, Deployment, Healing, Memory, Metrics, Node, Retry, Stale, Supervisor
 
 
 def deployment_dir(state_dir: str, name: str) -> str:
@@ -31,6 +31,7 @@ class Config(_Strict):
     memory: Memory = Memory()
     metrics: Metrics = Metrics()
     alerts: Alerts = Alerts()
+    changes: Changes = Changes()
     nodes: list[Node]
     stale: Stale = Stale()
     deployments: list[Deployment]

@@ -113,6 +113,9 @@ class Ray(_Strict):
     join_timeout: Sec3600 = 180
     image_pull: Literal["never", "if-missing"] = "never"
     pull_timeout: SecDay = 1800  # deadline for one image pull
+    # A pull starts only with this much free on the engine's disk (its DockerRootDir): a vLLM image is ~20 GB,
+    # and a disk filled by a pull takes the serving containers' logs and caches down with it. 0: no check.
+    pull_min_free_gib: Annotated[float, Field(ge=0, le=10000)] = 40
 
     _split = field_validator("extra_args", mode="before", json_schema_input_type=str | list[str])(_split_args)
 
@@ -407,14 +410,22 @@ class Metrics(_Strict):
         return int(self.listen.rpartition(":")[2]) if self.listen else 0
 
 
+class Changes(_Strict):
+    """How a reload that changes what a deployment runs is carried out (README: "Changes: prove, then switch")."""
+
+    # A switched-to spec that fails before it serves (FAILED, or a failed attempt at its start or
+    # verification) is replaced again by the last spec that served: its compile cache is still warm.
+    rollback: bool = True
+
+
 class Alerts(_Strict):
     """Where the daemon tells someone outside: a webhook (a small JSON document POSTed) and/or a command
     (argv; the same document on its standard input). Sent from a background thread, retried, rate limited."""
 
     webhook: str = ""  # http(s)://... ; may carry a token in its path, so it is never logged whole
     command: OptionalArgv = []
-    events: list[Literal["failed", "degraded", "repair", "recovered", "paused", "resumed", "change_refused"]] = [
-        "failed", "degraded", "repair", "recovered", "change_refused"]
+    events: list[Literal["failed", "degraded", "repair", "recovered", "paused", "resumed", "change_refused",
+                         "rolled_back"]] = ["failed", "degraded", "repair", "recovered", "change_refused", "rolled_back"]
     min_interval: SecDay = 300  # the same event of the same deployment at most this often (the rest are counted)
     timeout: Sec60 = 5  # each POST or command
     attempts: Annotated[int, Field(ge=1, le=10)] = 3

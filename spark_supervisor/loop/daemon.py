@@ -33,6 +33,7 @@ from . import proof
 from .reconciler import Reconciler
 from .reload import Reloader
 from .reporting import Reporter
+from .restart import restart
 from .stack import Stack
 
 
@@ -285,6 +286,12 @@ class Daemon:
                 return f"{me} was not paused; nothing was changed"
             self.set_pause(None, f"by {args.get('by') or '?'}")
             return f"{me} resumed" + (f" ({pausing.problem})" if pausing.problem else "")
+        if command == "restart":
+            wanted = str(args.get("deployment") or "")
+            if wanted and wanted not in self.stack.reconcilers:
+                raise ValueError(f"no deployment {wanted[:40]!r} (configured: {', '.join(self.stack.reconcilers)})")
+            return "\n".join(restart(r, serve_only=bool(args.get("serve_only")), by=str(args.get("by") or "?"))
+                             for name, r in self.stack.reconcilers.items() if not wanted or name == wanted)
         raise ValueError(f"unknown request {command[:20]!r}")
 
 

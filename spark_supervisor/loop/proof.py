@@ -26,21 +26,21 @@ from ..prove import REFUSED
 @dataclasses.dataclass
 class Proving:
     """The proofs of one reload. ``key`` names what is proven (the file read and the specs), so a reload of
-    another file starts afresh; ``result`` is set once every proof ended: the refusals (empty: proven)."""
+    another file starts afresh; ``result`` is set once every proof ended: the refusals by deployment (empty: proven)."""
 
     key: tuple[str, ...]
     names: list[str]
-    result: Future[list[Reason]]
+    result: Future[dict[str, Reason]]
     seen: bool = False  # its verdict was acted on
 
 
 Start = Callable[[tuple[str, ...], dict[str, DeploymentView], Callable[[DeploymentView], Backend], Any], Proving]
 
 
-def refusals(views: dict[str, DeploymentView], backend_factory: Callable[[DeploymentView], Backend], log: Any) -> list[Reason]:
-    """Each deployment's new spec proven with a backend of its own (closed after): the refusals, each
-    prefixed with its deployment's name."""
-    refused = []
+def refusals(views: dict[str, DeploymentView], backend_factory: Callable[[DeploymentView], Backend],
+             log: Any) -> dict[str, Reason]:
+    """Each deployment's new spec proven with a backend of its own (closed after): the refusals by deployment."""
+    refused = {}
     for name, view in views.items():
         try:
             backend = backend_factory(view)
@@ -52,14 +52,14 @@ def refusals(views: dict[str, DeploymentView], backend_factory: Callable[[Deploy
             log.exception("change.proof_error", deployment=name)
             why = Reason(REFUSED, f"the proof could not run: {type(e).__name__}: {e}"[:300])
         if why is not None:
-            refused.append(Reason(why.kind, f"{name}: {why.detail}"))
+            refused[name] = why
     return refused
 
 
 def start(key: tuple[str, ...], views: dict[str, DeploymentView], backend_factory: Callable[[DeploymentView], Backend],
           log: Any) -> Proving:
     """The proofs on a daemon thread: one stuck on an engine must not hold the daemon's exit."""
-    result: Future[list[Reason]] = Future()
+    result: Future[dict[str, Reason]] = Future()
     threading.Thread(target=lambda: result.set_result(refusals(views, backend_factory, log)), daemon=True,
                      name="prove").start()
     return Proving(key, sorted(views), result)
@@ -68,6 +68,6 @@ def start(key: tuple[str, ...], views: dict[str, DeploymentView], backend_factor
 def start_inline(key: tuple[str, ...], views: dict[str, DeploymentView], backend_factory: Callable[[DeploymentView], Backend],
                  log: Any) -> Proving:
     """The proofs run at once, on the caller's thread (fakes answer at once: the unit tests' clock decides)."""
-    result: Future[list[Reason]] = Future()
+    result: Future[dict[str, Reason]] = Future()
     result.set_result(refusals(views, backend_factory, log))
     return Proving(key, sorted(views), result)

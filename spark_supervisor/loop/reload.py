@@ -42,7 +42,7 @@ class Reloader:
         self.reload_at = 0.0  # wall clock of the last reload
         self.staged: _Staged | None = None
         self.proving: proof.Proving | None = None
-        self.refused: list[Reason] = []  # the last reload's refused changes, until a reload applies
+        self.refused: dict[str, Reason] = {}  # deployment -> why the last reload's change was refused
 
     PROOF_POLL_S = 0.5  # how soon the loop looks again at a proof under way
 
@@ -77,7 +77,7 @@ class Reloader:
             new = config_mod.load(self.config_path)
         except config_mod.ConfigError as e:
             self.log.error("config.invalid", path=self.config_path, problems=e.problems, kept="previous config")
-            self.reload_error, self.staged, self.proving = e.problems[0], None, None
+            self.reload_error, self.staged, self.proving, self.refused = e.problems[0], None, None, {}
             return
         cfg = self.stack.cfg
         if new.supervisor.state_dir != cfg.supervisor.state_dir:
@@ -86,7 +86,7 @@ class Reloader:
                                  f"(restart the service to move it to {new.supervisor.state_dir})")
             self.log.error("config.invalid", path=self.config_path, problems=[self.reload_error],
                            kept="previous config")
-            self.staged = self.proving = None
+            self.staged, self.proving, self.refused = None, None, {}
             return
         self.reload_error = ""
         read_as = before if before and config_mod.file_hash(self.config_path) == before else ""
@@ -104,7 +104,8 @@ class Reloader:
             if refused:
                 self._refuse(refused)
                 return
-        self.proving, self.refused = None, []
+        self.proving, self.refused = None, {}
+        self.stack.rollbacks.notes.clear()  # what they were about is replaced by this file
         changed = new != cfg
         logs.register_config(new)  # a key or secret the new file brings is redacted from here on
         for w in new.warnings:
@@ -115,7 +116,7 @@ class Reloader:
             self.stack.apply(new, wanted)
             self.config_hash = config_mod.file_hash(self.config_path)
 
-    def _proven(self, file_hash: str, views: dict[str, DeploymentView], again: bool) -> list[Reason] | None:
+    def _proven(self, file_hash: str, views: dict[str, DeploymentView], again: bool) -> dict[str, Reason] | None:
         """The refusals of the proofs of ``views`` (empty: proven), or None while they run. A proof is started
         when none runs for this file and these specs; a SIGHUP (not ``again``) proves a finished one afresh:
         the operator may have loaded the missing image since."""
@@ -131,17 +132,20 @@ class Reloader:
         p.seen = True
         return p.result.result()
 
-    def _refuse(self, refused: list[Reason]) -> None:
+    def _refuse(self, refused: dict[str, Reason]) -> None:
         """The change is not made: the previous config stays, and the refusal is shown, alerted and counted."""
         self.refused = refused
-        self.reload_error = "; ".join(str(r) for r in refused)[:600]
-        for why in refused:
-            name = why.detail.split(":", 1)[0]
+        self.reload_error = "; ".join(self._refusals())[:600]
+        for name, why in refused.items():
             self.log.error("change.refused", deployment=name, reason=str(why), kept="previous config")
             r = self.stack.reconcilers.get(name)
             phase = r.status.phase.value if r is not None else ""
             self.stack.alerter.emit(name, "change_refused", phase=phase, reason=str(why), reason_kind=why.kind)
             self.stack.metrics.bound(name).change_refused()
+
+    def _refusals(self) -> list[str]:
+        """The refusals as shown: "ChangeRefused: <deployment>: <why>"."""
+        return [f"{why.kind}: {name}: {why.detail}" for name, why in self.refused.items()]
 
     def _settled(self, file_hash: str, changes: list[str]) -> bool:
         """True when a reload that removes or replaces deployments read the same file SETTLE_S after it was
@@ -164,6 +168,8 @@ class Reloader:
             return f" (reload staged: {self._staged_text()})"
         if self._proving_text():
             return f" (reload proving: {self._proving_text()})"
+        if self.stack.rollbacks.notes:
+            return f" ({'; '.join(str(r) for r in self.stack.rollbacks.notes)})"
         return ""
 
     def _proving_text(self) -> str:
@@ -171,7 +177,7 @@ class Reloader:
         if p is None or p.seen:
             return ""
         return (f"replaces {', '.join(repr(n) for n in p.names)} once its new spec is proven on every member "
-                "(image and model checked); it serves on meanwhile")
+                "(image, model and serve arguments checked); it serves on meanwhile")
 
     def _staged_text(self) -> str:
         assert self.staged is not None
@@ -180,9 +186,10 @@ class Reloader:
 
     def doc(self) -> dict[str, Any] | None:
         """The last reload, when it failed or waits: the status file's "reload"."""
-        if not self.reload_error and self.staged is None and not self._proving_text():
+        rolled = [str(r) for r in self.stack.rollbacks.notes]
+        if not self.reload_error and self.staged is None and not self._proving_text() and not rolled:
             return None
         return {"error": self.reload_error or None, "at": statefile.iso(self.reload_at),
                 "staged": self._staged_text() if self.staged is not None and not self.reload_error else None,
-                "proving": self._proving_text() or None, "refused": [str(r) for r in self.refused]}
-
+                "proving": self._proving_text() or None, "refused": self._refusals(),
+                "rolled_back": rolled}

@@ -21,6 +21,7 @@ from ..model import Pause, Phase, Reason, Status
 from ..retry import backoff_delay
 from .pause import PauseState
 from .reconciler import Reconciler
+from .rollback import Rollbacks, pin_what_serves
 
 # Phases that count as "answers" for a deployment that starts after it (its memory profiling is over).
 _ANSWERS = {Phase.VERIFYING, Phase.SERVING}
@@ -37,6 +38,7 @@ class Stack:
         self.metrics = self._metrics(cfg)
         self.alerter = self._alerter(cfg)
         self.pausing = PauseState(cfg.supervisor.state_dir, log=log, clock=clock, wall=wall)
+        self.rollbacks = Rollbacks(log)
         self.reconcilers: dict[str, Reconciler] = {}
         for name, view in views(cfg).items():
             self.reconcilers[name] = self._reconciler(view)
@@ -115,6 +117,9 @@ class Stack:
                 wait = backoff_delay(r.status.failures, self.cfg.supervisor.backoff_base,
                                      self.cfg.supervisor.backoff_max, self.rng())
             r.due_at = self._due(wait)
+            if r.status.phase == Phase.SERVING and before != Phase.SERVING:
+                pin_what_serves(r)
+            self.rollbacks.roll_back_if_due(name, r, self.backend_factory, self.alerter)
             if r.status.phase in _ANSWERS and before not in _ANSWERS:
                 for other in self.reconcilers.values():  # those waiting for it look again at once
                     if name in other.view.dep.after and other.status.phase == Phase.WAITING:
@@ -166,7 +171,7 @@ class Stack:
             view = wanted.get(name)
             if view is None:
                 out.append(f"removes {name!r}")
-            elif _spec(view) != _spec(r.view):
+            elif spec_hashes(view) != spec_hashes(r.view):
                 out.append(f"replaces {name!r}")
         return out
 
@@ -176,7 +181,7 @@ class Stack:
         out = {}
         for name, view in wanted.items():
             r = self.reconcilers.get(name)
-            if r is not None and r.status.phase in (Phase.SERVING, Phase.DEGRADED) and _spec(view) != _spec(r.view):
+            if r is not None and r.status.phase in (Phase.SERVING, Phase.DEGRADED) and spec_hashes(view) != spec_hashes(r.view):
                 out[name] = view
         return out
 
@@ -202,6 +207,9 @@ class Stack:
             else:
                 r.metrics = self.metrics.bound(name)
                 if name in backends:
+                    if spec_hashes(view) != spec_hashes(r.view):
+                        self.rollbacks.switched(name, r, view)
+                        r.status.pinned = {}  # the new spec starts from its tag
                     r.reconfigure(view, backends[name], "config change")
                 else:
                     r.view = view  # the same deployment; only who else is configured may differ
@@ -261,6 +269,6 @@ def _view_key(view: DeploymentView) -> tuple[dict[str, Any], str]:
     return view.cfg.model_dump(), view.dep.api_key
 
 
-def _spec(view: DeploymentView) -> tuple[str, str]:
+def spec_hashes(view: DeploymentView) -> tuple[str, str]:
     """What a deployment runs: its Ray and serve spec hashes (a change of either replaces it)."""
     return view.ray_hash, view.serve_hash

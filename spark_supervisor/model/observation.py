@@ -17,6 +17,7 @@ class Container:
     # An exited container of the deployment's: why, as its engine tells (None / "": not read)
     exit_code: int | None = None
     log_tail: str = ""
+    image_id: str = ""  # the image it runs, by ID (sha256:...): what a tag pointed to when it was created
 
     @property
     def running(self) -> bool:

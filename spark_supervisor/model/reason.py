@@ -43,6 +43,7 @@ class Kind(StrEnum):
 
     # An action that failed (act.ActionFailed).
     IMAGE_MISSING = "ImageMissing", True  # not on the node and pulls are off
+    DISK_TOO_FULL = "DiskTooFull", True  # a pull would not fit (ray.pull_min_free_gib)
     PAGE_CACHE_DROP_FAILED = "PageCacheDropFailed", True  # not allowed, or the image cannot do it
     IMAGE_CHECK_FAILED = "ImageCheckFailed"  # deterministic when the image cannot run sh (act.py says so)
     MODEL_CHECK_FAILED = "ModelCheckFailed"
@@ -51,6 +52,7 @@ class Kind(StrEnum):
 
     # What the planner and the loop decide.
     CHANGE_REFUSED = "ChangeRefused"  # a reload's new spec failed its proof: the old one serves on
+    ROLLED_BACK = "RolledBack"  # a reload's new spec failed once switched to: the last that served again
     CHECKING_IMAGE = "CheckingImage"
     CHECKING_MODEL = "CheckingModel"
     CONTAINER_IN_TRANSITION = "ContainerInTransition"
@@ -86,6 +88,7 @@ class Kind(StrEnum):
     RAY_STRAY_NODE = "RayStrayNode"
     REPAIR_DELAYED = "RepairDelayed"
     RESTART_BUDGET_EXHAUSTED = "RestartBudgetExhausted"
+    RESTARTING = "Restarting"  # the operator asked (`spark-supervisor restart`): a start, not a repair
     SANITY_FAILED = "SanityFailed"
     SERVE_EXITED = "ServeExited"
     SERVE_FAILED = "ServeFailed"

@@ -80,6 +80,9 @@ class Status:
     page_cache_dropped: frozenset[str] = frozenset()  # nodes dropped since the bring-up began (reset at SERVING)
     kv_cache: dict[str, Any] = field(default_factory=dict)  # tokens, best for this spec, warning
     images: dict[str, ImageReport] = field(default_factory=dict)  # node -> its image check (this run)
+    # node -> the image ID its container ran when the deployment last reached SERVING: repairs start that
+    # very image, not whatever its tag names by then (a reload's new spec starts from the tag again)
+    pinned: dict[str, str] = field(default_factory=dict)
     starts: int = 0  # times the deployment's containers were started (each start checks its images first)
     waiting_for: str = ""  # the deployments it starts after that do not answer yet (set by the daemon)
 

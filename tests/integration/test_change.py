@@ -9,6 +9,7 @@ import shutil
 import signal
 import tomllib
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 import tomli_w
 
 from spark_testbed import testbed
-from spark_testbed.harness import Supervisor, owned_ids, verify_serving, write_config
+from spark_testbed.harness import OWNED, Supervisor, owned_ids, verify_serving, write_config
 from tests.integration.conftest import reset_testbed
 
 pytestmark = pytest.mark.testbed
@@ -89,3 +90,69 @@ def test_a_reload_to_a_model_missing_on_one_node_keeps_the_old_one_serving_and_n
     verify_serving(d)
     assert owned_ids() == before and not d.repairs()
     assert "spark-1" not in refused[0].split(" Hint: ")[0], refused  # only the node that lacks it
+
+
+def test_apply_dry_run_names_the_refusal_and_touches_nothing(daemon: tuple[Supervisor, Path]) -> None:
+    import subprocess
+
+    from spark_testbed.harness import BIN
+    d, config = daemon
+    verify_serving(d)
+    before = owned_ids()
+    doc = tomllib.loads(config.read_text())
+    doc["deployments"][0]["ray"] = {**doc["deployments"][0]["ray"], "image": "spark-testbed/hostfs:no-such-tag"}
+    new = config.parent / "new.toml"
+    new.write_text(tomli_w.dumps(doc))
+    out = subprocess.run([str(BIN / "spark-supervisor"), "apply", "--dry-run", str(new), "--config", str(config)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "  testbed: replace (ray differ): REFUSED: ChangeRefused: ImageMissing: spark-testbed/hostfs:no-such-tag" \
+        in out.stdout, out.stdout
+    verify_serving(d)
+    assert owned_ids() == before and not d.repairs()
+
+
+def test_restart_serve_only_relaunches_the_serve_with_the_requester_logged_and_no_repair(
+        daemon: tuple[Supervisor, Path]) -> None:
+    import subprocess
+
+    from spark_testbed.harness import BIN, serve_pids
+    d, config = daemon
+    st = verify_serving(d)
+    before, pid = owned_ids(), serve_pids("spark-1")
+    out = subprocess.run([str(BIN / "spark-supervisor"), "restart", "--serve-only", "--config", str(config)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "testbed: serve stopped; starting again (serve-only restart asked by" in out.stdout, \
+        out.stdout + out.stderr
+    asked = d.events("operator.restart")
+    assert asked and asked[-1]["serve_only"] and "pid " in asked[-1]["by"], asked  # who asked: SO_PEERCRED
+    d.wait(lambda s: s["phase"] == "SERVING" and s["since"] != st["since"], 180, "SERVING on the relaunched serve")
+    st = verify_serving(d)
+    assert owned_ids() == before and serve_pids("spark-1") != pid  # the containers stayed, the serve is new
+    assert not d.repairs() and st["repairs"]["in_window"] == 0  # a start, not a repair
+
+
+def test_a_tag_repulled_underneath_is_not_what_a_repair_starts(daemon: tuple[Supervisor, Path]) -> None:
+    """Images pinned by ID (issue 22, item 3): the tag of the deployment's image moved to other content on
+    spark-2 while it serves (by hand, by another tool); a repair there starts the image it ran, not the tag."""
+    d, config = daemon
+    verify_serving(d)
+    name = OWNED["spark-2"]
+
+    def image_of(container: str) -> str:
+        return testbed.docker("spark-2", "inspect", "--format", "{{.Image}}", container).stdout.decode().strip()
+    ran = image_of(name)
+    st = d.status()
+    assert st is not None
+    assert st["nodes"]["spark-2"]["pinned_image"] == ran, st["nodes"]["spark-2"]
+    t = datetime.now().timestamp()
+    testbed.docker("spark-2", "tag", testbed.BUSYBOX, testbed.HOSTFS)  # the tag now names other content
+    try:
+        testbed.docker("spark-2", "rm", "-f", name)
+        d.wait(lambda s: bool(d.repairs(t)), 120, "a repair")
+        d.wait(lambda s: s["phase"] == "SERVING" and datetime.fromisoformat(s["since"]).timestamp() > t, 240,
+               "SERVING after the repair")
+        verify_serving(d)
+        assert image_of(name) == ran, "the repair started the pinned image, not the re-pulled tag"
+    finally:
+        testbed.docker("spark-2", "tag", ran, testbed.HOSTFS)  # the tag back where it was

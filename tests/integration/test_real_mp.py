@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
+import tomli_w
 
 from spark_testbed import realvllm, testbed
 from spark_testbed.harness import Supervisor, container_processes, containers, is_serve, serve_pids
@@ -187,6 +189,62 @@ def test_the_daemon_killed_and_restarted_adopts_the_real_pair(pair: Pair) -> Non
     assert after.ids == s.ids and after.pids == s.pids, "adopted: the same containers and ranks"
     assert not d.repairs() and not [e for e in d.events("action.started") if e.get("action") == "StartServe"]
     record("daemon SIGKILLed and restarted", serving_again_s=round(took, 1), relaunches=0)
+
+
+def test_a_reload_to_a_flag_the_real_parser_refuses_is_refused_before_anything_stops(pair: Pair) -> None:
+    """The change is proven first (issue 22): the new serve arguments through vLLM 0.32's own parser, in a
+    short-lived container of the image, while the pair serves on; refused there, nothing is stopped."""
+    s = serving(pair)
+    good = pair.config.read_text()
+    doc = tomllib.loads(good)
+    doc["deployments"][0]["serve"]["extra_args"] = [*doc["deployments"][0]["serve"]["extra_args"], "--no-such-flag"]
+    pair.config.write_text(tomli_w.dumps(doc))
+    t = time.monotonic()
+    try:
+        pair.daemon.proc.send_signal(signal.SIGHUP)
+        st = pair.daemon.wait(lambda x: bool((x.get("reload") or {}).get("refused")), 180, "the change refused")
+        took = time.monotonic() - t
+    finally:
+        pair.config.write_text(good)
+    refused = st["reload"]["refused"]
+    assert len(refused) == 1 and refused[0].startswith(f"ChangeRefused: {PAIR}: BadArguments: "), refused
+    assert "vLLM 0.32.0 refuses the serve's arguments on spark-1: unrecognized arguments: --no-such-flag" in refused[0]
+    after = serving(pair)
+    assert after.ids == s.ids and after.pids == s.pids and not pair.daemon.repairs(s.at), "nothing was stopped"
+    pair.daemon.proc.send_signal(signal.SIGHUP)  # the file put back: the refusal goes
+    pair.daemon.wait(lambda x: x.get("reload") is None, 60, "the refusal cleared")
+    record("reload to a flag vLLM refuses", refused_after_s=round(took, 1), serving_time_lost_s=0)
+
+
+def test_a_switched_spec_that_kills_the_real_engine_is_rolled_back_to_the_one_that_served(pair: Pair) -> None:
+    """A change the proof cannot see through (issue 22): the head_dim-16 model is there and vLLM parses the
+    arguments, but the real engine dies on its first request (UnsupportedConfiguration). The pair is put
+    back on the spec that served, and serves again."""
+    s = serving(pair)
+    good = pair.config.read_text()
+    doc = tomllib.loads(good)
+    doc["deployments"][0]["serve"]["model"] = str(realvllm.model_dir("tiny-qwen3-hd16"))
+    pair.config.write_text(tomli_w.dumps(doc))
+    t = time.monotonic()
+    try:
+        pair.daemon.proc.send_signal(signal.SIGHUP)
+        st = pair.daemon.wait(lambda x: bool((x.get("reload") or {}).get("rolled_back")), 900, "the rollback")
+        rolled = time.monotonic() - t
+    finally:
+        pair.config.write_text(good)
+    note = st["reload"]["rolled_back"][0]
+    assert note.startswith(f"RolledBack: {PAIR}: ServeFailed: UnsupportedConfiguration"), note
+    after = serving(pair, after=s.at)
+    took = time.monotonic() - t
+    assert after.ids == s.ids, "a serve-only change: the containers stayed"
+    launched = pair.daemon.events("serve.launched")
+    assert str(realvllm.model_dir("tiny-qwen3")) + " " in " ".join(launched[-1]["argv"]) + " ", launched[-1]
+    assert (pair.daemon.status() or {})["verdict"]["passed"]
+    pair.daemon.proc.send_signal(signal.SIGHUP)  # the file put back: the note goes, nothing is relaunched
+    pair.daemon.wait(lambda x: x.get("reload") is None, 60, "the note cleared")
+    assert serving(pair).pids == after.pids
+    record("switch to a spec the engine dies of", rolled_back_after_s=round(rolled, 1),
+           serving_again_s=round(took, 1))
 
 
 def test_the_follower_killed_is_seen_by_the_daemon_and_both_ranks_are_relaunched(pair: Pair) -> None:

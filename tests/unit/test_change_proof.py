@@ -20,11 +20,22 @@ NEW_IMAGE = "spark/vllm:0.34-typo"
 
 
 def running(tmp_path: Path) -> tuple[Any, dict[str, FakeBackend], Any, Path, dict[str, Any]]:
+    """Both deployments SERVING; a backend made from here on (a switched-to spec's) sees nothing of its own
+    deployed yet: the old containers gone, its start under way."""
+    from tests.helpers import obs
     d = stack({**EMBED, "after": []})
     daemon, be, clock, _, path = make(tmp_path, d)
     serving(daemon, be, "qwen")
     serving(daemon, be, "embed")
     ticks_until(daemon, lambda: daemon.status_line() == "SERVING 2/2 deployments")
+    factory = daemon.stack.backend_factory
+
+    def starting(view: Any) -> FakeBackend:
+        b = factory(view)
+        assert isinstance(b, FakeBackend)
+        b.next = obs(view.cfg)
+        return b
+    daemon.stack.backend_factory = starting
     return daemon, be, clock, path, d
 
 
@@ -74,7 +85,7 @@ def test_a_change_whose_proof_fails_stops_nothing_and_says_why(tmp_path: Path) -
     assert daemon.cfg is old_cfg and daemon.reconcilers["qwen"] is qwen and qwen.backend is old_backend
     assert qwen.status.phase == Phase.SERVING and not old_backend.ran  # nothing stopped
     assert not any(isinstance(a, RemoveContainers) for b in be.values() for a in b.ran)
-    assert daemon.reloader.refused == [Reason("ChangeRefused", f"qwen: ImageMissing: {NEW_IMAGE} is not on spark-2")]
+    assert daemon.reloader.refused == {"qwen": Reason("ChangeRefused", f"ImageMissing: {NEW_IMAGE} is not on spark-2")}
     assert f"reload failed: ChangeRefused: qwen: ImageMissing: {NEW_IMAGE} is not on spark-2" in daemon.status_line()
     doc = json.loads((tmp_path / "state" / "status.json").read_text())
     assert doc["reload"]["refused"] == [f"ChangeRefused: qwen: ImageMissing: {NEW_IMAGE} is not on spark-2"]
@@ -87,7 +98,7 @@ def test_a_change_whose_proof_fails_stops_nothing_and_says_why(tmp_path: Path) -
     daemon.reload()
     daemon.tick()
     assert daemon.cfg is not old_cfg and daemon.reconcilers["qwen"].view.dep.ray.image == NEW_IMAGE
-    assert daemon.reloader.refused == [] and "reload failed" not in daemon.status_line()
+    assert daemon.reloader.refused == {} and "reload failed" not in daemon.status_line()
 
 
 def test_a_change_that_is_proven_is_applied_and_the_other_deployment_untouched(tmp_path: Path) -> None:
@@ -129,3 +140,39 @@ def test_a_settings_only_change_applies_in_place_without_a_proof(tmp_path: Path)
     daemon.reload()
     assert daemon.cfg.healing.deep_probe_interval == 120 and not any(b.proofs for b in made)
     assert daemon.reloader.proving is None
+
+
+def switch_and_fail(tmp_path: Path, rollback: bool) -> tuple[Any, dict[str, FakeBackend], Any]:
+    """qwen SERVING, a reload to a new image that passes its proof, then the new spec's start fails for good."""
+    from spark_supervisor.act import ActionFailed
+    from spark_supervisor.model import Kind, StartContainer
+    from tests.helpers import obs
+    daemon, be, clock, path, d = running(tmp_path)
+    d2 = copy.deepcopy(d)
+    d2["deployments"][0].setdefault("ray", {})["image"] = NEW_IMAGE
+    d2["changes"] = {"rollback": rollback}
+    reload_to(daemon, clock, path, d2)
+    new = daemon.reconcilers["qwen"]
+    assert new.view.dep.ray.image == NEW_IMAGE
+    be["qwen"].fail[StartContainer] = ActionFailed(Kind.IMAGE_MISSING, f"{NEW_IMAGE} is not on spark-1",
+                                                   deterministic=True)
+    be["qwen"].next = obs(new.view.cfg)  # the old containers gone: the new spec starts, and fails
+    ticks_until(daemon, lambda: new.view.dep.ray.image != NEW_IMAGE or new.status.phase == Phase.FAILED)
+    return daemon, be, new
+
+
+def test_a_switched_spec_that_fails_before_it_serves_is_rolled_back_to_the_one_that_served(tmp_path: Path) -> None:
+    daemon, be, new = switch_and_fail(tmp_path, rollback=True)
+    assert new.view.dep.ray.image != NEW_IMAGE  # the spec that served runs again
+    notes = [str(r) for r in daemon.stack.rollbacks.notes]
+    assert len(notes) == 1 and notes[0].startswith("RolledBack: qwen: ImageMissing: ") and NEW_IMAGE in notes[0]
+    assert notes[0] in daemon.status_line()
+    doc = json.loads((tmp_path / "state" / "status.json").read_text())
+    assert doc["reload"]["rolled_back"] == notes
+    assert daemon.reconcilers["embed"].status.phase == Phase.SERVING  # the other deployment untouched
+
+
+def test_with_rollback_off_a_failed_switch_stays_failed(tmp_path: Path) -> None:
+    daemon, be, new = switch_and_fail(tmp_path, rollback=False)
+    assert new.view.dep.ray.image == NEW_IMAGE and new.status.phase == Phase.FAILED
+    assert not daemon.stack.rollbacks.notes

@@ -64,6 +64,7 @@ class FakeBackend:
         self.closed = False
         self.refusal: Reason | None = None  # what a proof of this backend's spec finds (None: proven)
         self.proofs = 0
+        self.pinned: dict[str, str] = {}  # what pin() was last told
 
     def observe(self, full: bool) -> Observation:
         assert self.next is not None
@@ -88,6 +89,9 @@ class FakeBackend:
     def prove(self) -> Reason | None:
         self.proofs += 1
         return self.refusal
+
+    def pin(self, images: dict[str, str]) -> None:
+        self.pinned = dict(images)
 
     def close(self) -> None:
         self.closed = True

@@ -1,0 +1,51 @@
+"""Images pinned by ID (issue 22, item 3): once a deployment serves, the image ID each member's container runs
+is what its repairs start, not whatever its tag names by then; a reload's new spec starts from its tag."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import structlog
+
+from spark_supervisor import commands
+from spark_supervisor.act import Actor
+from spark_supervisor.model import EndpointObservation, EndpointState, Phase
+from spark_supervisor.observe import World
+from tests.helpers import cfg, obs, serve_running
+from tests.unit.test_daemon import make
+
+ID = {"spark-1": "sha256:" + "1" * 64, "spark-2": "sha256:" + "2" * 64}
+
+
+def test_reaching_serving_pins_the_image_each_member_runs(tmp_path: Path) -> None:
+    daemon, be, clock, _, _ = make(tmp_path)
+    c = daemon.cfg
+    o = obs(c, deployed=True, serve=serve_running(c),
+            endpoint=EndpointObservation(EndpointState.UP, health=200, models=(c.deployment.serve.name,)))
+    nodes = {n: dataclasses.replace(x, containers=tuple(dataclasses.replace(k, image_id=ID[n]) for k in x.containers))
+             for n, x in o.nodes.items()}
+    be.next = dataclasses.replace(o, nodes=nodes)
+    for _ in range(6):
+        daemon.tick()
+        if daemon.status.phase == Phase.SERVING:
+            break
+    assert daemon.status.phase == Phase.SERVING
+    assert be.pinned == ID and daemon.status.pinned == ID
+    doc = json.loads((tmp_path / "state" / "status.json").read_text())
+    assert {n: x["pinned_image"] for n, x in doc["nodes"].items()} == ID
+
+
+def test_a_pinned_node_starts_its_image_by_id_and_the_others_by_tag() -> None:
+    c = cfg()
+    world = World(c)
+    try:
+        actor = Actor(world, structlog.get_logger())
+        actor.pins = {"spark-2": ID["spark-2"]}
+        spec = {n.name: commands.node_container(c, c.deployment, n) for n in c.nodes}
+        assert actor._pinned("spark-2", spec["spark-2"]).image == ID["spark-2"]
+        assert actor._pinned("spark-1", spec["spark-1"]).image == c.deployment.ray.image
+        assert actor._pinned("spark-2", spec["spark-2"]).labels == spec["spark-2"].labels  # the same spec hash
+    finally:
+        world.close()
