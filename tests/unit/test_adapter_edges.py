@@ -1,0 +1,128 @@
+"""The adapters at their edge, each with what it reads faked at the wire: the serve-state and `systemctl show`
+parsers, the vLLM client (httpx.MockTransport, with the real server's captured answers), and the Docker
+engine's listing (a fake docker-py API: the fields read, and the short-lived listing cache)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from spark_supervisor.adapters import AdapterError
+from spark_supervisor.adapters.docker import LISTINGS, DockerEngine
+from spark_supervisor.adapters.shell import Result
+from spark_supervisor.adapters.vllm import VllmApi
+from spark_supervisor.model import EndpointState
+from spark_supervisor.observe import _units, parse_serve_state
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_vllm"
+
+
+# ------------------------------------------------------------------------------ the serve-state parser
+def test_serve_state_running_exited_and_none() -> None:
+    running = parse_serve_state("4242 abc123def456 2026-12-04T14:00:00Z 1 \nINFO a line\nINFO another\n", "c1")
+    assert (running.present, running.pid, running.running, running.exit_code, running.spec_hash) == (
+        True, 4242, True, None, "abc123def456")
+    assert running.container_id == "c1" and running.log_tail == "INFO a line\nINFO another\n"
+    exited = parse_serve_state("4242 abc123def456 2026-12-04T14:00:00Z 0 137\n", "c1")
+    assert not exited.running and exited.exit_code == 137
+    assert not parse_serve_state("0  \n", "c1").present  # nothing recorded: no serve
+    assert not parse_serve_state("", "c1").present
+
+
+# ----------------------------------------------------------------------------- `systemctl show`
+def test_systemctl_show_blocks_are_units_and_a_failure_without_output_is_an_error() -> None:
+    out = ("Id=vllm-cluster.service\nActiveState=active\nUnitFileState=enabled\nLoadState=loaded\n\n"
+           "Id=vllm-proxy.service\nActiveState=inactive\nUnitFileState=disabled\nLoadState=not-found\n")
+    units = _units(Result(0, out, ""))
+    assert [(u.name, u.active, u.enabled, u.loaded) for u in units] == [
+        ("vllm-cluster", "active", "enabled", "loaded"), ("vllm-proxy", "inactive", "disabled", "not-found")]
+    assert _units(Result(1, out, "")) == units  # systemctl exits 1 for a unit not found, and still says it
+    with pytest.raises(AdapterError, match="SystemctlFailed"):
+        _units(Result(1, "", "Failed to connect to bus"))
+
+
+# ----------------------------------------------------------------------------------- the vLLM client
+def api(handler: Any) -> VllmApi:
+    return VllmApi(httpx.Client(transport=httpx.MockTransport(handler)), "http://h:8000", api_key="k", timeout=2)
+
+
+def test_the_client_reads_health_then_the_models_with_the_key() -> None:
+    models = (FIXTURES / "models.json").read_bytes()
+    seen: list[tuple[str, str | None]] = []
+
+    def handler(r: httpx.Request) -> httpx.Response:
+        seen.append((r.url.path, r.headers.get("authorization")))
+        return httpx.Response(200, content=b"" if r.url.path == "/health" else models)
+    ep = api(handler).observe()
+    assert ep.state == EndpointState.UP and ep.health == 200 and ep.models == ("tiny-qwen3",)
+    assert seen == [("/health", None), ("/v1/models", "Bearer k")]  # the key only where it is needed
+
+
+@pytest.mark.parametrize("answer, state", [(lambda r: httpx.Response(401, json={"error": "Unauthorized"}), "error"),
+                                           (lambda r: httpx.Response(200, content=b"not json"), "error")])
+def test_a_models_answer_that_is_not_the_list_is_an_error_with_the_health_kept(answer: Any, state: str) -> None:
+    def handler(r: httpx.Request) -> httpx.Response:
+        return httpx.Response(200) if r.url.path == "/health" else answer(r)
+    ep = api(handler).observe()
+    assert ep.state == state and ep.health == 200 and ep.detail.startswith("/v1/models")
+
+
+def test_a_refused_connection_is_refused_not_an_error() -> None:
+    def handler(r: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=r)
+    assert api(handler).observe_health().state == EndpointState.REFUSED
+
+
+def test_the_sanity_request_is_judged_on_the_real_servers_answer() -> None:
+    body = json.loads((FIXTURES / "completion.json").read_text())
+    v = api(lambda r: httpx.Response(200, json=body)).sanity("tiny-qwen3", "hi", 16, 5, "serve-1")
+    assert v.passed and v.field == "reasoning" and v.serve == "serve-1"
+    dead = (FIXTURES / "engine_death_response.txt").read_bytes()
+    v = api(lambda r: httpx.Response(500, content=dead)).sanity("tiny-qwen3", "hi", 16, 5, "serve-1")
+    assert not v.passed and v.ran
+
+    def slow(r: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("slow", request=r)
+    v = api(slow).sanity("tiny-qwen3", "hi", 16, 5, "serve-1")
+    assert not v.passed and "no answer within 5s" in v.why
+
+
+# ------------------------------------------------------------------------------ the Docker engine's listing
+class FakeApi:
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows, self.calls = rows, 0
+
+    def containers(self, all: bool = False) -> list[dict[str, Any]]:  # noqa: A002 (docker-py's name)
+        self.calls += 1
+        return self.rows
+
+
+class FakeClient:
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.api = FakeApi(rows)
+
+
+def test_the_listing_reads_names_states_labels_and_image_ids_and_is_shared_for_a_moment() -> None:
+    rows: list[dict[str, Any]] = [{"Id": "0123456789abcdef", "Names": ["/qwen-ray-spark-1"], "Image": "vllm/vllm-openai:latest",
+             "ImageID": "sha256:" + "a" * 64, "State": "running", "Labels": {"spark-supervisor.owner": "qwen"}},
+            {"Id": "fedcba9876543210", "Names": None, "Image": "busybox", "State": "exited", "Labels": None}]
+    engine = DockerEngine("spark-1", "unix:///tmp/edge-test.sock", timeout=5)
+    fake = FakeClient(rows)
+    engine._client = fake  # docker-py's client, faked at its API
+    LISTINGS.drop(engine.url)
+    try:
+        found = engine.containers()
+        assert [(c.id, c.name, c.image, c.image_id, c.state, c.labels) for c in found] == [
+            ("0123456789ab", "qwen-ray-spark-1", "vllm/vllm-openai:latest", "sha256:" + "a" * 64, "running",
+             {"spark-supervisor.owner": "qwen"}),
+            ("fedcba987654", "?", "busybox", "", "exited", {})]
+        assert engine.containers() == found and fake.api.calls == 1  # one listing serves the same pass
+        LISTINGS.drop(engine.url)  # what this process changes drops it at once
+        engine.containers()
+        assert fake.api.calls == 2
+    finally:
+        LISTINGS.drop(engine.url)
