@@ -81,9 +81,8 @@ def node_container(cfg: Config, dep: Deployment, node: Node, *, dashboard: bool 
     env = {**ray.env, **(ray.head_env if node.name == head.name else {}), **node_env(node), **node.env,
            "RAY_USAGE_STATS_ENABLED": "0"}
     volumes: dict[str, dict[str, str]] = {}
-    for v in ray.volumes:
-        src, dst, *mode = v.split(":")
-        volumes[src] = {"bind": dst, "mode": mode[0] if mode else "rw"}
+    for src, dst, mode in ray.mounts:
+        volumes[src] = {"bind": dst, "mode": mode}
     if cache_parent(dep):
         volumes[cache_parent(dep)] = {"bind": cache_parent(dep), "mode": "rw"}
     if serve_log_parent(dep) and node.name in {n.name for n in serve_nodes(cfg, dep)}:

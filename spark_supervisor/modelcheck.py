@@ -195,8 +195,7 @@ def host_path(dep: Deployment, path: str) -> str:
     """Where a path the container sees lives on the node: through the deployment's volumes ("" when on none:
     then it is inside the container, lost with it)."""
     best = ("", "")
-    for v in dep.ray.volumes:
-        src, dst, *_ = v.split(":")
+    for src, dst, _ in dep.ray.mounts:
         dst = dst.rstrip("/") or "/"
         if (path == dst or path.startswith(dst.rstrip("/") + "/")) and len(dst) > len(best[1]):
             best = (src, dst)

@@ -292,8 +292,7 @@ def _host_dirs(cfg: Config) -> list[tuple[str, str]]:
                                  "prune and the logs' would delete each other's files; give each its own directory"))
             if not mine & {n.name for n in cfg.members(other)}:
                 continue
-            for v, vol in enumerate(other.ray.volumes):
-                src = vol.split(":")[0]
+            for v, (src, _, _) in enumerate(other.ray.mounts):
                 # "/" (read-only: read-write is refused) holds everything: the host, not a data directory
                 if src.startswith("/") and os.path.normpath(src) not in ("/", "//") and _overlap(cache, os.path.normpath(src)):
                     out.append((key, f"{_q(cache)} overlaps the volume source {_q(src)} "

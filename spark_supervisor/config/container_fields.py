@@ -4,8 +4,10 @@ names, labels, image patterns) and what shapes a container (volumes, sizes, ulim
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import re
+from typing import NamedTuple
 
 from .fields import _no_space, _q
 from .labels import LABEL_PREFIX
@@ -133,6 +135,22 @@ def _image_pattern(v: str) -> str:
     if len(re.sub(r"[/:.@-]", "", _WILDCARDS.sub("", v))) < 3:
         raise ValueError(f"{_q(v)} is too broad: it is (nearly) all wildcards; {eg}")
     return v
+
+
+class Volume(NamedTuple):
+    """One of deployments.ray.volumes, read: the host's source (a path or a volume name), the container's
+    destination, and the mode ("rw" when none was given)."""
+
+    src: str
+    dst: str
+    mode: str
+
+
+@functools.lru_cache(maxsize=512)
+def parse_volume(v: str) -> Volume:
+    """A volume string (already accepted by its validator) read once: every reader asks this."""
+    src, dst, *mode = v.split(":")
+    return Volume(src, dst, mode[0] if mode else "rw")
 
 
 _VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]+")

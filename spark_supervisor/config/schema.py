@@ -11,6 +11,7 @@ from pydantic import AfterValidator, Field, PrivateAttr, field_validator, model_
 
 from .container_fields import (
     _ULIMIT_MAX,
+    Volume,
     _container_name,
     _docker_size,
     _image,
@@ -20,6 +21,7 @@ from .container_fields import (
     _ulimit_value,
     _unit_name,
     _volume,
+    parse_volume,
 )
 from .fields import (
     AbsPath,
@@ -119,6 +121,11 @@ class Ray(_Strict):
 
     _split = field_validator("extra_args", mode="before", json_schema_input_type=str | list[str])(_split_args)
 
+    @property
+    def mounts(self) -> tuple[Volume, ...]:
+        """The volumes, each read once (config.container_fields.parse_volume)."""
+        return tuple(parse_volume(v) for v in self.volumes)
+
     @model_validator(mode="after")
     def _checks(self) -> Ray:
         problems = _own_flags(self.extra_args, _RAY_FLAGS, prefixes=False)
@@ -130,9 +137,8 @@ class Ray(_Strict):
         # same entry twice is harmless (the testbed's Python may live under /usr).
         by_src: dict[str, str] = {}
         by_dst: dict[str, str] = {}
-        for i, v in enumerate(self.volumes):
-            src, dst, *_ = v.split(":")
-            norm = v if len(v.split(":")) == 3 else v + ":rw"
+        for i, (src, dst, mode) in enumerate(self.mounts):
+            norm = f"{src}:{dst}:{mode}"
             dst = dst.rstrip("/")
             if by_src.get(src, norm) != norm:
                 problems.append((f".volumes[{i}]", f"source {_q(src)} is mounted again differently "
@@ -313,7 +319,7 @@ class Deployment(_Strict):
     @model_validator(mode="after")
     def _model_source(self) -> Deployment:
         src = self.model.prefetch_from.rstrip("/")
-        dsts = [v.split(":")[1].rstrip("/") for v in self.ray.volumes]
+        dsts = [m.dst.rstrip("/") for m in self.ray.mounts]
         if src and not any(src == d or src.startswith(d + "/") or d == "" for d in dsts):
             _raise([(".model.prefetch_from", f"{_q(src)} is on none of deployments.ray.volumes' destinations, so the "
                      f"image cannot see it: add a volume, e.g. \"{src}:{src}:ro\"")])

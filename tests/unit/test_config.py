@@ -108,3 +108,12 @@ def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
 
 def test_base_is_untouched_by_builders() -> None:
     assert BASE["nodes"][1]["ssh"] == "root@spark-2"
+
+
+def test_volumes_are_read_once_into_source_destination_and_mode() -> None:
+    from spark_supervisor.config.container_fields import Volume, parse_volume
+    d = data()
+    d["deployments"][0].setdefault("ray", {})["volumes"] = ["/models:/models:ro", "hf-cache:/root/.cache"]
+    c = cfg(d)
+    assert c.deployments[0].ray.mounts == (Volume("/models", "/models", "ro"), Volume("hf-cache", "/root/.cache", "rw"))
+    assert parse_volume("/models:/models:ro") is parse_volume("/models:/models:ro")  # read once, then kept
