@@ -164,8 +164,8 @@ def serve_env(cfg: Config, dep: Deployment, spec_hash: str = "", node: Node | No
     if dep.uses_ray and dep.serve.placement_strategy:
         env.setdefault("VLLM_DISTRIBUTED_EXECUTOR_CONFIG",
                        json.dumps({"placement_group_options": {"strategy": dep.serve.placement_strategy}}))
-    if dep.api_key:
-        env["VLLM_API_KEY"] = dep.api_key  # vLLM reads it when --api-key is absent; never on argv or in logs
+    if dep.api_key.get_secret_value():
+        env["VLLM_API_KEY"] = dep.api_key.get_secret_value()  # vLLM reads it when --api-key is absent; never on argv or in logs
     return env
 
 

@@ -64,7 +64,8 @@ def register_config(cfg: Any) -> None:
     for node in getattr(cfg, "nodes", ()):
         register_environment(getattr(node, "env", {}))
     for dep in getattr(cfg, "deployments", ()):
-        register_secret(getattr(dep, "api_key", ""))
+        key: Any = getattr(dep, "api_key", "")
+        register_secret(key.get_secret_value() if hasattr(key, "get_secret_value") else str(key or ""))
         for table in (dep.ray.env, dep.ray.head_env, dep.serve.env):
             register_environment(table)
 

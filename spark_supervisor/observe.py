@@ -65,7 +65,8 @@ class World:
         }
         self.http = httpx.Client(trust_env=False)
         self.ray = RayDashboard(self.http, view.dashboard, sup.io_timeout)
-        self.api = VllmApi(self.http, view.endpoint, api_key=dep.api_key, timeout=view.deadlines.api.seconds)
+        self.api = VllmApi(self.http, view.endpoint, api_key=dep.api_key.get_secret_value(),
+                           timeout=view.deadlines.api.seconds)
         self.pool = cf.ThreadPoolExecutor(max_workers=len(cfg.nodes) + 2, thread_name_prefix="observe")
         self.probes = cf.ThreadPoolExecutor(max_workers=4 * len(cfg.nodes), thread_name_prefix="probe")
 
@@ -324,7 +325,7 @@ def observe_serve(world: World, container: Container | None, node: str = "") -> 
     if code != 0:
         raise AdapterError("ServeStateFailed", f"the serve-state script exited {code}: {out.strip()[-200:]}")
     serve = parse_serve_state(out, container.id)
-    key = dep.api_key
+    key = dep.api_key.get_secret_value()
     if key and key in serve.log_tail:  # vLLM echoes its arguments and environment in some versions
         serve = dataclasses.replace(serve, log_tail=serve.log_tail.replace(key, "[redacted]"))
     return serve

@@ -162,7 +162,7 @@ def show(cfg: Config, dep: Deployment, node: Node, *, previous: bool, follow: bo
         print(f"{node.name}: {directory}/{CURRENT}" + (f" ({launch.name})" if launch else " (no launch yet)")
               + ", following (Ctrl-C to stop)", file=sys.stderr)
         argv = ["sh", "-c", FOLLOW, "spark-logs", directory, n]
-        return _stream(shell.argv(argv) if shell.target else argv, dep.api_key, timeout=None, hold_stdin=True)
+        return _stream(shell.argv(argv) if shell.target else argv, dep.api_key.get_secret_value(), timeout=None, hold_stdin=True)
     launch = pick(found, previous)
     if launch is None:
         raise Problem(f"{dep.name}: no {'previous launch' if previous else 'launch'} of the serve logged on "
@@ -176,7 +176,7 @@ def show(cfg: Config, dep: Deployment, node: Node, *, previous: bool, follow: bo
             try:
                 out = sys.stdout.buffer
                 for line in last_lines((_lines(dirfd, f) for f in chosen), lines):
-                    out.write(redact(line, dep.api_key))
+                    out.write(redact(line, dep.api_key.get_secret_value()))
                 out.flush()
             finally:
                 os.close(dirfd)
@@ -186,7 +186,7 @@ def show(cfg: Config, dep: Deployment, node: Node, *, previous: bool, follow: bo
             raise Problem(f"cannot read {directory}: {e.strerror or e}") from None
         return 0
     argv = shell.argv(["sh", "-c", READ, "spark-logs", directory, n, *chosen])
-    return _stream(argv, dep.api_key, timeout=max(cfg.supervisor.io_timeout, 300), hold_stdin=False)
+    return _stream(argv, dep.api_key.get_secret_value(), timeout=max(cfg.supervisor.io_timeout, 300), hold_stdin=False)
 
 
 def _open_dir(directory: str) -> int:

@@ -30,8 +30,9 @@ def serve_hash(cfg: Config, dep: Deployment) -> str:
     """What shapes the serve: changing it restarts the serve (and Ray, if ray_hash changed too)."""
     spec: dict[str, Any] = {"ray": ray_hash(cfg, dep), "serve": dep.serve.model_dump(exclude={"stop_timeout", "cache_keep", "cache_max_gib",
                                                                                       "log_keep", "log_max_mib"})}
-    if dep.api_key:  # a new key relaunches the serve; only a digest of it is hashed
-        spec["api_key_sha256"] = hashlib.sha256(dep.api_key.encode()).hexdigest()
+    key = dep.api_key.get_secret_value()
+    if key:  # a new key relaunches the serve; only a digest of it is hashed
+        spec["api_key_sha256"] = hashlib.sha256(key.encode()).hexdigest()
     return _digest(spec)
 
 

@@ -14,7 +14,7 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from .. import files
 from ..redaction import secret_env
@@ -314,7 +314,7 @@ def _parse(data: Any, source: str, env: dict[str, str]) -> Config:
         key, why, fld = _resolve_key(dep.readiness, env)
         if why:
             problems.append(f"{source}: deployments[{d}].readiness.{fld}: {why}")
-        dep.readiness._api_key = key
+        dep.readiness._api_key = SecretStr(key)
     if problems:
         raise ConfigError(problems)
     cfg._warnings = tuple(f"{source}: {w}" for w in _warnings(raw, cfg))

@@ -21,7 +21,7 @@ def deployment_secrets(cfg: Config, dep: Deployment) -> list[str]:
     """What never goes into a log line or status: the API key, and every secret-named variable's value the
     deployment's containers get."""
     envs = [dep.serve.env, dep.ray.env, dep.ray.head_env, *(n.env for n in cfg.members(dep))]
-    return [x for x in (dep.api_key, *(v for e in envs for k, v in e.items() if secret_env(k))) if x]
+    return [x for x in (dep.api_key.get_secret_value(), *(v for e in envs for k, v in e.items() if secret_env(k))) if x]
 
 
 class Config(_Strict):

@@ -7,7 +7,7 @@ import os
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, PrivateAttr, field_validator, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from .container_fields import (
     _ULIMIT_MAX,
@@ -275,7 +275,7 @@ class Readiness(_Strict):
     api_key_env: Annotated[str, AfterValidator(_opt_env_name)] = ""  # or an environment variable holding it
 
     # The resolved key: set by parse(), never dumped, never in repr, compared by ==.
-    _api_key: str = PrivateAttr(default="")
+    _api_key: SecretStr = PrivateAttr(default=SecretStr(""))
 
     @model_validator(mode="after")
     def _checks(self) -> Readiness:
@@ -326,8 +326,9 @@ class Deployment(_Strict):
         return self
 
     @property
-    def api_key(self) -> str:
-        """The serve's API key from readiness.api_key_file / api_key_env, or "" when none."""
+    def api_key(self) -> SecretStr:
+        """The serve's API key from readiness.api_key_file / api_key_env (empty when none): a SecretStr, so
+        that no repr, log line or status shows it; its value is read only where it is handed on."""
         return self.readiness._api_key
 
     @property

@@ -266,7 +266,7 @@ class Stack:
 
 def _view_key(view: DeploymentView) -> tuple[dict[str, Any], str]:
     """What a deployment runs on: its settings, and its API key (read from a file or the environment)."""
-    return view.cfg.model_dump(), view.dep.api_key
+    return view.cfg.model_dump(), view.dep.api_key.get_secret_value()
 
 
 def spec_hashes(view: DeploymentView) -> tuple[str, str]:

@@ -383,7 +383,7 @@ def with_key_file(tmp_path: Path, content: str, name: str = "api-key") -> dict[s
 def test_the_key_from_a_file_is_stripped_and_never_shown(tmp_path: Path) -> None:
     c = config.parse(with_key_file(tmp_path, f"  {KEY}\n"), SRC, env={})
     dep = c.deployment
-    assert dep.api_key == KEY
+    assert dep.api_key.get_secret_value() == KEY and KEY not in str(dep.api_key)
     for text in (repr(c), str(c), repr(dep), str(dep.readiness), json.dumps(c.model_dump()), c.model_dump_json(),
                  config.serve_hash(c, dep), config.ray_hash(c, dep)):
         assert KEY not in text
@@ -426,8 +426,8 @@ def test_the_key_from_an_environment_variable() -> None:
     d = data()
     d["deployments"][0]["readiness"] = {"api_key_env": "SPARK_VLLM_KEY"}
     c = config.parse(d, SRC, env={"SPARK_VLLM_KEY": f" {KEY} "})
-    assert c.deployment.api_key == KEY and KEY not in repr(c)
-    assert config.parse(data(), SRC, env={}).deployment.api_key == ""
+    assert c.deployment.api_key.get_secret_value() == KEY and KEY not in repr(c) + str(c.deployment.api_key)
+    assert config.parse(data(), SRC, env={}).deployment.api_key.get_secret_value() == ""
 
 
 # ------------------------------------------------------------------------------------------- what stays fine

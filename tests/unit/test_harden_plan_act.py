@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from spark_supervisor.act import ActionFailed, Actor
 from spark_supervisor.deployment import as_view
@@ -43,7 +44,7 @@ def actor(extra_args: list[str], out: str = "", **serve: Any) -> tuple[Actor, Lo
     d = data()
     d["deployments"][0]["serve"].update(extra_args=extra_args, **serve)
     c = cfg(d)
-    c.deployment.readiness._api_key = KEY
+    c.deployment.readiness._api_key = SecretStr(KEY)
     world = SimpleNamespace(cfg=c, view=as_view(c), nodes={n.name: SimpleNamespace(node=n, docker=Engine(out), shell=None) for n in c.nodes})
     log = Log()
     return Actor(world, log), log  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from pydantic import SecretStr
 
 from spark_supervisor import logscan
 from spark_supervisor.adapters import AdapterError
@@ -176,7 +177,7 @@ def adapters(engine: Engine) -> NodeAdapters:
 
 def test_the_observation_reads_why_an_owned_container_ended_redacted() -> None:
     c = C.model_copy()
-    c.deployment.readiness._api_key = "sk-the-api-key-0123"
+    c.deployment.readiness._api_key = SecretStr("sk-the-api-key-0123")
     exited = replace(ray_container(C, "spark-1"), state="exited")
     running = ray_container(C, "spark-2")
     stranger = replace(exited, name="other", labels={})
