@@ -13,7 +13,7 @@ from typing import Any
 import tomli_w
 
 from spark_supervisor.model import Phase, Reason, RemoveContainers
-from tests.unit.test_daemon import FakeBackend
+from tests.fakes import FakeBackend
 from tests.unit.test_stack import EMBED, make, serving, stack, ticks_until
 
 NEW_IMAGE = "spark/vllm:0.34-typo"

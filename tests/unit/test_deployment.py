@@ -12,8 +12,8 @@ import tomli_w
 
 from spark_supervisor import commands, config
 from spark_supervisor.deployment import DeploymentView, views
+from tests.fakes import FakeBackend, make
 from tests.helpers import cfg, data
-from tests.unit.test_daemon import FakeBackend, make
 from tests.unit.test_stack import EMBED, stack
 
 

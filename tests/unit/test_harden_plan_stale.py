@@ -16,6 +16,7 @@ from spark_supervisor.deployment import as_view
 from spark_supervisor.model import Container, Phase, RemoveContainers, Status
 from spark_supervisor.observe import World
 from spark_supervisor.plan import is_orphan, is_stale, plan
+from tests.fakes import FakeEngine
 from tests.helpers import cfg, data, node_obs, obs
 
 IMAGE = "nvcr.io/nvidia/vllm:25.11-py3"
@@ -56,19 +57,6 @@ def test_the_hygiene_step_leaves_every_helper_container_alone() -> None:
     st.advance(Phase.DETECTING, st.why, 0, 0)
     d = plan(obs(C, nodes=nodes), st, C, 1)
     assert not any(isinstance(a, RemoveContainers) for a in d.actions), d
-
-
-class FakeEngine:
-    def __init__(self, containers: list[Container]) -> None:
-        self.listed: list[Container] = containers
-        self.removed: list[str] = []
-
-    def containers(self) -> list[Container]:
-        return self.listed
-
-    def remove(self, name: str) -> bool:
-        self.removed.append(name)
-        return True
 
 
 def teardown(listed: dict[str, list[Container]]) -> dict[str, list[str]]:

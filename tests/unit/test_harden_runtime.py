@@ -20,8 +20,8 @@ from spark_supervisor.loop.daemon import StateDirUnfit, lock_state_dir
 from spark_supervisor.maintenance import parse_duration
 from spark_supervisor.maintenance import pause as cli_pause
 from spark_supervisor.model import Pause, Phase
+from tests.fakes import make
 from tests.helpers import obs
-from tests.unit.test_daemon import make
 
 BAD_UNTIL = [float("nan"), float("inf"), "tomorrow", [1], {"t": 1}, True, 1e30, 1.0]  # 1.0: long past
 

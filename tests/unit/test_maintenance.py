@@ -21,8 +21,8 @@ from spark_supervisor.config import Alerts
 from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.maintenance import parse_duration
 from spark_supervisor.model import EndpointObservation, EndpointState, Pause, Phase, StartServe
+from tests.fakes import FakeBackend, make
 from tests.helpers import data, obs, serve_running
-from tests.unit.test_daemon import FakeBackend, make
 
 
 class Receiver:

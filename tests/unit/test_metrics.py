@@ -10,8 +10,8 @@ import pytest
 import spark_supervisor
 from spark_supervisor.metrics import Metrics, NoMetrics
 from spark_supervisor.model import NodeObservation, Phase, RayObservation, Reason, Status, Verdict
+from tests.fakes import make
 from tests.helpers import cfg, data, node_obs, obs, ray_container
-from tests.unit.test_daemon import make
 
 
 def test_prometheus_endpoint_reports_phase_progress_ray_and_repairs() -> None:

@@ -22,40 +22,12 @@ from spark_supervisor.config import OWNER_LABEL
 from spark_supervisor.model import Container
 from spark_supervisor.observe import NodeAdapters, observe_node
 from spark_testbed import nvidia_smi
+from tests.fakes import FakeEngine
 from tests.helpers import cfg, data
 
 MEMINFO = "MemTotal:       125829120 kB\nMemFree:         2000000 kB\nMemAvailable:   120832000 kB\n" \
           "Buffers:           10000 kB\nCached:          5000000 kB\nSwapTotal:             0 kB\n"
 IP = "1: lo    inet 127.0.0.1/8 scope host lo\n4: enp1s0f1np1    inet 192.168.200.13/24 brd 192.168.200.255 scope global\n"
-
-
-class FakeEngine:
-    """A node's Docker engine as the observer calls it; `fail` makes a call raise what the real one would."""
-
-    def __init__(self, containers: list[Container], fail: dict[str, AdapterError] | None = None) -> None:
-        self.listed, self.fail, self.connected = containers, fail or {}, True
-        self.calls: list[str] = []
-
-    def _call(self, what: str) -> None:
-        self.calls.append(what)
-        if what in self.fail:
-            raise self.fail[what]
-
-    def containers(self) -> list[Container]:
-        self._call("containers")
-        return list(self.listed)
-
-    def version(self) -> str:
-        self._call("version")
-        return "28.3.3"
-
-    def ended(self, name: str) -> tuple[int | None, str]:
-        self._call("ended")
-        return 137, "Killed"
-
-    def pids(self, name: str) -> list[int]:
-        self._call("pids")
-        return [os.getpid()]
 
 
 @pytest.fixture
@@ -200,9 +172,6 @@ class ServingEngine(FakeEngine):
     def exec(self, name: str, argv: list[str], what: str = "") -> tuple[int, str]:
         self._call(f"exec {what}")
         return 0, self.state
-
-    def reset(self) -> None:
-        self._call("reset")
 
 
 def test_a_followers_death_is_seen_while_rank_0_still_answers_health(tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ from spark_supervisor import commands
 from spark_supervisor.act import Actor
 from spark_supervisor.model import EndpointObservation, EndpointState, Phase
 from spark_supervisor.observe import World
+from tests.fakes import make
 from tests.helpers import cfg, obs, serve_running
-from tests.unit.test_daemon import make
 
 ID = {"spark-1": "sha256:" + "1" * 64, "spark-2": "sha256:" + "2" * 64}
 

@@ -10,8 +10,8 @@ import pytest
 
 from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import Kind, Phase, StartContainer, StartServe, StopServe
+from tests.fakes import FakeBackend
 from tests.helpers import obs
-from tests.unit.test_daemon import FakeBackend
 from tests.unit.test_stack import EMBED, make, serving, stack, ticks_until
 
 

@@ -16,8 +16,8 @@ from spark_supervisor.model import EndpointObservation, EndpointState, Phase, Ra
 from spark_supervisor.plan import derive, plan, unknowns
 from spark_supervisor.plan import seen as seen_mod
 from spark_supervisor.plan import unknown as unknown_mod
+from tests.fakes import make
 from tests.helpers import cfg, obs, serve_running
-from tests.unit.test_daemon import make
 
 LOG = ("INFO 12-02 10:00:00 [loader.py:1] Loading safetensors checkpoint shards:  50% Completed | 15/30 "
        "[00:30<00:30,  2.00s/it]\n")

@@ -30,8 +30,8 @@ from spark_supervisor.model import (
     StopServe,
 )
 from spark_supervisor.plan import Facts, hygiene
+from tests.fakes import Clock, FakeBackend, Notes
 from tests.helpers import cfg, data, images, node_obs, obs, phase_now, serve_running
-from tests.unit.test_daemon import Clock, FakeBackend, Notes
 
 EMBED: dict[str, Any] = {"name": "embed", "nodes": ["spark-2"], "after": ["qwen"],
          "serve": {"model": "BAAI/bge-m3", "distributed_executor_backend": "mp", "tensor_parallel_size": 1,
