@@ -122,7 +122,8 @@ class Actor:
         return None
 
     def _pinned(self, node: str, spec: commands.ContainerSpec) -> commands.ContainerSpec:
-        """The spec with the image its node ran when the deployment last served, by ID, if one is pinned."""
+        """The spec with the image its node ran when the deployment last served, by ID, if one is pinned: the
+        node container and every helper of the image (its checks, the prefetch) run what served."""
         pin = self.pins.get(node)
         return dataclasses.replace(spec, image=pin) if pin else spec
 
@@ -214,7 +215,7 @@ class Actor:
             (self.log.warning if p.get("error") or not p else self.log.info)(
                 "model.prefetch_ended", node=node.name, state=p.get("state"), detail=detail)
             a.docker.remove(name)
-        spec = commands.model_probe(cfg, dep, node)
+        spec = self._pinned(node.name, commands.model_probe(cfg, dep, node))
         code, out = a.docker.run_once(spec)
         if code != 0:  # the probe exits 0 whatever it finds: the image could not run it (unknown, not missing)
             raise ActionFailed(Kind.MODEL_CHECK_FAILED, f"{node.name}: {spec.image} exited {code}: {self._redact(out.strip()[-200:])}")
@@ -232,7 +233,7 @@ class Actor:
     def _prefetch_model(self, a: Any) -> ImageReport:
         """Start the prefetch on a node (a detached container: its progress is read at each tick)."""
         cfg, dep = self.world.cfg, self.world.view.dep
-        spec = commands.model_prefetch(cfg, dep, a.node)
+        spec = self._pinned(a.node.name, commands.model_prefetch(cfg, dep, a.node))
         a.docker.remove(spec.name)  # one left from an earlier run
         self._ensure_image(a, spec.image)
         cid = a.docker.run(spec)
