@@ -21,19 +21,25 @@ def cmd_pause(args: argparse.Namespace) -> int:
     return 0 if done else 1
 
 
-def cmd_restart(args: argparse.Namespace) -> int:
-    """Ask the running daemon to relaunch (a start, not a repair: the budget is not charged)."""
+def _ask(state_dir: str, command: str, **args: object) -> tuple[bool, str | None]:
+    """The running daemon asked through its control socket, with who asks: (asked, its answer; None when no
+    daemon runs). Not asked: why is printed."""
     from .. import control
     from ..maintenance import _WAIT_S, who
-    state_dir = _load(args.config).supervisor.state_dir
     try:
-        answer = control.ask(state_dir, "restart", timeout=_WAIT_S, by=who(), deployment=args.deployment,
-                             serve_only=args.serve_only)
+        return True, control.ask(state_dir, command, timeout=_WAIT_S, by=who(), **args)
     except control.NotAnswering as e:
         print(e, file=sys.stderr)
-        return 1
     except control.Refused as e:
-        print(f"the daemon refused the restart: {e}", file=sys.stderr)
+        print(f"the daemon refused the {command}: {e}", file=sys.stderr)
+    return False, None
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    """Ask the running daemon to relaunch (a start, not a repair: the budget is not charged)."""
+    ok, answer = _ask(_load(args.config).supervisor.state_dir, "restart", deployment=args.deployment,
+                      serve_only=args.serve_only)
+    if not ok:
         return 1
     if answer is None:
         print("no daemon running: nothing to restart (start the service)", file=sys.stderr)
@@ -43,16 +49,10 @@ def cmd_restart(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from .. import control, statefile
-    from ..maintenance import _WAIT_S, who
+    from .. import statefile
     state_dir = _load(args.config).supervisor.state_dir
-    try:
-        answer = control.ask(state_dir, "resume", timeout=_WAIT_S, by=who())
-    except control.NotAnswering as e:
-        print(e, file=sys.stderr)
-        return 1
-    except control.Refused as e:
-        print(f"the daemon refused the resume: {e}", file=sys.stderr)
+    ok, answer = _ask(state_dir, "resume")
+    if not ok:
         return 1
     if answer is not None:
         print(answer)

@@ -14,7 +14,7 @@ import json
 import signal
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -191,21 +191,30 @@ def test_the_daemon_killed_and_restarted_adopts_the_real_pair(pair: Pair) -> Non
     record("daemon SIGKILLed and restarted", serving_again_s=round(took, 1), relaunches=0)
 
 
+def reload_to(p: Pair, section: str, key: str, change: Callable[[Any], Any], until_in_reload: str,
+              timeout: float) -> tuple[dict[str, Any], float]:
+    """The operator's edit of the deployment's section.key and SIGHUP; the status once status.json's
+    reload.<until_in_reload> says something, and how long that took. The file is put back after."""
+    good = p.config.read_text()
+    doc = tomllib.loads(good)
+    dep = doc["deployments"][0][section]
+    dep[key] = change(dep.get(key))
+    p.config.write_text(tomli_w.dumps(doc))
+    t = time.monotonic()
+    try:
+        p.daemon.proc.send_signal(signal.SIGHUP)
+        st = p.daemon.wait(lambda x: bool((x.get("reload") or {}).get(until_in_reload)), timeout,
+                           f"reload.{until_in_reload}")
+        return st, time.monotonic() - t
+    finally:
+        p.config.write_text(good)
+
+
 def test_a_reload_to_a_flag_the_real_parser_refuses_is_refused_before_anything_stops(pair: Pair) -> None:
     """The change is proven first (issue 22): the new serve arguments through vLLM 0.32's own parser, in a
     short-lived container of the image, while the pair serves on; refused there, nothing is stopped."""
     s = serving(pair)
-    good = pair.config.read_text()
-    doc = tomllib.loads(good)
-    doc["deployments"][0]["serve"]["extra_args"] = [*doc["deployments"][0]["serve"]["extra_args"], "--no-such-flag"]
-    pair.config.write_text(tomli_w.dumps(doc))
-    t = time.monotonic()
-    try:
-        pair.daemon.proc.send_signal(signal.SIGHUP)
-        st = pair.daemon.wait(lambda x: bool((x.get("reload") or {}).get("refused")), 180, "the change refused")
-        took = time.monotonic() - t
-    finally:
-        pair.config.write_text(good)
+    st, took = reload_to(pair, "serve", "extra_args", lambda args: [*args, "--no-such-flag"], "refused", 180)
     refused = st["reload"]["refused"]
     assert len(refused) == 1 and refused[0].startswith(f"ChangeRefused: {PAIR}: BadArguments: "), refused
     assert "vLLM 0.32.0 refuses the serve's arguments on spark-1: unrecognized arguments: --no-such-flag" in refused[0]
@@ -221,17 +230,9 @@ def test_a_switched_spec_that_kills_the_real_engine_is_rolled_back_to_the_one_th
     arguments, but the real engine dies on its first request (UnsupportedConfiguration). The pair is put
     back on the spec that served, and serves again."""
     s = serving(pair)
-    good = pair.config.read_text()
-    doc = tomllib.loads(good)
-    doc["deployments"][0]["serve"]["model"] = str(realvllm.model_dir("tiny-qwen3-hd16"))
-    pair.config.write_text(tomli_w.dumps(doc))
     t = time.monotonic()
-    try:
-        pair.daemon.proc.send_signal(signal.SIGHUP)
-        st = pair.daemon.wait(lambda x: bool((x.get("reload") or {}).get("rolled_back")), 900, "the rollback")
-        rolled = time.monotonic() - t
-    finally:
-        pair.config.write_text(good)
+    st, rolled = reload_to(pair, "serve", "model", lambda _: str(realvllm.model_dir("tiny-qwen3-hd16")), "rolled_back",
+                           900)
     note = st["reload"]["rolled_back"][0]
     assert note.startswith(f"RolledBack: {PAIR}: ServeFailed: UnsupportedConfiguration"), note
     after = serving(pair, after=s.at)
