@@ -213,7 +213,10 @@ def test_gpu_memory_held_by_an_orphan_after_cleanup_is_waited_for(daemon: Superv
 def test_a_deterministic_serve_failure_is_failed_without_burning_the_budget(daemon: Supervisor) -> None:
     f = Fault(daemon)
     good = daemon.config.read_text()
-    bad = write_config(daemon.tmp, {**PATCH}, deployment={"serve": {"env": {"STANDIN_FAIL": "free-memory"}}})
+    # Rollback off: a switched-to spec that fails is otherwise put back on the spec that served (issue 22;
+    # test_change_proof, test_real_mp); here the deterministic failure itself is under test.
+    bad = write_config(daemon.tmp, {**PATCH, "changes": {"rollback": False}},
+                       deployment={"serve": {"env": {"STANDIN_FAIL": "free-memory"}}})
     f.inject(lambda: os.kill(daemon.proc.pid, signal.SIGHUP))  # the config file now asks for the failing serve
     # The daemon read that file and found it changed (a replaced serve is applied once the file settles).
     until(lambda: f.new_events("config.reloaded"), 60, "config.reloaded after the SIGHUP")
