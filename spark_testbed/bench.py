@@ -171,17 +171,19 @@ def change(d: Supervisor, edit: Callable[[dict[str, Any]], None], refused: bool 
         d.proc.send_signal(signal.SIGHUP)
         if refused:
             d.wait(lambda s: bool((s.get("reload") or {}).get("refused")), 300, "the refusal")
-            done = time.time()
-        else:
-            done = _serving_after(d, t + 1)
-        proven = _first(d, "config.reloaded", after=t)
+            done = proven = time.time()
+        else:  # the reload applied once proven, then SERVING entered after it (on the new spec)
+            until(lambda: any(_ts(e) >= t for e in d.events("config.reloaded")), 300, "the reload applied",
+                  every=0.2)
+            proven = _first(d, "config.reloaded", after=t)
+            done = _serving_after(d, proven)
     finally:
         lost = gaps.stop()
         if refused:
             d.config.write_text(good)
             d.proc.send_signal(signal.SIGHUP)
             d.wait(lambda s: s.get("reload") is None, 60, "the refusal cleared")
-    return {"lost": lost, "total": done - t, "proof": proven - t if not refused else done - t}
+    return {"lost": lost, "total": done - t, "proof": proven - t}
 
 
 def real_restarts(workdir: Path) -> dict[str, float]:
