@@ -211,6 +211,8 @@ class Stack:
                         self.rollbacks.switched(name, r, view)
                         r.status.pinned = {}  # the new spec starts from its tag
                     r.reconfigure(view, backends[name], "config change")
+                    if r.status.pinned:  # the same spec on a new backend (other settings changed): still pinned
+                        r.backend.pin(r.status.pinned)
                 else:
                     r.view = view  # the same deployment; only who else is configured may differ
                     r.changed()

@@ -49,3 +49,31 @@ def test_a_pinned_node_starts_its_image_by_id_and_the_others_by_tag() -> None:
         assert actor._pinned("spark-2", spec["spark-2"]).labels == spec["spark-2"].labels  # the same spec hash
     finally:
         world.close()
+
+
+def test_a_settings_change_keeps_the_pins_on_the_new_backend(tmp_path: Path) -> None:
+    import copy
+
+    import tomli_w
+
+    from tests.unit.test_stack import EMBED, serving, stack
+    from tests.unit.test_stack import make as make_stack
+    d = stack({**EMBED, "after": []})
+    daemon, be, clock, _, path = make_stack(tmp_path, d)
+    serving(daemon, be, "embed")
+    q = daemon.reconcilers["qwen"]
+    v = q.view.cfg
+    o = obs(v, deployed=True, serve=serve_running(v),
+            endpoint=EndpointObservation(EndpointState.UP, health=200, models=(v.deployment.serve.name,)))
+    be["qwen"].next = dataclasses.replace(o, nodes={n: dataclasses.replace(x, containers=tuple(
+        dataclasses.replace(k, image_id=ID[n]) for k in x.containers)) for n, x in o.nodes.items()})
+    for _ in range(6):
+        daemon.tick()
+        if q.status.phase == Phase.SERVING:
+            break
+    assert be["qwen"].pinned == ID
+    d2 = copy.deepcopy(d)
+    d2["healing"] = {"deep_probe_interval": 120}  # settings only: a new backend, the same spec
+    path.write_text(tomli_w.dumps(d2))
+    daemon.reload()
+    assert be["qwen"] is q.backend and be["qwen"].pinned == ID and q.status.pinned == ID
