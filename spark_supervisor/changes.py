@@ -1,7 +1,7 @@
 """What a move from one config to another does to each deployment, and to the supervisor's own settings: pure.
-Read by `spark-supervisor apply --dry-run`; the daemon's reload makes the same distinction (loop.stack):
-a Ray spec that differs replaces the deployment, a serve spec alone relaunches its serve, anything else of
-it is applied in place."""
+Read by `spark-supervisor apply --dry-run` and by the daemon's reload (loop.stack: what it stages, what it
+proves first): a Ray spec that differs replaces the deployment, a serve spec alone relaunches its serve,
+anything else of it is applied in place."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from .config import Config
-from .deployment import views
+from .deployment import DeploymentView, views
 
 
 class Change(StrEnum):
@@ -39,9 +39,15 @@ def _sections(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, ...]:
 
 
 def diff(old: Config, new: Config) -> tuple[list[DeploymentChange], tuple[str, ...]]:
-    """Each deployment's change (the old file's order, then the ones added) and the supervisor's own settings
-    that differ (top-level sections other than the deployments)."""
-    olds, news = views(old), views(new)
+    """Each deployment's change (deployment_changes) and the supervisor's own settings that differ (top-level
+    sections other than the deployments)."""
+    settings = _sections({k: v for k, v in old.model_dump().items() if k != "deployments"},
+                         {k: v for k, v in new.model_dump().items() if k != "deployments"})
+    return deployment_changes(views(old), views(new)), settings
+
+
+def deployment_changes(olds: dict[str, DeploymentView], news: dict[str, DeploymentView]) -> list[DeploymentChange]:
+    """Each deployment's change from the views it runs on to the new ones (the old order, then the ones added)."""
     out = []
     for name in [*olds, *(n for n in news if n not in olds)]:
         o, n = olds.get(name), news.get(name)
@@ -59,6 +65,4 @@ def diff(old: Config, new: Config) -> tuple[list[DeploymentChange], tuple[str, .
         else:
             change = Change.SETTINGS if differs else Change.UNCHANGED  # the file's own settings: apart
         out.append(DeploymentChange(name, change, differs))
-    settings = _sections({k: v for k, v in old.model_dump().items() if k != "deployments"},
-                         {k: v for k, v in new.model_dump().items() if k != "deployments"})
-    return out, settings
+    return out

@@ -14,6 +14,7 @@ from typing import Any
 from ..act import ActionFailed
 from ..alerts import Alerter
 from ..backend import Backend, RealBackend
+from ..changes import Change, DeploymentChange, deployment_changes
 from ..config import Config
 from ..deployment import DeploymentView, views
 from ..metrics import Metrics, NoMetrics
@@ -163,27 +164,21 @@ class Stack:
             r.rearm(why)
 
     # ----------------------------------------------------------------------------- a new config
+    def _changes(self, wanted: dict[str, DeploymentView]) -> list[DeploymentChange]:
+        return deployment_changes({name: r.view for name, r in self.reconcilers.items()}, wanted)
+
     def destructive(self, wanted: dict[str, DeploymentView]) -> list[str]:
-        """What a move to ``wanted`` (a new config's views, deployment.views) would tear down: deployments no longer configured, and those whose Ray or
-        serve spec changes (replaced). Additions and other settings are not."""
-        out = []
-        for name, r in self.reconcilers.items():
-            view = wanted.get(name)
-            if view is None:
-                out.append(f"removes {name!r}")
-            elif spec_hashes(view) != spec_hashes(r.view):
-                out.append(f"replaces {name!r}")
-        return out
+        """What a move to ``wanted`` (a new config's views, deployment.views) would tear down: deployments no
+        longer configured, and those whose Ray or serve spec changes (replaced). Additions and other settings
+        are not."""
+        return [f"{'removes' if c.change == Change.REMOVED else 'replaces'} {c.name!r}"
+                for c in self._changes(wanted) if c.stops]
 
     def to_prove(self, wanted: dict[str, DeploymentView]) -> dict[str, DeploymentView]:
         """The deployments a move to ``wanted`` would replace while they serve (SERVING or DEGRADED), with their
         new views: what must be proven startable before anything of theirs is stopped (loop.proof)."""
-        out = {}
-        for name, view in wanted.items():
-            r = self.reconcilers.get(name)
-            if r is not None and r.status.phase in (Phase.SERVING, Phase.DEGRADED) and spec_hashes(view) != spec_hashes(r.view):
-                out[name] = view
-        return out
+        return {c.name: wanted[c.name] for c in self._changes(wanted) if c.stops and c.name in wanted
+                and self.reconcilers[c.name].status.phase in (Phase.SERVING, Phase.DEGRADED)}
 
     def apply(self, new: Config, wanted: dict[str, DeploymentView]) -> None:
         """Move to a new config (``wanted``: its views), deployment by deployment: an unchanged one is not touched, a changed one is
