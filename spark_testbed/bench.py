@@ -41,10 +41,12 @@ HEALTH = "http://127.0.0.2:8000/health"
 
 
 class Poller:
-    """Watches Ray and the serve from outside at 20 Hz, recording when each condition first held."""
+    """Watches Ray and the serve from outside at 20 Hz, recording when each condition first held, and the
+    longest run without a /health 200 (the serving time lost) while it watched."""
 
     def __init__(self) -> None:
         self.seen: dict[str, float] = {}
+        self.longest_gap, self._last_ok = 0.0, time.time()
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
@@ -65,6 +67,8 @@ class Poller:
                 try:
                     if http.get(HEALTH).status_code == 200:
                         self.seen.setdefault("api_up", now)
+                        self.longest_gap = max(self.longest_gap, now - self._last_ok - 0.05)
+                        self._last_ok = now
                 except httpx.HTTPError:
                     pass
 
@@ -129,32 +133,6 @@ def fault(d: Supervisor, inject: Callable[[], object]) -> dict[str, float]:
         poller.stop()
 
 
-class HealthGaps:
-    """/health polled at 20 Hz: the longest run without a 200 (the serving time lost) while it watches."""
-
-    def __init__(self) -> None:
-        self.longest, self._last_ok, self._stop = 0.0, time.time(), threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=0.5) as http:
-            while not self._stop.wait(0.05):
-                try:
-                    ok = http.get(HEALTH).status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                now = time.time()
-                if ok:
-                    self.longest = max(self.longest, now - self._last_ok - 0.05)
-                    self._last_ok = now
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._t.join(timeout=2)
-        return max(0.0, self.longest)
-
-
 def change(d: Supervisor, edit: Callable[[dict[str, Any]], None], refused: bool = False) -> dict[str, float]:
     """Reload to the config with ``edit`` made to its deployment; the serving time lost, and the reload's time
     to SERVING on the new spec (or to the refusal). The file is put back (and reloaded) after a refusal."""
@@ -164,7 +142,7 @@ def change(d: Supervisor, edit: Callable[[dict[str, Any]], None], refused: bool 
     good = d.config.read_text()
     doc = tomllib.loads(good)
     edit(doc["deployments"][0])
-    gaps = HealthGaps()
+    poller = Poller()
     t = time.time()
     try:
         d.config.write_text(tomli_w.dumps(doc))
@@ -178,7 +156,8 @@ def change(d: Supervisor, edit: Callable[[dict[str, Any]], None], refused: bool 
             proven = _first(d, "config.reloaded", after=t)
             done = _serving_after(d, proven)
     finally:
-        lost = gaps.stop()
+        poller.stop()
+        lost = max(0.0, poller.longest_gap)
         if refused:
             d.config.write_text(good)
             d.proc.send_signal(signal.SIGHUP)
