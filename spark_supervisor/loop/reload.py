@@ -177,7 +177,8 @@ class Reloader:
         if p is None or p.seen:
             return ""
         return (f"replaces {', '.join(repr(n) for n in p.names)} once its new spec is proven on every member "
-                "(image, model and serve arguments checked); it serves on meanwhile")
+                "(image, serve arguments and model checked, the model fetched where it is missing); it serves on "
+                "meanwhile")
 
     def _staged_text(self) -> str:
         assert self.staged is not None

@@ -18,6 +18,18 @@ def late():
     if time.monotonic() > deadline:
         raise TimeoutError(f"not done after {float(timeout):.0f}s")
 
+def room(path, need):
+    """Refused before the first byte: a copy that fills the node's disk would hurt what runs there."""
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    st = os.statvfs(path or "/")
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        raise OSError(f"no room in {path}: {need:,} bytes to fetch, {free:,} free")
+
+def have(path, size):
+    return os.path.isfile(path) and os.stat(path).st_size == size
+
 def copy_tree(src, dst):
     items = []
     for root, dirs, files in os.walk(src, followlinks=True):
@@ -28,9 +40,10 @@ def copy_tree(src, dst):
                 items.append((os.path.relpath(p, src), os.stat(p).st_size))
     state["files_total"], state["bytes_total"] = len(items), sum(s for _, s in items)
     save(True)
+    room(dst, sum(n for rel, n in items if not have(os.path.join(dst, rel), n)))
     for rel, n in items:
         out = os.path.join(dst, rel)
-        if os.path.isfile(out) and os.stat(out).st_size == n:
+        if have(out, n):
             state["files_done"] += 1
             state["bytes_done"] += n
             continue
@@ -83,9 +96,17 @@ try:
         copy_tree(source, dst)
     else:
         import threading
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import HfApi, snapshot_download
         kw = {"local_dir": f["dir"]} if f["source"] == "local" else {"cache_dir": f["cache"]}
         state["target"] = f["dir"] or f["repo"]
+        try:  # the repo's size, when the hub tells it: unknown is no refusal (the download fails by itself)
+            info = HfApi().model_info(model, revision=revision or None, files_metadata=True)
+            sizes = [s.size or 0 for s in info.siblings or []]
+        except Exception:
+            sizes = []
+        if sizes:
+            state["files_total"], state["bytes_total"] = len(sizes), sum(sizes)
+            room(state["target"], sum(sizes) - du(state["target"]))
         err = []
         def go():
             try:

@@ -156,3 +156,58 @@ def test_a_tag_repulled_underneath_is_not_what_a_repair_starts(daemon: tuple[Sup
         assert image_of(name) == ran, "the repair started the pinned image, not the re-pulled tag"
     finally:
         testbed.docker("spark-2", "tag", ran, testbed.HOSTFS)  # the tag back where it was
+
+
+def test_a_change_to_a_model_one_node_lacks_is_prefetched_there_while_the_old_one_serves(
+        daemon: tuple[Supervisor, Path], tmp_path: Path) -> None:
+    """With [deployments.model] prefetch the proof fills spark-2 with the new model (copied from a directory the
+    image sees) while the old spec keeps serving on the same containers; only then the switch. Last in the
+    module: the deployment it leaves runs the new spec."""
+    import os
+    import threading
+    d, config = daemon
+    verify_serving(d)
+    before = owned_ids()
+    other = "Qwen/Only-On-Spark-1"
+    repo = testbed.model_snapshot("spark-1").parent.parent
+    copy = repo.parent / ("models--" + other.replace("/", "--"))
+    shutil.copytree(repo, copy, symlinks=True, dirs_exist_ok=True)
+    # The source: a plain directory the image sees at /model-src; its last file a FIFO that holds the copy until
+    # the test has seen the old deployment still serving (a slow disk, made deterministic).
+    src = tmp_path / "src"
+    shutil.copytree(testbed.model_snapshot("spark-1"), src)
+    fifo = src / "zz-slow.bin"
+    os.mkfifo(fifo)
+    doc = tomllib.loads(config.read_text())
+    dep = doc["deployments"][0]
+    hf = [f"{testbed.DIR}/{n}/hf:{testbed.DIR}/{n}/hf" for n in testbed.NODES]  # writable, under the read-only mount
+    dep["ray"] = {**dep["ray"], "volumes": [*dep["ray"].get("volumes", []), *hf, f"{src}:/model-src:ro"]}
+    dep["serve"] = {**dep["serve"], "model": other}
+    dep["model"] = {**dep.get("model", {}), "prefetch": True, "prefetch_from": "/model-src"}
+    config.write_text(tomli_w.dumps(doc))
+    t = datetime.now().timestamp()
+    try:
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait(lambda s: bool([e for e in d.events("model.prefetch_started") if e.get("node") == "spark-2"]), 180,
+               "the proof's prefetch on spark-2")
+        st = d.wait(lambda s: bool((s.get("reload") or {}).get("proving")), 30, "the pending change shown")
+        assert "once its new spec is proven on every member" in st["reload"]["proving"], st["reload"]
+        verify_serving(d)  # the old spec serves on while the new model is fetched
+        assert owned_ids() == before and not d.repairs(t), "nothing stopped before the proof ended"
+        assert not [e for e in d.events("model.prefetch_started") if e.get("node") == "spark-1"], "spark-1 has it"
+    finally:
+        writer = threading.Thread(target=lambda: fifo.write_bytes(b"x" * 1000), daemon=True)
+        writer.start()  # (opening a FIFO for writing waits for its reader)
+        writer.join(60)
+    fetched = testbed.model_snapshot("spark-2").parent.parent.parent / copy.name
+    try:
+        d.wait(lambda s: s["phase"] == "SERVING" and datetime.fromisoformat(s["since"]).timestamp() > t, 300,
+               "SERVING on the new spec")
+        verify_serving(d)
+        assert owned_ids() != before and not d.repairs(t), "switched once proven: a replacement, not a repair"
+        ended = [e for e in d.events("model.prefetch_ended") if e.get("node") == "spark-2"]
+        assert ended and ended[-1]["state"] == "done", ended
+        assert (fetched / "refs" / "main").is_file(), "the new model copied into spark-2's cache"
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.rmtree(fetched, ignore_errors=True)

@@ -357,3 +357,17 @@ def test_a_hub_prefetch_that_cannot_download_fails_with_why(tmp_path: Path) -> N
                     "60", "0", str(progress)], check=True, timeout=60, env=env)
     p = json.loads(progress.read_text())  # no huggingface_hub here, or offline: either way it says why
     assert p["state"] == "failed" and p["source"] == "hub" and p["error"], p
+
+
+def test_a_prefetch_that_would_not_fit_on_the_disk_copies_nothing_and_says_why(tmp_path: Path) -> None:
+    src = write_model(tmp_path / "src")
+    st = os.statvfs(tmp_path)
+    with open(src / "huge.bin", "wb") as f:  # sparse: as large as the disk has room for, and a GiB more
+        f.truncate(st.f_bavail * st.f_frsize + (1 << 30))
+    progress, hub = tmp_path / "progress.json", tmp_path / "hub"
+    subprocess.run(["sh", "-c", modelcheck.RUN_PY, "p", sys.executable, modelcheck.PREFETCH_PY, REPO, "", "",
+                    str(src), "3", "0", str(progress)], check=True, timeout=60,  # a copy it wrongly starts ends soon
+                   env={"PATH": os.environ["PATH"], "HF_HUB_CACHE": str(hub)})
+    p = json.loads(progress.read_text())
+    assert p["state"] == "failed" and p["error"].startswith("OSError: no room in ") and " free" in p["error"], p
+    assert p["bytes_done"] == 0 and not [f for f in hub.rglob("*") if f.is_file() and f.name != "main"]
