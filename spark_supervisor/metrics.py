@@ -120,6 +120,14 @@ class Metrics:
                                     "row (0: seen)", [*d, "what"], registry=reg)
         self.changes_refused = pc.Counter(f"{p}changes_refused", "reloads refused because the new spec could not "
                                           "be proven startable (the old one kept serving)", d, registry=reg)
+        self.engine_running = pc.Gauge(f"{p}engine_requests_running", "requests the engine runs (its /metrics; NaN: "
+                                       "not read)", d, registry=reg)
+        self.engine_waiting = pc.Gauge(f"{p}engine_requests_waiting", "requests waiting in the engine (its /metrics; "
+                                       "NaN: not read)", d, registry=reg)
+        self.engine_still = pc.Gauge(f"{p}engine_heartbeat_age_seconds", "seconds since the engine's token counters "
+                                     "last moved while requests ran (0: idle or moving; NaN: not read)", d, registry=reg)
+        self.engine_stalled = pc.Gauge(f"{p}engine_heartbeat_stalled", "1 while requests run and nothing has moved "
+                                       "for healing.heartbeat_stall", d, registry=reg)
         self.alerts = pc.Counter(f"{p}alerts", "alerts sent ([alerts]), by event, channel and result",
                                  [*d, "event", "via", "result"], registry=reg)
         self._unknown_seen: dict[str, set[str]] = {}  # deployment -> every `what` given a series
@@ -145,6 +153,11 @@ class Metrics:
         # As the planner counts a stall (plan/serving.py: LoadStalled).
         loading = st.phase == Phase.LOADING and st.load_progress_at
         self.stalled.labels(dep).set(round(max(0.0, now - st.load_progress_at), 3) if loading else 0)
+        hb, unread = st.heartbeat, st.heartbeat.work is None  # unknown is not absent: NaN, not 0 requests
+        self.engine_running.labels(dep).set(math.nan if unread else hb.running)
+        self.engine_waiting.labels(dep).set(math.nan if unread else hb.waiting)
+        self.engine_still.labels(dep).set(math.nan if unread else round(now - hb.moved_at, 3) if hb.running else 0)
+        self.engine_stalled.labels(dep).set(1 if hb.stalled_at else 0)
         seen = self._unknown_seen.setdefault(dep, set())
         for what in seen | st.unknown_since.keys():  # seen again: 0, so the series and any alert end
             since = st.unknown_since.get(what)

@@ -453,4 +453,6 @@ class Observer:
         if dep.uses_ray and self.ray_via == "gcs":
             ray = self._ray_gcs(head_c, full, serve is not None and serve.running)
         self.last_ray = ray
-        return Observation(self.clock(), full, nodes, ray, serve, endpoint, followers)
+        engine = (w.api.engine() if view.cfg.healing.heartbeat_stall and endpoint is not None
+                  and endpoint.state == EndpointState.UP and endpoint.models else None)
+        return Observation(self.clock(), full, nodes, ray, serve, endpoint, followers, engine)

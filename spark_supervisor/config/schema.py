@@ -370,6 +370,9 @@ class Healing(_Strict):
     deep_probe_interval: SecDay = 60  # a tiny real completion: /health stays 200 when workers are wedged
     deep_probe_timeout: Sec3600 = 30
     deep_failure_threshold: Annotated[int, Field(ge=1, le=100)] = 2
+    # The engine's heartbeat (its /metrics, each tick): requests running and nothing moving this long is a
+    # wedge if a deep probe then fails too. 0: not read.
+    heartbeat_stall: Annotated[float, Field(ge=0, le=600)] = 20
     quick_check_interval: Sec60 = 1  # Ray nodes and /health between ticks while serving
     repair_budget: Annotated[int, Field(ge=0, le=100)] = 3
     repair_window: SecMonth = 6 * 3600

@@ -93,7 +93,7 @@ class Reconciler:
         if obs.full:
             self.last_full = obs
             st.preflight = tuple(preflight(self.view, obs))
-        self.liveness.track(st, obs, seen, self.metrics, now)
+        self.liveness.track(st, obs, seen, self.metrics, now, self.view.cfg.healing.heartbeat_stall)
         if self.paused is not None:
             return self._paused_tick(obs, seen, now)
         return self._reconcile(obs, seen, now)

@@ -14,7 +14,17 @@ from .. import statefile
 from ..backend import Backend, Fingerprint, ray_alive
 from ..config import Config
 from ..metrics import DeploymentMetrics, NoMetrics
-from ..model import Decision, EndpointState, Kind, Observation, Phase, ProbeResult, Status, Tracker
+from ..model import (
+    Decision,
+    EndpointState,
+    EngineStats,
+    Kind,
+    Observation,
+    Phase,
+    ProbeResult,
+    Status,
+    Tracker,
+)
 from ..plan import Seen
 from ..retry import backoff_delay
 
@@ -28,8 +38,10 @@ class Liveness:
         self.log = log
         self._tracked_serve = ""
 
-    def track(self, st: Status, obs: Observation, seen: Seen, metrics: MetricsHandle, now: float) -> None:
-        """Liveness of the serve that is SERVING; a new serve instance starts its trackers afresh."""
+    def track(self, st: Status, obs: Observation, seen: Seen, metrics: MetricsHandle, now: float,
+              stall_s: float = 0.0) -> None:
+        """Liveness of the serve that is SERVING; a new serve instance starts its trackers afresh.
+        ``stall_s``: healing.heartbeat_stall (0: the engine's heartbeat is not followed)."""
         identity = obs.serve.identity if obs.serve is not None and obs.serve.present else ""
         if identity != self._tracked_serve:
             self._tracked_serve = identity
@@ -37,6 +49,7 @@ class Liveness:
         self._track_unknown(st, seen, metrics, now)
         watched = st.phase == Phase.SERVING or (st.phase == Phase.DEGRADED and st.verdict is not None
                                                  and st.verdict.passed and st.verdict.serve == identity)
+        self._heartbeat(st, obs.engine if watched else None, identity, now, stall_s)
         if watched and obs.serve is not None and (obs.serve.running or obs.serve.error):
             result = seen.health
             detail = obs.endpoint.detail or obs.endpoint.state if obs.endpoint else ""
@@ -46,6 +59,15 @@ class Liveness:
             metrics.probed("health", result)
             if result == ProbeResult.FAILURE:
                 self.log.warning("probe.health_failed", failures=st.health.failures, detail=detail)
+
+    def _heartbeat(self, st: Status, engine: EngineStats | None, identity: str, now: float, stall_s: float) -> None:
+        was, st.heartbeat = st.heartbeat, st.heartbeat.beat(engine, identity, now, stall_s)
+        hb = st.heartbeat
+        if hb.stalled_at and not was.stalled_at:
+            self.log.warning("engine.heartbeat_stalled", running=hb.running, waiting=hb.waiting,
+                             still_s=round(now - hb.moved_at, 1), why=hb.frozen(now))
+        elif was.stalled_at and not hb.stalled_at:
+            self.log.info("engine.heartbeat_resumed", stalled_s=round(now - was.stalled_at, 1))
 
     def _track_unknown(self, st: Status, seen: Seen, metrics: MetricsHandle, now: float) -> None:
         """What could not be seen: since when (for the planner's patience), and how often (shown)."""

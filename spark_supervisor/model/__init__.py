@@ -22,6 +22,7 @@ from .observation import (
     Container,
     EndpointObservation,
     EndpointState,
+    EngineStats,
     Gpu,
     GpuProcess,
     Listener,
@@ -37,11 +38,11 @@ from .observation import (
 from .phase import Pause, Phase
 from .reason import Kind, Reason
 from .reports import ImageReport, ModelReport
-from .status import Status, Tracker, Transition, Verdict
+from .status import Heartbeat, Status, Tracker, Transition, Verdict
 
 __all__ = [
-    "Action", "CheckImage", "Container", "Decision", "DropPageCache", "EndpointObservation", "EndpointState", "Gpu",
-    "GpuProcess", "ImageReport", "Kind", "Listener", "Memory", "ModelReport", "NodeObservation", "Observation",
+    "Action", "CheckImage", "Container", "Decision", "DropPageCache", "EndpointObservation", "EndpointState", "EngineStats",
+    "Gpu", "GpuProcess", "Heartbeat", "ImageReport", "Kind", "Listener", "Memory", "ModelReport", "NodeObservation", "Observation",
     "Pause", "Phase", "PrefetchModel", "ProbeResult", "RayNode", "RayObservation", "Reason", "RemoveContainers",
     "ServeObservation", "StartContainer", "StartServe", "Status", "StopServe", "StopUnits", "Tracker",
     "Transition", "Unit", "Verdict", "Verify", "describe",

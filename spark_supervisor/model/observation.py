@@ -172,6 +172,25 @@ class EndpointObservation:
 
 
 @dataclass(frozen=True)
+class EngineStats:
+    """The engine's own heartbeat, read from the serve's /metrics (vLLM's Prometheus page, summed over its
+    engines): requests running and waiting, and the counters that move while it works. ``error``: the page
+    could not be read (unknown: no figure here is evidence then)."""
+
+    running: float = 0.0  # vllm:num_requests_running
+    waiting: float = 0.0  # vllm:num_requests_waiting
+    generated: float = 0.0  # vllm:generation_tokens_total
+    prompted: float = 0.0  # vllm:prompt_tokens_total (a prefill's tokens, counted when it ends)
+    kv_usage: float = 0.0  # vllm:kv_cache_usage_perc (grows as a long prefill's chunks take blocks)
+    error: str = ""
+
+    @property
+    def work(self) -> tuple[float, float, float]:
+        """What moves while the engine works: any change is a beat."""
+        return self.generated, self.prompted, self.kv_usage
+
+
+@dataclass(frozen=True)
 class Observation:
     at: float
     full: bool
@@ -181,3 +200,4 @@ class Observation:
     endpoint: EndpointObservation | None = None
     # mp across nodes: the headless ranks' serves, node -> as ``serve`` (None: no running container there)
     followers: dict[str, ServeObservation | None] = field(default_factory=dict)
+    engine: EngineStats | None = None  # rank 0's /metrics while it answers (None: not read)

@@ -87,6 +87,7 @@ class Kind(StrEnum):
     RAY_NODE_WRONG_IP = "RayNodeWrongIp"
     RAY_STRAY_NODE = "RayStrayNode"
     REPAIR_DELAYED = "RepairDelayed"
+    HEARTBEAT_STALLED = "HeartbeatStalled"  # requests run, nothing moves: corroborated by a deep probe before a repair
     RESTART_BUDGET_EXHAUSTED = "RestartBudgetExhausted"
     RESTARTING = "Restarting"  # the operator asked (`spark-supervisor restart`): a start, not a repair
     SANITY_FAILED = "SanityFailed"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .observation import EngineStats
 from .phase import Phase
 from .reason import Reason
 from .reports import ImageReport
@@ -42,6 +43,36 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Heartbeat:
+    """The engine's heartbeat while it serves (its /metrics, read each tick): when its work last moved, what
+    it holds, and since when requests have run with nothing moving for the stall time (0: they have not)."""
+
+    serve: str = ""  # the serve instance it is of
+    work: tuple[float, ...] | None = None  # the last reading's counters (None: no reading to compare with)
+    moved_at: float = 0.0  # when they last moved, or the engine was last idle, or a reading was missing
+    running: float = 0.0
+    waiting: float = 0.0
+    stalled_at: float = 0.0
+    error: str = ""  # why the last reading is missing ("" and work None: not read)
+
+    def beat(self, e: EngineStats | None, serve: str, now: float, stall_s: float) -> Heartbeat:
+        """The next reading. Two readings are needed to call it frozen; an idle engine (nothing running)
+        and a missing reading restart the count: unknown is not frozen."""
+        if e is None or e.error or stall_s <= 0:
+            return Heartbeat(serve, None, now, error=e.error if e is not None else "")
+        moved = self.work is None or serve != self.serve or e.work != self.work or e.running <= 0
+        moved_at = now if moved else self.moved_at
+        stalled = e.running > 0 and now - moved_at >= stall_s
+        return Heartbeat(serve, e.work, moved_at, e.running, e.waiting, (self.stalled_at or now) if stalled else 0.0)
+
+    def frozen(self, now: float) -> str:
+        """What a stall looks like, for a reason."""
+        n = int(self.running)
+        return (f"{n} request{'' if n == 1 else 's'} running, {int(self.waiting)} waiting, and no token generated "
+                f"for {now - self.moved_at:.0f}s")
+
+
+@dataclass(frozen=True)
 class Transition:
     phase: Phase
     reason: str
@@ -72,6 +103,7 @@ class Status:
     preflight: tuple[str, ...] = ()  # problems found at the last full observation
     health: Tracker = field(default_factory=Tracker)
     deep: Tracker = field(default_factory=Tracker)
+    heartbeat: Heartbeat = field(default_factory=Heartbeat)
     repairs_in_window: int = 0  # from the persisted repair log
     next_repair_at: float = 0.0  # jittered exponential spacing between repairs
     unknown_since: dict[str, float] = field(default_factory=dict)  # what could not be seen -> since when

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import logscan
 from ..admission import admit, free_memory_failure, gpu_blockers
-from ..model import Decision, EndpointState, Kind, Phase, Reason, StartServe, StopServe, Verify
+from ..model import Decision, EndpointState, Kind, Phase, ProbeResult, Reason, StartServe, StopServe, Verify
 from .facts import Facts, hold
 from .gates import model_gate
 
@@ -124,8 +124,31 @@ def liveness(f: Facts) -> Decision:
     if st.deep.failures >= h.deep_failure_threshold:
         return f.repair("serve", Reason(Kind.SERVE_WEDGED, f"{st.deep.failures} deep probes failed ({st.deep.detail})"),
                         (StopServe("wedged"),))
+    stalled = _heartbeat(f)
+    if stalled is not None:
+        return stalled
     n = len(f.members)
     serving = f"{dep.serve.name} on {n} node{'' if n == 1 else 's'}"
     if f.now - max(st.deep.last_at, st.since) >= h.deep_probe_interval:
         return Decision(Phase.SERVING, Reason(detail=serving), (Verify(s.identity, deep=True),))
     return Decision(Phase.SERVING, Reason(detail=serving))
+
+
+def _heartbeat(f: Facts) -> Decision | None:
+    """The engine's heartbeat stalled (requests run, no token, prefill or KV block moved for
+    healing.heartbeat_stall): a liveness failure, corroborated before any repair by a deep probe made at once.
+    It failing too is a wedge; it answering is a long prefill or a slow batch, shown and left alone."""
+    st, s = f.st, f.obs.serve
+    hb = st.heartbeat
+    if not hb.stalled_at or s is None:
+        return None
+    frozen = hb.frozen(f.now)
+    if st.deep.last_at < hb.stalled_at:
+        return Decision(Phase.SERVING, Reason(Kind.HEARTBEAT_STALLED, f"{frozen}: a deep probe now, to tell a wedge "
+                        "from a long prefill"), (Verify(s.identity, deep=True),))
+    if st.deep.last == ProbeResult.FAILURE:
+        return f.repair("serve", Reason(Kind.SERVE_WEDGED, f"the engine's heartbeat stopped ({frozen}) and the deep "
+                        f"probe failed ({st.deep.detail})"), (StopServe("wedged"),))
+    said = "answered" if st.deep.last == ProbeResult.SUCCESS else "could not run"
+    return Decision(Phase.SERVING, Reason(Kind.HEARTBEAT_STALLED, f"{frozen}; the deep probe {said} ({st.deep.detail}): "
+                    "not a wedge on this evidence"))
