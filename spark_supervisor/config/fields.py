@@ -22,11 +22,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-# Problems found by a model validator are raised as one ValueError whose lines are "@key@ message":
-# an absolute key, or one starting with "." or "[" relative to the model that raised it.
+class Problems(ValueError):
+    """What a model validator found, as (key, message) pairs: an absolute key, or one starting with "." or
+    "[" relative to the model that raised it. A ValueError, so pydantic reports it, keeping it whole in its
+    error's ctx["error"], where the loader reads the pairs (config.loader._format)."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        super().__init__("\n".join(f"{k}: {m}" for k, m in problems))
+        self.problems = tuple(problems)
+
+
 def _raise(problems: list[tuple[str, str]]) -> None:
     if problems:
-        raise ValueError("\n".join(f"@{k}@ {m}" for k, m in problems))
+        raise Problems(problems)
 
 
 def _q(v: str) -> str:
