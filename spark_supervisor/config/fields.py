@@ -4,13 +4,14 @@ fields (IPv4 addresses, interface names, SSH targets, Docker engine URLs, HTTP e
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import os
 import re
 import shlex
 import unicodedata
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -217,6 +218,20 @@ def _ifname(v: str) -> str:
         raise ValueError(f"{_q(v)} is not a Linux interface name (at most 15 characters, no '/', ':' or "
                          "whitespace): give the fabric interface as `ip link` shows it, e.g. \"enp1s0f1np1\"")
     return v
+
+
+class Listen(NamedTuple):
+    """[metrics] listen, read: the address to bind (127.0.0.1 when the string names none) and the port."""
+
+    host: str
+    port: int
+
+
+@functools.lru_cache(maxsize=64)
+def parse_listen(v: str) -> Listen:
+    """A host:port string (its digits already matched by the validator) read once: every reader asks this."""
+    host, _, port = v.rpartition(":")
+    return Listen(host.strip("[]") or "127.0.0.1", int(port))
 
 
 def _no_space(v: str) -> bool:

@@ -27,6 +27,7 @@ from .fields import (
     AbsPath,
     Argv,
     EnvName,
+    Listen,
     OptionalAbsPath,
     OptionalArgv,
     Port,
@@ -52,6 +53,7 @@ from .fields import (
     _ssh_target,
     _Strict,
     _system_dir,
+    parse_listen,
 )
 from .flags import _RAY_FLAGS, _SERVE_FLAGS, _own_flags
 
@@ -408,13 +410,18 @@ class Metrics(_Strict):
         if v and not re.match(r"^[^:\s]*:\d{1,5}$", v):
             raise ValueError(f"expected host:port, e.g. \"127.0.0.1:9464\", got {v!r}")
         if v:
-            _port(int(v.rpartition(":")[2]))
+            _port(parse_listen(v).port)
         return v
+
+    @property
+    def address(self) -> Listen | None:
+        """``listen`` read once (config.fields.parse_listen), None when metrics are off."""
+        return parse_listen(self.listen) if self.listen else None
 
     @property
     def port(self) -> int:
         """The port of ``listen``, 0 when metrics are off."""
-        return int(self.listen.rpartition(":")[2]) if self.listen else 0
+        return self.address.port if self.address else 0
 
 
 class Changes(_Strict):

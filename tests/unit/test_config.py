@@ -117,3 +117,13 @@ def test_volumes_are_read_once_into_source_destination_and_mode() -> None:
     c = cfg(d)
     assert c.deployments[0].ray.mounts == (Volume("/models", "/models", "ro"), Volume("hf-cache", "/root/.cache", "rw"))
     assert parse_volume("/models:/models:ro") is parse_volume("/models:/models:ro")  # read once, then kept
+
+
+def test_the_metrics_address_is_read_once_into_host_and_port() -> None:
+    from spark_supervisor.config.fields import Listen, parse_listen
+    assert cfg(data(metrics={"listen": "10.0.0.1:9464"})).metrics.address == Listen("10.0.0.1", 9464)
+    assert cfg(data(metrics={"listen": ":9464"})).metrics.address == Listen("127.0.0.1", 9464)  # no host: loopback
+    off = cfg(data()).metrics
+    assert (off.address, off.port) == (None, 0)
+    assert parse_listen("10.0.0.1:9464") is parse_listen("10.0.0.1:9464")  # read once, then kept
+
