@@ -204,10 +204,10 @@ def describe(cfg: Config, dep: Deployment, reports: dict[str, ModelReport]) -> s
     if failed:
         text += f"; the prefetch did not complete it ({'; '.join(failed)})"
     # a prefetch's error may quote what it was given
-    return redaction.text(f"{text}. Hint: {hint(cfg, dep, bad, good)}", deployment_secrets(cfg, dep))
+    return redaction.text(f"{text}. Hint: {hint(dep, bad, good)}", deployment_secrets(cfg, dep))
 
 
-def hint(cfg: Config, dep: Deployment, bad: list[ModelReport], good: list[ModelReport]) -> str:
+def hint(dep: Deployment, bad: list[ModelReport], good: list[ModelReport]) -> str:
     nodes = ", ".join(m.node for m in bad)
     later = ", then `spark-supervisor reset`"
     if not dep.model.prefetch:
