@@ -121,18 +121,6 @@ def free_memory_failure(obs: Observation, st: Status, view: DeploymentView, line
                         DropPageCache(n.name, "vLLM refused on free memory") for n in view.members)))
 
 
-RAY_CLIENT_PORT = 10001  # `ray start --head` serves Ray Client here unless --ray-client-server-port says otherwise
-
-
-def _flag(args: tuple[str, ...] | list[str], flag: str) -> str | None:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
 def ports_needed(view: DeploymentView, dashboard: bool = True) -> dict[str, dict[int, str]]:
     """node -> port -> what binds it there once the deployment starts, as the config says."""
     dep, head = view.dep, view.serve_node
@@ -142,9 +130,7 @@ def ports_needed(view: DeploymentView, dashboard: bool = True) -> dict[str, dict
         out[head.name][ray.port] = "Ray's GCS"
         if dashboard:
             out[head.name][ray.dashboard_port] = "Ray's dashboard"
-        client = _flag(list(ray.extra_args), "--ray-client-server-port")
-        port = int(client) if client is not None and client.isdigit() else RAY_CLIENT_PORT
-        out[head.name].setdefault(port, "Ray's client server")
+        out[head.name].setdefault(ray.client_port, "Ray's client server")
     rank0 = view.serve_nodes[0]
     out[rank0.name].setdefault(dep.serve.port, f"the serve ({dep.serve.name})")
     if view.multi_node_mp:

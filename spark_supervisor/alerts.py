@@ -79,7 +79,7 @@ class Alerter:
     def __init__(self, cfg: Alerts, *, log: Any, on_sent: Callable[[str, str, str, bool], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
         self.cfg, self.log, self.clock, self.wall = cfg, log, clock, wall
-        self.on_sent = on_sent or (lambda deployment, event, via, ok: None)
+        self.on_sent = on_sent or (lambda *_: None)
         self.host = socket.gethostname()
         self.limit = RateLimit(cfg.min_interval)
         self.dropped = 0

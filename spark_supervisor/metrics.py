@@ -71,10 +71,10 @@ class CappedServer6(CappedServer):
 
 
 class Metrics:
-    def __init__(self, listen: str):
+    def __init__(self, host: str, port: int):
+        """Serving on ``host``:``port`` ([metrics] listen, read: config.Metrics.address)."""
         import prometheus_client as pc
 
-        host, _, port = listen.rpartition(":")
         self.registry = reg = pc.CollectorRegistry()
         p = "spark_supervisor_"
         d = ["deployment"]  # every metric of a deployment is labelled with it
@@ -132,7 +132,7 @@ class Metrics:
                                  [*d, "event", "via", "result"], registry=reg)
         self._unknown_seen: dict[str, set[str]] = {}  # deployment -> every `what` given a series
         self._nodes_seen: dict[str, set[str]] = {}  # deployment -> its nodes given a series
-        self.server, self.thread = serve(pc.make_wsgi_app(reg), host.strip("[]") or "127.0.0.1", int(port))
+        self.server, self.thread = serve(pc.make_wsgi_app(reg), host, port)
 
     def bound(self, deployment: str) -> DeploymentMetrics:
         return DeploymentMetrics(self, deployment)

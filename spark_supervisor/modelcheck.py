@@ -50,33 +50,15 @@ RUN_PY = script.load("model-run-py.sh").replace("MARK", MARK)
 
 
 # ------------------------------------------------------------------------------------------------ config
-def _flag(args: list[str], name: str) -> str:
-    """The value of `--name X` or `--name=X` in an argument list ("" when absent)."""
-    for i, a in enumerate(args):
-        if a == name and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
-    return ""
-
-
-def revision(dep: Deployment) -> str:
-    return _flag(list(dep.serve.extra_args), "--revision")
-
-
-def download_dir(dep: Deployment) -> str:
-    return _flag(list(dep.serve.extra_args), "--download-dir")
-
-
 def probe_args(dep: Deployment) -> list[str]:
-    return [dep.serve.model, revision(dep), download_dir(dep)]
+    return [dep.serve.model, dep.serve.revision, dep.serve.download_dir]
 
 
 def key(cfg: Config, dep: Deployment) -> str:
     """What a check depends on: the image, mounts and environment (ray_hash), the model and how vLLM finds it."""
     s = dep.serve
     spec = {"ray": ray_hash(cfg, dep), "model": s.model, "env": s.env, "command": s.command[0],
-            "revision": revision(dep), "download_dir": download_dir(dep)}
+            "revision": s.revision, "download_dir": s.download_dir}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -222,10 +204,10 @@ def describe(cfg: Config, dep: Deployment, reports: dict[str, ModelReport]) -> s
     if failed:
         text += f"; the prefetch did not complete it ({'; '.join(failed)})"
     # a prefetch's error may quote what it was given
-    return redaction.text(f"{text}. Hint: {hint(cfg, dep, bad, good)}", deployment_secrets(cfg, dep))
+    return redaction.text(f"{text}. Hint: {hint(dep, bad, good)}", deployment_secrets(cfg, dep))
 
 
-def hint(cfg: Config, dep: Deployment, bad: list[ModelReport], good: list[ModelReport]) -> str:
+def hint(dep: Deployment, bad: list[ModelReport], good: list[ModelReport]) -> str:
     nodes = ", ".join(m.node for m in bad)
     later = ", then `spark-supervisor reset`"
     if not dep.model.prefetch:
@@ -233,7 +215,7 @@ def hint(cfg: Config, dep: Deployment, bad: list[ModelReport], good: list[ModelR
     if bad and bad[0].source == "hub":
         cache = bad[0].cache
         on_host = host_path(dep, cache) if cache else ""
-        rev = f" --revision {revision(dep)}" if revision(dep) else ""
+        rev = f" --revision {dep.serve.revision}" if dep.serve.revision else ""
         where = (f" --cache-dir {on_host}" if on_host else
                  f" --cache-dir {cache} inside {dep.ray.image} (it is on no volume: mount it in deployments.ray.volumes)"
                  if cache else "")

@@ -25,7 +25,7 @@ def monotonic_usec() -> int:
 
 
 class Notifier:
-    def __init__(self, log: object | None = None) -> None:
+    def __init__(self) -> None:
         self.enabled = bool(os.environ.get("NOTIFY_SOCKET"))
         self._n = sdnotify.SystemdNotifier(debug=False) if self.enabled else None
         os.environ.pop("NOTIFY_SOCKET", None)

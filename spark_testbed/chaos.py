@@ -111,24 +111,24 @@ class Real:
 
 
 REAL: dict[str, Real] = {
-    "serve killed": Real(lambda r: _serve_kill(), frozenset({"serve"})),
-    "serve wedged": Real(lambda r: FAULT_FILE.write_text("hang-completions"), frozenset({"serve"})),
-    "worker Ray container removed": Real(lambda r: testbed.docker("spark-2", "rm", "-f", OWNED["spark-2"], check=False),
+    "serve killed": Real(lambda _: _serve_kill(), frozenset({"serve"})),
+    "serve wedged": Real(lambda _: FAULT_FILE.write_text("hang-completions"), frozenset({"serve"})),
+    "worker Ray container removed": Real(lambda _: testbed.docker("spark-2", "rm", "-f", OWNED["spark-2"], check=False),
                                          frozenset({"gang"})),
-    "head Ray container removed": Real(lambda r: testbed.docker("spark-1", "rm", "-f", OWNED["spark-1"], check=False),
+    "head Ray container removed": Real(lambda _: testbed.docker("spark-1", "rm", "-f", OWNED["spark-1"], check=False),
                                        frozenset({"gang"})),
-    "all owned containers removed": Real(lambda r: [testbed.docker(n, "rm", "-f", c, check=False)
+    "all owned containers removed": Real(lambda _: [testbed.docker(n, "rm", "-f", c, check=False)
                                                     for n, c in OWNED.items()], frozenset({"gang"})),
     # Unreachable but alive in Ray: held as unknown (DEGRADED after the patience), never torn down.
-    "worker SSH down 10s": Real(lambda r: testbed.stop_sshd(sessions=True), frozenset(), changes_phase=False,
+    "worker SSH down 10s": Real(lambda _: testbed.stop_sshd(sessions=True), frozenset(), changes_phase=False,
                                 targets=frozenset({"testbed", "rerank"})),
-    "worker Docker engine restarted": Real(lambda r: _engine_restart(), frozenset({"gang", "serve"}),
+    "worker Docker engine restarted": Real(lambda _: _engine_restart(), frozenset({"gang", "serve"}),
                                            targets=frozenset({"testbed", "rerank"})),
-    "stale container started": Real(lambda r: testbed.docker("spark-1", "run", "-d", "--name", "reranker", "--network",
+    "stale container started": Real(lambda _: testbed.docker("spark-1", "run", "-d", "--name", "reranker", "--network",
                                                              "host", testbed.BUSYBOX, "sleep", "100000", check=False),
                                     frozenset()),
     "daemon SIGKILLed": Real(lambda r: r.restart_daemon(), frozenset(), targets=frozenset({"*"})),
-    "embeddings serve killed": Real(lambda r: _serve_kill("spark-3", "embed-vllm-spark-3", "embed"),
+    "embeddings serve killed": Real(lambda _: _serve_kill("spark-3", "embed-vllm-spark-3", "embed"),
                                     frozenset({"serve"}), targets=frozenset({"embed"})),
 }
 
@@ -141,7 +141,7 @@ OBSERVATION: dict[str, Callable[[], faults.Freeze]] = {
 }
 if BACKEND == "mp":  # vLLM's mp mode across both nodes (SPARK_TESTBED_BACKEND=mp): no Ray, a rank per node
     del OBSERVATION["ray dashboard hung"]
-    REAL["worker serve rank killed"] = Real(lambda r: _serve_kill("spark-2"), frozenset({"serve"}))
+    REAL["worker serve rank killed"] = Real(lambda _: _serve_kill("spark-2"), frozenset({"serve"}))
 MENU = sorted(REAL) + sorted(OBSERVATION)
 
 

@@ -528,7 +528,7 @@ class Api(BaseHTTPRequestHandler):
     server_version = "uvicorn"
     sys_version = ""
 
-    def log_message(self, fmt: str, *args: Any) -> None:
+    def log_message(self, fmt: str, *args: Any) -> None:  # noqa: ARG002  (BaseHTTPRequestHandler's signature)
         log(f'{self.client_address[0]}:{self.client_address[1]} - "{self.command} {self.path}" '
             f"{args[1] if len(args) > 1 else ''}", src="h11_impl.py:473")
 

@@ -62,7 +62,7 @@ class FakeBackend:
         self.proofs = 0
         self.pinned: dict[str, str] = {}  # what pin() was last told
 
-    def observe(self, full: bool) -> Observation:
+    def observe(self, _full: bool) -> Observation:
         assert self.next is not None
         return self.next
 
@@ -99,7 +99,7 @@ def make(tmp_path: Path, d: dict[str, Any] | None = None) -> tuple[Daemon, FakeB
     path = tmp_path / "c.toml"
     path.write_text(tomli_w.dumps(d))
     backend, clock, notes = FakeBackend(), Clock(), Notes()
-    daemon = Daemon(str(path), cfg(d), log=structlog.get_logger(), backend_factory=lambda c: backend,
+    daemon = Daemon(str(path), cfg(d), log=structlog.get_logger(), backend_factory=lambda _: backend,
                     notifier=notes, clock=clock, wall=lambda: 1.7e9 + clock.t, rng=lambda: 1.0,
                     prove=proof.start_inline)
     backend.reports = daemon.status.images = images(daemon.cfg)  # checked and fit (the check: test_image_*)
@@ -127,11 +127,11 @@ class FakeEngine:
         self._call("version")
         return "28.3.3"
 
-    def ended(self, name: str) -> tuple[int | None, str]:
+    def ended(self, _name: str) -> tuple[int | None, str]:
         self._call("ended")
         return 137, "Killed"
 
-    def pids(self, name: str) -> list[int]:
+    def pids(self, _name: str) -> list[int]:
         self._call("pids")
         return [os.getpid()]
 

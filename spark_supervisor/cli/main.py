@@ -19,8 +19,9 @@ class _Version(argparse.Action):
     def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, help: str | None = None):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    # argparse.Action's signature: --version takes no value and sets nothing
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,  # noqa: ARG002
+                 option_string: str | None = None) -> None:  # noqa: ARG002
         from .. import version
         print(f"spark-supervisor {version()}")
         parser.exit()

@@ -59,7 +59,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_schema(args: argparse.Namespace) -> int:
+def cmd_schema(_args: argparse.Namespace) -> int:  # the parsed arguments every command is given: none here
     from ..config import Config
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **Config.model_json_schema(),
               "title": "spark-supervisor configuration"}

@@ -4,13 +4,14 @@ fields (IPv4 addresses, interface names, SSH targets, Docker engine URLs, HTTP e
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import os
 import re
 import shlex
 import unicodedata
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -22,11 +23,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-# Problems found by a model validator are raised as one ValueError whose lines are "@key@ message":
-# an absolute key, or one starting with "." or "[" relative to the model that raised it.
+class Problems(ValueError):
+    """What a model validator found, as (key, message) pairs: an absolute key, or one starting with "." or
+    "[" relative to the model that raised it. A ValueError, so pydantic reports it, keeping it whole in its
+    error's ctx["error"], where the loader reads the pairs (config.loader._format)."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        super().__init__("\n".join(f"{k}: {m}" for k, m in problems))
+        self.problems = tuple(problems)
+
+
 def _raise(problems: list[tuple[str, str]]) -> None:
     if problems:
-        raise ValueError("\n".join(f"@{k}@ {m}" for k, m in problems))
+        raise Problems(problems)
 
 
 def _q(v: str) -> str:
@@ -209,6 +218,20 @@ def _ifname(v: str) -> str:
         raise ValueError(f"{_q(v)} is not a Linux interface name (at most 15 characters, no '/', ':' or "
                          "whitespace): give the fabric interface as `ip link` shows it, e.g. \"enp1s0f1np1\"")
     return v
+
+
+class Listen(NamedTuple):
+    """[metrics] listen, read: the address to bind (127.0.0.1 when the string names none) and the port."""
+
+    host: str
+    port: int
+
+
+@functools.lru_cache(maxsize=64)
+def parse_listen(v: str) -> Listen:
+    """A host:port string (its digits already matched by the validator) read once: every reader asks this."""
+    host, _, port = v.rpartition(":")
+    return Listen(host.strip("[]") or "127.0.0.1", int(port))
 
 
 def _no_space(v: str) -> bool:

@@ -1,5 +1,5 @@
 """The serve's and Ray's own flags: extra_args may not set what the supervisor sets itself, read the way
-each program's parser reads them."""
+each program's parser reads them; and the value of a flag the supervisor reads from extra_args."""
 
 from __future__ import annotations
 
@@ -77,3 +77,14 @@ def _own_flags(args: list[str], table: dict[str, str | None], *, prefixes: bool)
                         + (f"set {instead} instead" if instead else "remove it")))
     return out
 
+
+
+def flag_value(args: list[str], name: str) -> str | None:
+    """The value of the first `name X` or `name=X` in an argument list, None when absent: the one reading of
+    a flag the supervisor does not set but needs to know (Serve.revision, Ray.client_port)."""
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None

@@ -18,7 +18,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 
 from .. import files
 from ..redaction import secret_env
-from .fields import _SEARCH_PATH_ENV, _inside, _q
+from .fields import _SEARCH_PATH_ENV, Problems, _inside, _q
 from .labels import MAX_CONFIG_BYTES, MAX_KEY_BYTES
 from .root import Config
 from .schema import Readiness
@@ -150,14 +150,15 @@ def _format(err: ValidationError) -> list[str]:
             msg = "nan and inf are not allowed: give a finite number"
         elif e["type"] == "missing":
             msg = "required key is missing"
-        for part in msg.split("\n"):
-            m = re.match(r"@(.*?)@ (.*)", part)
-            if not m:
-                lines.append(f"{key}: {part}")
-            elif m.group(1).startswith((".", "[")):
-                lines.append(f"{(key if key != '(top level)' else '') + m.group(1)}: {m.group(2)}".lstrip("."))
+        found = e.get("ctx", {}).get("error")
+        if not isinstance(found, Problems):
+            lines += [f"{key}: {part}" for part in msg.split("\n")]
+            continue
+        for k, m in found.problems:
+            if k.startswith((".", "[")):
+                lines.append(f"{(key if key != '(top level)' else '') + k}: {m}".lstrip("."))
             else:
-                lines.append(f"{m.group(1)}: {m.group(2)}")
+                lines.append(f"{k}: {m}")
     return lines
 
 

@@ -27,6 +27,7 @@ from .fields import (
     AbsPath,
     Argv,
     EnvName,
+    Listen,
     OptionalAbsPath,
     OptionalArgv,
     Port,
@@ -52,8 +53,9 @@ from .fields import (
     _ssh_target,
     _Strict,
     _system_dir,
+    parse_listen,
 )
-from .flags import _RAY_FLAGS, _SERVE_FLAGS, _own_flags
+from .flags import _RAY_FLAGS, _SERVE_FLAGS, _own_flags, flag_value
 
 
 class Node(_Strict):
@@ -97,6 +99,9 @@ class Stale(_Strict):
         return any(base.startswith(a) for a in self.allowed_gpu_processes)
 
 
+RAY_CLIENT_PORT = 10001  # `ray start --head` serves Ray Client here unless --ray-client-server-port says otherwise
+
+
 class Ray(_Strict):
     image: Annotated[str, AfterValidator(_image)] = "vllm/vllm-openai:latest"
     port: Port = 6379
@@ -125,6 +130,12 @@ class Ray(_Strict):
     def mounts(self) -> tuple[Volume, ...]:
         """The volumes, each read once (config.container_fields.parse_volume)."""
         return tuple(parse_volume(v) for v in self.volumes)
+
+    @property
+    def client_port(self) -> int:
+        """Where the head's Ray serves Ray Client: --ray-client-server-port in extra_args, else Ray's default."""
+        port = flag_value(self.extra_args, "--ray-client-server-port")
+        return int(port) if port is not None and port.isdigit() else RAY_CLIENT_PORT
 
     @model_validator(mode="after")
     def _checks(self) -> Ray:
@@ -258,6 +269,16 @@ class Serve(_Strict):
     @property
     def name(self) -> str:
         return self.served_model_name or self.model
+
+    @property
+    def revision(self) -> str:
+        """The model's --revision in extra_args ("" when none): which snapshot of a hub model vLLM loads."""
+        return flag_value(self.extra_args, "--revision") or ""
+
+    @property
+    def download_dir(self) -> str:
+        """--download-dir in extra_args ("" when none): the hub cache vLLM looks in instead of the default."""
+        return flag_value(self.extra_args, "--download-dir") or ""
 
 
 class Readiness(_Strict):
@@ -411,13 +432,18 @@ class Metrics(_Strict):
         if v and not re.match(r"^[^:\s]*:\d{1,5}$", v):
             raise ValueError(f"expected host:port, e.g. \"127.0.0.1:9464\", got {v!r}")
         if v:
-            _port(int(v.rpartition(":")[2]))
+            _port(parse_listen(v).port)
         return v
+
+    @property
+    def address(self) -> Listen | None:
+        """``listen`` read once (config.fields.parse_listen), None when metrics are off."""
+        return parse_listen(self.listen) if self.listen else None
 
     @property
     def port(self) -> int:
         """The port of ``listen``, 0 when metrics are off."""
-        return int(self.listen.rpartition(":")[2]) if self.listen else 0
+        return self.address.port if self.address else 0
 
 
 class Changes(_Strict):

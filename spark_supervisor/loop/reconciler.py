@@ -49,7 +49,7 @@ class Reconciler:
                  watchdog: Callable[[], None], clock: Callable[[], float], wall: Callable[[], float],
                  rng: Callable[[], float], alert: Callable[..., object] | None = None):
         self.view, self.backend, self.log, self.metrics = view, backend, log, metrics
-        self.alert = alert or (lambda deployment, event, **fields: None)
+        self.alert = alert or (lambda *_, **__: None)
         self.paused: Pause | None = None  # set by the daemon: observe and report, act on nothing
         self._paused_from = Phase.DETECTING  # the phase it was in when paused: what the plan is judged from
         self._trouble = False  # an alert about it went out (failed, degraded, repair): recovery is news

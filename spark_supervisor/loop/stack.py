@@ -58,10 +58,11 @@ class Stack:
                        on_sent=lambda dep, event, via, ok: self.metrics.bound(dep).alerted(event, via, ok))
 
     def _metrics(self, cfg: Config) -> Metrics | NoMetrics:
-        if not cfg.metrics.listen:
+        at = cfg.metrics.address
+        if at is None:
             return NoMetrics()
         try:
-            m = Metrics(cfg.metrics.listen)
+            m = Metrics(at.host, at.port)
         except OSError as e:
             self.log.error("metrics.unavailable", listen=cfg.metrics.listen, error=str(e))
             return NoMetrics()

@@ -149,7 +149,7 @@ def test_a_tag_repulled_underneath_is_not_what_a_repair_starts(daemon: tuple[Sup
     testbed.docker("spark-2", "tag", testbed.BUSYBOX, testbed.HOSTFS)  # the tag now names other content
     try:
         testbed.docker("spark-2", "rm", "-f", name)
-        d.wait(lambda s: bool(d.repairs(t)), 120, "a repair")
+        d.wait(lambda _: bool(d.repairs(t)), 120, "a repair")
         d.wait(lambda s: s["phase"] == "SERVING" and datetime.fromisoformat(s["since"]).timestamp() > t, 240,
                "SERVING after the repair")
         verify_serving(d)

@@ -58,7 +58,7 @@ def test_an_mp_deployment_serves_on_two_nodes_without_ray(mp: Supervisor) -> Non
 def test_a_worker_container_removed_is_a_gang_repair_of_the_deployment(mp: Supervisor) -> None:
     t = datetime.now().timestamp()
     testbed.docker("spark-2", "rm", "-f", NAMES["spark-2"])
-    mp.wait(lambda s: mp.repairs(t), 60, "a repair")
+    mp.wait(lambda _: mp.repairs(t), 60, "a repair")
     verify(mp, t)
     kinds = [e["kind"] for e in mp.repairs(t)]
     assert kinds and kinds[0] == "gang", mp.repairs(t)
@@ -67,7 +67,7 @@ def test_a_worker_container_removed_is_a_gang_repair_of_the_deployment(mp: Super
 def test_a_worker_rank_killed_is_a_serve_repair_of_every_rank(mp: Supervisor) -> None:
     before, t = ids(), datetime.now().timestamp()
     testbed.docker("spark-2", "exec", NAMES["spark-2"], "sh", "-c", "kill -9 $(cat /tmp/spark-supervisor/testbed/pid)")
-    mp.wait(lambda s: mp.repairs(t), 60, "a repair")
+    mp.wait(lambda _: mp.repairs(t), 60, "a repair")
     verify(mp, t)
     first = mp.repairs(t)[0]
     assert first["kind"] == "serve", first

@@ -126,7 +126,7 @@ def get(path: str, timeout: float = 5) -> int:
 
 
 def repair_after(p: Pair, since: float, timeout: float = 120) -> dict[str, Any]:
-    p.daemon.wait(lambda s: p.daemon.repairs(since), timeout, "a repair")
+    p.daemon.wait(lambda _: p.daemon.repairs(since), timeout, "a repair")
     return p.daemon.repairs(since)[0]
 
 

@@ -93,7 +93,7 @@ def test_logs_outlive_a_gang_restart_and_a_workers_are_read_over_ssh(supervisor:
 
     t = time.time()
     testbed.docker("spark-1", "rm", "-f", HEAD)  # the head's container, and the log inside it, gone
-    d.wait(lambda s: any(e["kind"] == "gang" for e in d.repairs(t)), 60, "a gang repair")
+    d.wait(lambda _: any(e["kind"] == "gang" for e in d.repairs(t)), 60, "a gang repair")
     now = started(serving_since(d, t))
 
     for node in ("spark-1", "spark-2"):

@@ -97,7 +97,7 @@ def test_the_stack_serves_and_each_fault_is_healed_in_its_own_deployment_only(st
     # 1. The embeddings serve killed: only it is repaired, nothing else is touched.
     before, t = ids(), time.time()
     testbed.docker("spark-3", "exec", "embed-vllm-spark-3", "sh", "-c", "kill -9 $(cat /tmp/spark-supervisor/embed/pid)")
-    d.wait(lambda s: repairs_of(d, t).get("embed"), 60, "embed's repair")
+    d.wait(lambda _: repairs_of(d, t).get("embed"), 60, "embed's repair")
     assert [e for e in d.events("probe.sanity_passed") if e["deployment"] == "embed"][0]["why"].startswith(
         "an embedding of 128 dimensions")
     verify(d, t, ("embed",))

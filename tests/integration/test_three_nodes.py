@@ -46,7 +46,7 @@ def test_a_deployment_over_three_nodes_serves_and_the_third_nodes_loss_is_a_gang
     assert [e["node"] for e in d.events("image.checked")].count("spark-3") == 1
     t = time.time()
     testbed.docker("spark-3", "rm", "-f", NAMES["spark-3"])
-    d.wait(lambda s: d.repairs(t), 60, "a repair")
+    d.wait(lambda _: d.repairs(t), 60, "a repair")
     verify(d, t)
     first = d.repairs(t)[0]
     assert first["kind"] == "gang" and first["reason_kind"] in ("PartialDeployment", "RayNodeLost"), first

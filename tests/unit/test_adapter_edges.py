@@ -62,8 +62,8 @@ def test_the_client_reads_health_then_the_models_with_the_key() -> None:
     assert seen == [("/health", None), ("/v1/models", "Bearer k")]  # the key only where it is needed
 
 
-@pytest.mark.parametrize("answer, state", [(lambda r: httpx.Response(401, json={"error": "Unauthorized"}), "error"),
-                                           (lambda r: httpx.Response(200, content=b"not json"), "error")])
+@pytest.mark.parametrize("answer, state", [(lambda _: httpx.Response(401, json={"error": "Unauthorized"}), "error"),
+                                           (lambda _: httpx.Response(200, content=b"not json"), "error")])
 def test_a_models_answer_that_is_not_the_list_is_an_error_with_the_health_kept(answer: Any, state: str) -> None:
     def handler(r: httpx.Request) -> httpx.Response:
         return httpx.Response(200) if r.url.path == "/health" else answer(r)
@@ -79,10 +79,10 @@ def test_a_refused_connection_is_refused_not_an_error() -> None:
 
 def test_the_sanity_request_is_judged_on_the_real_servers_answer() -> None:
     body = json.loads((FIXTURES / "completion.json").read_text())
-    v = api(lambda r: httpx.Response(200, json=body)).sanity("tiny-qwen3", "hi", 16, 5, "serve-1")
+    v = api(lambda _: httpx.Response(200, json=body)).sanity("tiny-qwen3", "hi", 16, 5, "serve-1")
     assert v.passed and v.field == "reasoning" and v.serve == "serve-1"
     dead = (FIXTURES / "engine_death_response.txt").read_bytes()
-    v = api(lambda r: httpx.Response(500, content=dead)).sanity("tiny-qwen3", "hi", 16, 5, "serve-1")
+    v = api(lambda _: httpx.Response(500, content=dead)).sanity("tiny-qwen3", "hi", 16, 5, "serve-1")
     assert not v.passed and v.ran
 
     def slow(r: httpx.Request) -> httpx.Response:
@@ -96,7 +96,7 @@ class FakeApi:
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows, self.calls = rows, 0
 
-    def containers(self, all: bool = False) -> list[dict[str, Any]]:  # noqa: A002 (docker-py's name)
+    def containers(self, all: bool = False) -> list[dict[str, Any]]:  # noqa: A002, ARG002 (docker-py's name, given as all=True)
         self.calls += 1
         return self.rows
 

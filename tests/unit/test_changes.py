@@ -23,7 +23,7 @@ def both() -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("edit, qwen, differs, settings", [
-    (lambda d: None, Change.UNCHANGED, (), ()),
+    (lambda _: None, Change.UNCHANGED, (), ()),
     (lambda d: d["deployments"][0].setdefault("ray", {}).update(image="x/vllm:typo"), Change.REPLACE, ("ray",), ()),
     (lambda d: d["deployments"][0]["serve"].update(extra_args=["--max-model-len", "512"]), Change.SERVE_RESTART,
      ("serve",), ()),

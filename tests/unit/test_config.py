@@ -117,3 +117,22 @@ def test_volumes_are_read_once_into_source_destination_and_mode() -> None:
     c = cfg(d)
     assert c.deployments[0].ray.mounts == (Volume("/models", "/models", "ro"), Volume("hf-cache", "/root/.cache", "rw"))
     assert parse_volume("/models:/models:ro") is parse_volume("/models:/models:ro")  # read once, then kept
+
+
+def test_the_metrics_address_is_read_once_into_host_and_port() -> None:
+    from spark_supervisor.config.fields import Listen, parse_listen
+    assert cfg(data(metrics={"listen": "10.0.0.1:9464"})).metrics.address == Listen("10.0.0.1", 9464)
+    assert cfg(data(metrics={"listen": ":9464"})).metrics.address == Listen("127.0.0.1", 9464)  # no host: loopback
+    off = cfg(data()).metrics
+    assert (off.address, off.port) == (None, 0)
+    assert parse_listen("10.0.0.1:9464") is parse_listen("10.0.0.1:9464")  # read once, then kept
+
+
+def test_the_flags_read_from_extra_args_are_read_in_one_place() -> None:
+    d = data()
+    d["deployments"][0]["serve"]["extra_args"] = ["--revision", "abc", "--download-dir=/dl"]
+    d["deployments"][0]["ray"] = {"extra_args": ["--ray-client-server-port=10002"]}
+    dep = cfg(d).deployments[0]
+    assert (dep.serve.revision, dep.serve.download_dir, dep.ray.client_port) == ("abc", "/dl", 10002)
+    plain = cfg(data()).deployments[0]
+    assert (plain.serve.revision, plain.serve.download_dir, plain.ray.client_port) == ("", "", 10001)

@@ -113,7 +113,7 @@ def test_a_second_sigterm_exits_at_once(tmp_path: Path) -> None:
         raise AssertionError("no exit")
 
 
-def test_status_lines_are_ascii(tmp_path: Path) -> None:
+def test_status_lines_are_ascii() -> None:
     from spark_supervisor.notify import ascii_status
     assert ascii_status("LOADING 12/39 shards \u2014 ETA 8m\n") == "LOADING 12/39 shards ? ETA 8m "
 
@@ -214,7 +214,7 @@ def test_an_action_that_fails_deterministically_is_failed_not_retried(tmp_path: 
     daemon, be, clock, notes, _ = make(tmp_path)
     be.next = obs(daemon.cfg)
 
-    def missing(action: Action) -> Verdict | None:
+    def missing(action: Action) -> Verdict | None:  # noqa: ARG001  (it replaces Backend.run(action))
         raise ActionFailed("ImageMissing", "x is not on spark-1", deterministic=True)
     be.run = missing  # type: ignore[method-assign]
     daemon.tick()
@@ -237,7 +237,7 @@ def test_a_reload_whose_backend_cannot_be_built_keeps_the_old_one(tmp_path: Path
     d["supervisor"]["interval"] = 7
     path.write_text(tomli_w.dumps(d))
 
-    def broken(v: DeploymentView) -> Backend:
+    def broken(_view: DeploymentView) -> Backend:
         raise OSError("too many open files")
     daemon.stack.backend_factory = broken
     daemon.reload()

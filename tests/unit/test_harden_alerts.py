@@ -75,7 +75,7 @@ def test_the_command_gets_a_minimal_environment_and_its_own_variables(tmp_path: 
         "PATH", "LANG", "HOME", "TZ", "SPARK_ALERT_EVENT", "SPARK_ALERT_DEPLOYMENT", "SPARK_ALERT_SUMMARY"}, env
 
 
-def test_a_command_that_fails_or_hangs_never_logs_its_arguments(tmp_path: Path) -> None:
+def test_a_command_that_fails_or_hangs_never_logs_its_arguments() -> None:
     hang = [sys.executable, "-c", "import signal; signal.pause()", "--token", "cmd-secret-arg"]
     entries = send(Alerts(command=hang, events=["failed"], min_interval=1, timeout=1, attempts=1))
     failed = [e for e in entries if e["event"] == "alert.failed"]

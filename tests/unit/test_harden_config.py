@@ -125,8 +125,7 @@ def test_a_fifo_as_the_config_does_not_block(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["/dev/stdin", "/proc/self/fd/0", "/dev/fd/0"])
-def test_links_to_standard_input_are_refused_whatever_it_is(tmp_path: Path, name: str,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_links_to_standard_input_are_refused_whatever_it_is(tmp_path: Path, name: str) -> None:
     real = tmp_path / "real.toml"
     real.write_text("[supervisor]\n")
     with open(real, "rb") as f:

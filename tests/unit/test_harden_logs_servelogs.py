@@ -164,7 +164,7 @@ def test_follow_follows_only_a_regular_file_beside_current(tmp_path: Path) -> No
 def test_logs_follow_runs_the_checked_script_locally_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config, logs = planted(tmp_path)
     seen: list[tuple[list[str], bool]] = []
-    def stream(argv: list[str], key: str, *, timeout: float | None, hold_stdin: bool) -> int:
+    def stream(argv: list[str], _key: str, *, timeout: float | None, hold_stdin: bool) -> int:  # noqa: ARG001  (given as timeout=)
         seen.append((argv, hold_stdin))
         return 0
     monkeypatch.setattr(servelogs, "_stream", stream)

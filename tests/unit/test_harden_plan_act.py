@@ -30,13 +30,13 @@ class Engine:
     def __init__(self, out: str = "") -> None:
         self.out = out
 
-    def exec(self, *a: Any, **k: Any) -> tuple[int, str]:
+    def exec(self, *_: Any, **__: Any) -> tuple[int, str]:
         return 0, ""
 
-    def has_image(self, image: str) -> bool:
+    def has_image(self, _image: str) -> bool:
         return True
 
-    def run_once(self, spec: Any) -> tuple[int, str]:
+    def run_once(self, _spec: Any) -> tuple[int, str]:
         return 1, self.out
 
 

@@ -164,7 +164,7 @@ class Engine:
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
 
-    def ended(self, name: str) -> tuple[int | None, str]:
+    def ended(self, _name: str) -> tuple[int | None, str]:
         if self.fail:
             raise AdapterError("DockerTimeout", "no answer")
         return 1, "VLLM_API_KEY=sk-the-api-key-0123\nRuntimeError: Failed to start GCS.\n"

@@ -63,7 +63,7 @@ def teardown(listed: dict[str, list[Container]]) -> dict[str, list[str]]:
     engines = {n: FakeEngine(cs) for n, cs in listed.items()}
     # the world, of which teardown reads the config and each node's engine
     world = cast(World, SimpleNamespace(cfg=C, view=as_view(C), nodes={n: SimpleNamespace(docker=e) for n, e in engines.items()}))
-    backend.teardown(world, SimpleNamespace(info=lambda *a, **k: None, error=lambda *a, **k: None))
+    backend.teardown(world, SimpleNamespace(info=lambda *_, **__: None, error=lambda *_, **__: None))
     return {n: e.removed for n, e in engines.items()}
 
 

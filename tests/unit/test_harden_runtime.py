@@ -236,7 +236,7 @@ def test_a_state_dir_is_made_the_daemons_own_whatever_the_umask(tmp_path: Path) 
 def test_a_client_that_dribbles_bytes_blocks_no_one(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir(mode=0o755)
-    server = control.ControlServer(str(state), lambda command, args: f"pong {command}")
+    server = control.ControlServer(str(state), lambda command, _: f"pong {command}")
     slow = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(3)]
     try:
         for s in slow:
@@ -329,13 +329,13 @@ class _Engine:
         self.probes = 0
         self.out = probe_output
 
-    def has_image(self, image: str) -> bool:
+    def has_image(self, _image: str) -> bool:
         return True
 
-    def image_id(self, image: str) -> str:
+    def image_id(self, _image: str) -> str:
         return "sha256:" + "a" * 64
 
-    def run_once(self, spec: Any) -> tuple[int, str]:
+    def run_once(self, _spec: Any) -> tuple[int, str]:
         self.probes += 1
         return 0, self.out
 

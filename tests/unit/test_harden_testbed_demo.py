@@ -39,7 +39,7 @@ class FakeDaemon:
         self.terminated = True
         self.returncode = -15
 
-    def wait(self, timeout: float | None = None) -> int | None:
+    def wait(self, timeout: float | None = None) -> int | None:  # noqa: ARG002  (Popen.wait's, given as timeout=)
         return self.returncode
 
 
@@ -51,13 +51,13 @@ def demo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Demo:
     monkeypatch.setattr(testbed, "DIR", tmp_path)
     (tmp_path / "supervisor").mkdir()
     for name in ("up", "clean_containers"):
-        monkeypatch.setattr(testbed, name, lambda *a, **k: None)
-    monkeypatch.setattr(testbed, "plant_stale", lambda node: [])
+        monkeypatch.setattr(testbed, name, lambda *_, **__: None)
+    monkeypatch.setattr(testbed, "plant_stale", lambda _: [])
     monkeypatch.setattr(testbed, "env", lambda: {})
     ran: list[list[str]] = []
-    monkeypatch.setattr("spark_testbed.testbed.subprocess.run", lambda argv, **k: ran.append(argv))
+    monkeypatch.setattr("spark_testbed.testbed.subprocess.run", lambda argv, **_: ran.append(argv))
 
-    def deadline(cond: Any, timeout: float, what: str, every: float = 0.1) -> object:
+    def deadline(cond: Any, timeout: float, what: str, every: float = 0.1) -> object:  # noqa: ARG001  (until's, given as every=)
         value = cond()  # one look, then the deadline has passed
         if value:
             return value
@@ -67,7 +67,7 @@ def demo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Demo:
     def run(doc: dict[str, Any] | None, exit_code: int | None = None) -> tuple[int, FakeDaemon, list[list[str]]]:
         daemons: list[FakeDaemon] = []
 
-        def popen(argv: list[str], **kw: Any) -> FakeDaemon:
+        def popen(_argv: list[str], **_: Any) -> FakeDaemon:
             daemons.append(FakeDaemon(tmp_path / "supervisor", doc, exit_code))
             return daemons[0]
         monkeypatch.setattr("spark_testbed.testbed.subprocess.Popen", popen)
@@ -114,7 +114,7 @@ def test_the_message_holds_for_any_status(doc: dict[str, Any] | None) -> None:
     assert text.startswith("SERVING was not reached within 600s")
 
 
-def test_a_daemon_that_does_not_stop_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_daemon_that_does_not_stop_is_killed() -> None:
     class Stuck:
         killed = False
 

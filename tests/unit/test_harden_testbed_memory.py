@@ -56,7 +56,8 @@ def _node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, meminfo: dict[str, in
 
 
 # ---------------------------------------------------------------------------------- a node's own figures
-def test_a_node_without_meminfo_reports_its_own_figures_not_the_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.usefixtures("host")
+def test_a_node_without_meminfo_reports_its_own_figures_not_the_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     path = _node(tmp_path, monkeypatch)
     assert "meminfo" not in json.loads(path.read_text())  # what conftest's reset writes on every node
     assert _read(path, capsys) == nvidia_smi.DEFAULT_MEMINFO
@@ -92,14 +93,16 @@ def test_a_drop_changes_exactly_what_the_node_reads(tmp_path: Path, monkeypatch:
     assert "freed 0 MiB" in _drop(path, capsys) and path.read_text() == text and _read(path, capsys) == after
 
 
-def test_a_drop_on_a_node_without_a_state_file_creates_it(tmp_path: Path, host: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.usefixtures("host")
+def test_a_drop_on_a_node_without_a_state_file_creates_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "gpu.json"
     before = _read(path, capsys)
     assert "freed" in _drop(path, capsys)
     assert _read(path, capsys)["free_mib"] > before["free_mib"]
 
 
-def test_the_vllm_standin_checks_a_node_without_figures_against_the_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: Path) -> None:
+@pytest.mark.usefixtures("host")
+def test_the_vllm_standin_checks_a_node_without_figures_against_the_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _node(tmp_path, monkeypatch)
     monkeypatch.setenv("STANDIN_GPU_STATES", str(path))
     d = nvidia_smi.DEFAULT_MEMINFO
@@ -108,7 +111,8 @@ def test_the_vllm_standin_checks_a_node_without_figures_against_the_defaults(tmp
     assert f"({d['free_mib'] / 1024:.2f}/{d['total_mib'] / 1024:.2f} GiB)" in line
 
 
-def test_a_bad_meminfo_in_the_state_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.usefixtures("host")
+def test_a_bad_meminfo_in_the_state_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "gpu.json"
     for bad in ("hostile", [1, 2], {"total_mib": "x", "available_mib": 1}):
         path.write_text(json.dumps({"meminfo": bad}))

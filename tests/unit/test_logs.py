@@ -212,7 +212,7 @@ def test_a_journal_that_does_not_read_never_stalls_the_daemon(journal: tuple[str
 
 def test_a_failure_inside_the_sink_is_swallowed(tmp_path: Path) -> None:
     class Broken(io.StringIO):
-        def write(self, s: str) -> int:
+        def write(self, _s: str) -> int:
             raise OSError("stderr gone")
     sink = logs.JournalSink(str(tmp_path / "none"), stream=Broken())
     try:

@@ -189,7 +189,7 @@ def test_the_webhook_is_retried_and_never_logged_whole(receiver: Receiver) -> No
     assert "secret-token" not in json.dumps(logs.entries) and webhook_label(receiver.url) == receiver.url[:22]
 
 
-def test_an_unreachable_webhook_is_given_up_on_and_logged(tmp_path: Path) -> None:
+def test_an_unreachable_webhook_is_given_up_on_and_logged() -> None:
     logs = structlog.testing.LogCapture()
     structlog.configure(processors=[logs])
     sent: list[tuple[str, str, str, bool]] = []

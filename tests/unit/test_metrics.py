@@ -15,7 +15,7 @@ from tests.helpers import cfg, data, node_obs, obs, ray_container
 
 
 def test_prometheus_endpoint_reports_phase_progress_ray_and_repairs() -> None:
-    m = Metrics("127.0.0.1:0")
+    m = Metrics("127.0.0.1", 0)
     try:
         st = Status()
         st.advance(Phase.LOADING, Reason(), 10.0, 1.0)
@@ -51,7 +51,7 @@ def test_metrics_off_costs_nothing() -> None:
 def test_alert_rule_inputs_limits_stall_nodes_unknowns_and_alerts_sent() -> None:
     """The series monitoring/prometheus-rules.yml reads: the budget and the stall timeout beside what is
     measured against them, per-node reachability, how long something has gone unseen, alerts sent."""
-    m = Metrics("127.0.0.1:0")
+    m = Metrics("127.0.0.1", 0)
     try:
         c = cfg()
         st = Status()
@@ -103,7 +103,7 @@ def test_alert_rule_inputs_limits_stall_nodes_unknowns_and_alerts_sent() -> None
 
 
 def test_every_phase_has_a_series_paused_included() -> None:
-    m = Metrics("127.0.0.1:0")
+    m = Metrics("127.0.0.1", 0)
     try:
         st = Status()
         st.advance(Phase.PAUSED, Reason("Paused", "by ops"), 1.0, 1.0)
@@ -209,7 +209,7 @@ def test_idle_connections_past_the_cap_are_closed_and_a_scrape_answers_once_they
 
     from spark_supervisor.metrics import CappedServer
     from spark_testbed.testbed import until
-    m = Metrics("127.0.0.1:0")
+    m = Metrics("127.0.0.1", 0)
     port = m.server.server_address[1]
     before = threading.active_count()
     idle = []

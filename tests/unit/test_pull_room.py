@@ -23,7 +23,7 @@ class Engine:
         self.pulled: list[str] = []
         self.fail = fail
 
-    def has_image(self, image: str) -> bool:
+    def has_image(self, _image: str) -> bool:
         return False
 
     def root_dir(self) -> str:
@@ -31,7 +31,7 @@ class Engine:
             raise AdapterError("DockerUnreachable", "no answer")
         return "/var/lib/docker"
 
-    def pull(self, image: str, **kw: Any) -> None:
+    def pull(self, image: str, **_: Any) -> None:
         self.pulled.append(image)
 
     def reset(self) -> None:
@@ -43,7 +43,7 @@ class Shell:
         self.out = out
         self.ran: list[list[str]] = []
 
-    def run(self, argv: list[str], timeout: float | None = None) -> Result:
+    def run(self, argv: list[str], _timeout: float | None = None) -> Result:
         self.ran.append(argv)
         return Result(0, self.out, "")
 

@@ -56,7 +56,7 @@ def test_the_images_own_parser_accepts_refuses_and_names_the_flag(tmp_path: Path
         "serve_args=refused argument --max-model-len: invalid int value: 'abc'")
 
 
-def test_without_a_vllm_parser_nothing_is_proven_either_way(tmp_path: Path) -> None:
+def test_without_a_vllm_parser_nothing_is_proven_either_way() -> None:
     assert run(None, "--model", "/m").startswith("serve_args=unchecked ModuleNotFoundError")
 
 

@@ -154,7 +154,7 @@ def test_a_failed_write_leaves_the_old_file(tmp_path: Path, monkeypatch: pytest.
     path = _state(tmp_path / "gpu.json", m)
     text = path.read_text()
 
-    def boom(src: str, dst: str) -> None:
+    def boom(_src: str, _dst: str) -> None:
         raise OSError("disk full")
     monkeypatch.setattr("spark_testbed.nvidia_smi.os.replace", boom)
     assert nvidia_smi.main(["--state", str(path), "--drop-caches"]) == 1
@@ -163,7 +163,7 @@ def test_a_failed_write_leaves_the_old_file(tmp_path: Path, monkeypatch: pytest.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu.json"]
 
 
-def test_readers_never_see_half_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_readers_never_see_half_a_file(tmp_path: Path) -> None:
     path = _state(tmp_path / "gpu.json", testbed.page_cache_full())
     bad: list[str] = []
     done = threading.Event()
@@ -264,7 +264,7 @@ def test_no_check_without_state_files(serve: Start) -> None:
     serve().started()
 
 
-def test_kv_cache_follows_the_knob(serve: Start, tmp_path: Path) -> None:
+def test_kv_cache_follows_the_knob(serve: Start) -> None:
     text = serve().started()
     assert "Available KV cache memory: 37.52 GiB" in text and "GPU KV cache size: 409,856 tokens" in text
     assert "Maximum concurrency for 65,536 tokens per request: 6.25x" in text
