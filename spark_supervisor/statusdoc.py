@@ -65,7 +65,8 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
         "unknown": {what: {"since_s": max(0.0, round(now_mono - since, 1)), "ticks": st.unknown_counts.get(what, 0)}
                     for what, since in st.unknown_since.items()},
         "unknown_ticks_total": dict(st.unknown_counts),
-        "kv_cache": {k: v for k, v in st.kv_cache.items() if k != "serve"} or None,
+        "kv_cache": {"tokens": st.kv_cache.tokens, "best": st.kv_cache.best, "warning": st.kv_cache.warning}
+                    if st.kv_cache is not None else None,
         "state_problems": list(state_problems),
         "progress": st.progress,
         "load_fraction": round(st.load_fraction, 3),

@@ -37,12 +37,12 @@ from .observation import (
 from .phase import Pause, Phase
 from .reason import Kind, Reason
 from .reports import ImageReport, ModelReport
-from .status import Status, Tracker, Transition, Verdict
+from .status import KvCache, Status, Tracker, Transition, Verdict
 
 __all__ = [
     "Action", "CheckImage", "Container", "Decision", "DropPageCache", "EndpointObservation", "EndpointState", "Gpu",
-    "GpuProcess", "ImageReport", "Kind", "Listener", "Memory", "ModelReport", "NodeObservation", "Observation",
-    "Pause", "Phase", "PrefetchModel", "ProbeResult", "RayNode", "RayObservation", "Reason", "RemoveContainers",
-    "ServeObservation", "StartContainer", "StartServe", "Status", "StopServe", "StopUnits", "Tracker",
-    "Transition", "Unit", "Verdict", "Verify", "describe",
+    "GpuProcess", "ImageReport", "Kind", "KvCache", "Listener", "Memory", "ModelReport", "NodeObservation",
+    "Observation", "Pause", "Phase", "PrefetchModel", "ProbeResult", "RayNode", "RayObservation", "Reason",
+    "RemoveContainers", "ServeObservation", "StartContainer", "StartServe", "Status", "StopServe", "StopUnits",
+    "Tracker", "Transition", "Unit", "Verdict", "Verify", "describe",
 ]
