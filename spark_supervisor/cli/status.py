@@ -187,8 +187,10 @@ def _print_node(name: str, n: NodeDoc) -> None:
     """One node's lines of a deployment's status: its engine, GPU, memory and containers, then its checks."""
     gpu, mem = n.get("gpu"), n.get("memory")
     gpu_name, driver = (gpu.get("name"), gpu.get("driver")) if gpu else (None, None)
-    free, cached, available, total = ((mem.get("free_mib", "?"), mem.get("cached_mib", "?"),
-                                       mem.get("available_mib", "?"), mem.get("total_mib", "?")) if mem else ("?",) * 4)
+    # null: a figure the node did not report (meminfo without MemFree or Cached); unknown, as a missing key is
+    figures = (mem.get("free_mib"), mem.get("cached_mib"), mem.get("available_mib"), mem.get("total_mib")) if mem else (
+        None, None, None, None)
+    free, cached, available, total = ("?" if x is None else x for x in figures)
     cs = ", ".join(f"{c['name']} ({c['state']})" for c in n.get("containers", [])) or "none"
     print(f"node {name} [{n['role']}] {n['fabric_ip']}: "
           + (f"UNREACHABLE {n['error']}" if n.get("error") else

@@ -313,3 +313,15 @@ def test_status_says_which_serve_paths_ran_for_real_and_which_only_on_the_stand_
     assert "real vLLM server" in statusdoc.EVIDENCE["mp"]
     status._print_deployment(mp)
     assert "backend: mp across 2 nodes: proven on the real vLLM server" in capsys.readouterr().out
+
+
+def test_a_memory_figure_the_node_did_not_report_is_shown_unknown(capsys: pytest.CaptureFixture[str]) -> None:
+    """meminfo without MemFree and Cached: the document says null (MemoryDoc: int | None), which `status` once
+    showed as "None" (its "?" was for a missing key only)."""
+    c = cfg()
+    nodes = {n.name: node_obs(n.name, memory=Memory(122880, 118000)) for n in c.nodes}
+    d = statusdoc.document(Status(), Observation(1.0, True, nodes), c, "/etc/x.toml", "abc", time.time(), 0.0)
+    assert d["nodes"]["spark-1"]["memory"] == {"total_mib": 122880, "available_mib": 118000, "free_mib": None,
+                                               "cached_mib": None}
+    status._print_node("spark-1", d["nodes"]["spark-1"])
+    assert "memory MiB: free ?, cached ?, available 118000 of 122880," in capsys.readouterr().out
