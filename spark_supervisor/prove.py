@@ -40,7 +40,7 @@ def _run(actor: Actor, action: Action, node: str) -> ImageReport | Reason:
     return got
 
 
-def _each(actor: Actor, nodes: list[str], check: Callable[[str], ImageReport | Reason]
+def _each(nodes: list[str], check: Callable[[str], ImageReport | Reason]
           ) -> dict[str, ImageReport] | Reason:
     """``check`` on every node at once: the reports by node, or the first node's refusal (in ``nodes``' order)."""
     with ThreadPoolExecutor(max_workers=max(1, len(nodes)), thread_name_prefix="prove") as pool:
@@ -53,7 +53,7 @@ def prove(world: World, actor: Actor) -> Reason | None:
     """None when the spec of ``world``'s deployment can start as far as anything short of starting it can
     tell; else why not, as a ChangeRefused reason naming the node and what is wrong there."""
     view = world.view
-    reports = _each(actor, [n.name for n in view.members], lambda node: _run(actor, CheckImage(node), node))
+    reports = _each([n.name for n in view.members], lambda node: _run(actor, CheckImage(node), node))
     if isinstance(reports, Reason):
         return reports
     problem = image_problem(view.cfg, view.dep, reports)
@@ -90,7 +90,7 @@ def fill(world: World, actor: Actor, reports: dict[str, ImageReport],
                 actor.log.info("change.prefetching", node=node, summary=got.model.summary())
         return got
 
-    filled = _each(actor, todo, prefetched)
+    filled = _each(todo, prefetched)
     if isinstance(filled, Reason):
         return filled
     models = {n: r.model for n, r in {**reports, **filled}.items() if r.model is not None}

@@ -12,6 +12,7 @@ import os
 import secrets
 import stat
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -183,7 +184,7 @@ def read_json(state_dir: str, name: str) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def write_json(state_dir: str, name: str, doc: dict[str, Any]) -> None:
+def write_json(state_dir: str, name: str, doc: Mapping[str, object]) -> None:
     _write_retry(atomic_write)(Path(state_dir) / name, json.dumps(doc, indent=1))
 
 

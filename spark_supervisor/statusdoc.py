@@ -5,20 +5,37 @@ every reader: a key one side names and the other does not is a type error, not a
 A deployment's document (DeploymentDoc) holds its phase and why, its history, probes, repairs, unknowns,
 load progress, nodes, Ray and serve. The file (StatusDoc) is the first deployment's document at the top (as
 with one deployment) plus every deployment's under "deployments", the summary line, the pause and the last
-reload. The inner objects are JSON objects of the model's dataclasses (dataclasses.asdict) and stay loose.
+reload. Its inner objects are typed too: where one is a model dataclass as dataclasses.asdict writes it, it
+is cast to the TypedDict that mirrors the dataclass (tests/unit/test_statusdoc.py holds their keys equal).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import cast
 
 from . import identity, logscan
 from .config import Config
 from .deployment import DeploymentView, as_view
-from .model import Observation, Status
-from .model.document import DeploymentDoc, HistoryDoc, StatusDoc
+from .model import ImageReport, ModelReport, Observation, Status
+from .model.document import (
+    BackendDoc,
+    DeploymentDoc,
+    EndpointDoc,
+    GpuDoc,
+    HistoryDoc,
+    ImageDoc,
+    MemoryDoc,
+    ModelDoc,
+    NodeDoc,
+    RayNodeDoc,
+    ServeDoc,
+    StatusDoc,
+    StepDoc,
+    TrackerDoc,
+    VerdictDoc,
+)
 from .statefile import iso
 
 SCHEMA = 1
@@ -34,7 +51,7 @@ EVIDENCE = {
 }
 
 
-def backend(view: DeploymentView) -> dict[str, Any]:
+def backend(view: DeploymentView) -> BackendDoc:
     """The serve path: vLLM's executor backend, across how many nodes, and what proves it."""
     name = "ray" if view.dep.uses_ray else "mp"
     return {"name": name, "nodes": len(view.members), "evidence": EVIDENCE[name]}
@@ -58,14 +75,16 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
                     for t in st.history],
         "failures": st.failures,
         "backoff_until": iso(st.backoff_until + mono_to_wall) if st.backoff_until else "",
-        "verdict": dataclasses.asdict(st.verdict) if st.verdict else None,
-        "liveness": {"health": dataclasses.asdict(st.health), "deep": dataclasses.asdict(st.deep)},
+        "verdict": cast(VerdictDoc, dataclasses.asdict(st.verdict)) if st.verdict else None,
+        "liveness": {"health": cast(TrackerDoc, dataclasses.asdict(st.health)),
+                     "deep": cast(TrackerDoc, dataclasses.asdict(st.deep))},
         "repairs": {"in_window": st.repairs_in_window, "budget": cfg.healing.repair_budget,
                     "window_s": cfg.healing.repair_window},
         "unknown": {what: {"since_s": max(0.0, round(now_mono - since, 1)), "ticks": st.unknown_counts.get(what, 0)}
                     for what, since in st.unknown_since.items()},
         "unknown_ticks_total": dict(st.unknown_counts),
-        "kv_cache": {k: v for k, v in st.kv_cache.items() if k != "serve"} or None,
+        "kv_cache": {"tokens": st.kv_cache.tokens, "best": st.kv_cache.best, "warning": st.kv_cache.warning}
+                    if st.kv_cache is not None else None,
         "state_problems": list(state_problems),
         "progress": st.progress,
         "load_fraction": round(st.load_fraction, 3),
@@ -83,33 +102,36 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
         "bringup": bringup(st),
     }
     for n in cfg.nodes:  # in the file's order
-        entry: dict[str, Any] = {"fabric_ip": n.fabric_ip, "role": n.role, "pinned_image": st.pinned.get(n.name)}
+        entry: NodeDoc = {"fabric_ip": n.fabric_ip, "role": n.role, "pinned_image": st.pinned.get(n.name)}
         o = obs.nodes.get(n.name) if obs else None
         image = st.images.get(n.name)
         if image is not None:
-            entry["image"] = {**dataclasses.asdict(image), "summary": image.summary(dep.uses_ray)}
+            entry["image"] = _image(image, dep.uses_ray)
             if image.model is not None:  # its check, or a prefetch's progress (bytes and files done)
-                entry["model"] = entry["image"].pop("model") | {"summary": image.model.summary()}
+                entry["model"] = _model(image.model)
         if o is not None:
-            entry.update(error=o.error, docker_version=o.docker_version, probe_errors=list(o.probe_errors),
-                         containers=[{"name": c.name, "state": c.state, "image": c.image}
-                                     for c in o.containers if identity.labelled_for(c, dep)],
-                         gpu=dataclasses.asdict(o.gpu) if o.gpu else None,
-                         memory=dataclasses.asdict(o.memory) if o.memory else None)
+            entry["error"] = o.error
+            entry["docker_version"] = o.docker_version
+            entry["probe_errors"] = list(o.probe_errors)
+            entry["containers"] = [{"name": c.name, "state": c.state, "image": c.image}
+                                   for c in o.containers if identity.labelled_for(c, dep)]
+            entry["gpu"] = cast(GpuDoc, dataclasses.asdict(o.gpu)) if o.gpu else None
+            entry["memory"] = cast(MemoryDoc, dataclasses.asdict(o.memory)) if o.memory else None
         doc["nodes"][n.name] = entry
     if obs and obs.ray:
         doc["ray"] = {"reachable": obs.ray.reachable, "error": obs.ray.error, "via": obs.ray.via,
                       "nodes_alive": len(obs.ray.alive), "gpus": obs.ray.gpus,
-                      "nodes": [dataclasses.asdict(r) for r in obs.ray.nodes]}
+                      "nodes": [cast(RayNodeDoc, dataclasses.asdict(r)) for r in obs.ray.nodes]}
     if obs and obs.serve and obs.serve.log_tail:
         p = read if read is not None else logscan.scan(obs.serve.log_tail)
+        steps = logscan.timeline(obs.serve.log_tail)
         doc["load"] = {"version": p.version, "milestone": p.milestone, "kv_cache_tokens": p.kv_cache_tokens,
-                       "timeline": [dataclasses.asdict(x) for x in logscan.timeline(obs.serve.log_tail)]}
+                       "timeline": [cast(StepDoc, dataclasses.asdict(x)) for x in steps]}
     if obs and obs.serve:
         s = obs.serve
-        serve: dict[str, Any] = {"pid": s.pid, "running": s.running, "exit_code": s.exit_code,
-                                 "started_at": s.started_at, "spec_hash": s.spec_hash,
-                                 "endpoint": dataclasses.asdict(obs.endpoint) if obs.endpoint else None}
+        serve: ServeDoc = {"pid": s.pid, "running": s.running, "exit_code": s.exit_code,
+                           "started_at": s.started_at, "spec_hash": s.spec_hash,
+                           "endpoint": cast(EndpointDoc, dataclasses.asdict(obs.endpoint)) if obs.endpoint else None}
         if obs.followers:  # mp across nodes: the headless ranks
             serve["ranks"] = {node: None if f is None else {
                 "pid": f.pid, "running": f.running, "exit_code": f.exit_code, "started_at": f.started_at,
@@ -118,6 +140,15 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
     return doc
 
 
+def _image(image: ImageReport, uses_ray: bool) -> ImageDoc:
+    doc = cast(ImageDoc, {**dataclasses.asdict(image), "summary": image.summary(uses_ray)})
+    if image.model is not None:  # shown as the node's "model" (_model), not twice
+        del doc["model"]
+    return doc
+
+
+def _model(model: ModelReport) -> ModelDoc:
+    return cast(ModelDoc, {**dataclasses.asdict(model), "summary": model.summary()})
 
 
 def bringup(st: Status) -> dict[str, float]:

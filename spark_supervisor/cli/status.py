@@ -7,10 +7,10 @@ import argparse
 import json
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the document's type only: `status` stays fast to start
-    from ..model.document import DeploymentDoc, StatusDoc
+if TYPE_CHECKING:  # the document's types only: `status` stays fast to start
+    from ..model.document import DeploymentDoc, NodeDoc, StatusDoc
 
 from .base import (
     ST_DEGRADED,
@@ -40,7 +40,7 @@ def status_code(doc: StatusDoc | None, running: bool | None) -> int:
     if running is None or not isinstance(doc, dict):
         return ST_UNKNOWN
     docs = [d for d in (doc.get("deployments") or [doc]) if isinstance(d, dict)]
-    required = [d for d in docs if (d.get("deployment") or {}).get("required", True)] or docs
+    required = [d for d in docs if _required(d)] or docs
     phases = [d.get("phase") for d in required]
     if not phases or any(p not in TRANSITIONAL | {"SERVING", "FAILED", "PAUSED"} for p in phases):
         return ST_UNKNOWN  # a document this version cannot judge is not "serving"
@@ -49,6 +49,12 @@ def status_code(doc: StatusDoc | None, running: bool | None) -> int:
     if all(p == "SERVING" for p in phases):
         return ST_SERVING
     return ST_PAUSED if "PAUSED" in phases else ST_DEGRADED
+
+
+def _required(doc: DeploymentDoc) -> bool:
+    """Whether a deployment counts for the exit code (one a document does not say of: it does)."""
+    dep = doc.get("deployment")
+    return dep.get("required", True) if dep else True
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -90,8 +96,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(error, file=sys.stderr)
         return code
     if running is False:
+        daemon = doc.get("daemon")
         print(f"NOT RUNNING: no spark-supervisor holds {state_dir}/lock; what it last wrote "
-              f"({(doc.get('daemon') or {}).get('updated', '?')}):")
+              f"({daemon.get('updated', '?') if daemon else '?'}):")
     elif running is None:
         print(f"UNKNOWN: {error}; what the daemon last wrote:")
     try:
@@ -112,7 +119,9 @@ def _print_status(doc: StatusDoc) -> None:
                                                           else " (not required)"))
         _print_deployment(one)
     print(f"config: {doc['config']['path']} ({doc['config']['hash']}); updated {doc['daemon']['updated']}")
-    reload = doc.get("reload") or {}
+    reload = doc.get("reload")
+    if not reload:
+        return
     if reload.get("error"):
         print(f"RELOAD FAILED {reload.get('at', '')}: {reload['error']} (running on the previous config)")
     elif reload.get("staged"):
@@ -148,14 +157,14 @@ def _print_deployment(doc: DeploymentDoc) -> None:
             what = ("no container" if r is None else f"unknown ({r['error']})" if r["error"] else
                     f"pid {r['pid']} running" if r["running"] else f"pid {r['pid']} exited {r['exit_code']}")
             print(f"  rank on {node}: {what}")
-    load = doc.get("load") or {}
-    if load.get("timeline"):
+    load = doc.get("load")
+    if load and load.get("timeline"):
         steps = ", ".join(f"{x['milestone']} {x['seconds']:.0f}s" if x.get("seconds") is not None else x["milestone"]
                           for x in load["timeline"])
         print(f"serve log: vLLM {load.get('version') or '?'}, KV cache {load.get('kv_cache_tokens') or '?'} tokens; "
               f"{steps}")
-    kv = doc.get("kv_cache") or {}
-    if kv.get("warning"):
+    kv = doc.get("kv_cache")
+    if kv and kv.get("warning"):
         print(f"WARNING {kv['warning']}")
     if doc.get("bringup"):
         print("bring-up: " + ", ".join(f"{k} {v:.1f}s" for k, v in doc["bringup"].items()))
@@ -167,24 +176,27 @@ def _print_deployment(doc: DeploymentDoc) -> None:
     if v:
         print(f"sanity: {'passed' if v['passed'] else 'FAILED'}: {v['why']} ({v['latency_s']}s)")
     print(f"failures in a row: {doc['failures']}" + (f", next try {doc['backoff_until']}" if doc["backoff_until"] else ""))
-    rep = doc.get("repairs") or {}
+    rep = doc.get("repairs")
     if rep:
         print(f"repairs: {rep['in_window']}/{rep['budget']} in the last {rep['window_s'] / 3600:g}h")
     print("history:")
     for h in doc["history"][-8:]:
         print(f"  {h['at']} {h['phase']}" + (f": {h['reason']}" if h["reason"] else ""))
 
-def _print_node(name: str, n: dict[str, Any]) -> None:
+def _print_node(name: str, n: NodeDoc) -> None:
     """One node's lines of a deployment's status: its engine, GPU, memory and containers, then its checks."""
-    gpu = n.get("gpu") or {}
-    mem = n.get("memory") or {}
+    gpu, mem = n.get("gpu"), n.get("memory")
+    gpu_name, driver = (gpu.get("name"), gpu.get("driver")) if gpu else (None, None)
+    # null: a figure the node did not report (meminfo without MemFree or Cached); unknown, as a missing key is
+    figures = (mem.get("free_mib"), mem.get("cached_mib"), mem.get("available_mib"), mem.get("total_mib")) if mem else (
+        None, None, None, None)
+    free, cached, available, total = ("?" if x is None else x for x in figures)
     cs = ", ".join(f"{c['name']} ({c['state']})" for c in n.get("containers", [])) or "none"
     print(f"node {name} [{n['role']}] {n['fabric_ip']}: "
           + (f"UNREACHABLE {n['error']}" if n.get("error") else
-             f"docker {n.get('docker_version') or '?'}, {gpu.get('name') or 'GPU ?'} "
-             f"driver {gpu.get('driver') or '?'}, memory MiB: free {mem.get('free_mib', '?')}, cached "
-             f"{mem.get('cached_mib', '?')}, available {mem.get('available_mib', '?')} of "
-             f"{mem.get('total_mib', '?')}, owned: {cs}"))
+             f"docker {n.get('docker_version') or '?'}, {gpu_name or 'GPU ?'} "
+             f"driver {driver or '?'}, memory MiB: free {free}, cached {cached}, available {available} of "
+             f"{total}, owned: {cs}"))
     if n.get("image"):
         print(f"  image {n['image']['image']}: {n['image']['summary']}")
     if n.get("model"):

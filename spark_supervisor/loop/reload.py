@@ -14,6 +14,7 @@ from .. import config as config_mod
 from .. import logs, statefile
 from ..deployment import DeploymentView, views
 from ..model import Reason
+from ..model.document import ReloadDoc
 from ..notify import Notifier
 from . import proof
 from .stack import Stack
@@ -185,7 +186,7 @@ class Reloader:
         return (f"{', '.join(self.staged.changes)}; applied once the file is read again unchanged "
                 f"{self.SETTLE_S:g}s later")
 
-    def doc(self) -> dict[str, Any] | None:
+    def doc(self) -> ReloadDoc | None:
         """The last reload, when it failed or waits: the status file's "reload"."""
         rolled = [str(r) for r in self.stack.rollbacks.notes]
         if not self.reload_error and self.staged is None and not self._proving_text() and not rolled:

@@ -23,7 +23,7 @@ class Reporter:
 
     def __init__(self, stack: Stack, reloader: Reloader, notifier: Notifier, *, log: Any):
         self.stack, self.reloader, self.notifier, self.log = stack, reloader, notifier, log
-        self._last_doc: dict[str, Any] | None = None  # the change key of the last status written
+        self._last_doc: dict[str, object] | None = None  # the change key of the last status written
         self._written_at = 0.0
         self._stall_logged = False
         self._last_status = ""
@@ -119,11 +119,11 @@ def _severity(r: Reconciler) -> int:
     return order.index(r.status.phase)
 
 
-def _change_key(doc: StatusDoc) -> dict[str, Any]:
+def _change_key(doc: StatusDoc) -> dict[str, object]:
     """What makes a new status file worth writing at once: all but the daemon's clock and the probes'
     running counts and times (their last result stays in; the counts are refreshed every STATUS_REFRESH_S)."""
-    def one(d: DeploymentDoc) -> dict[str, Any]:
+    def one(d: DeploymentDoc) -> dict[str, object]:
         out = {k: v for k, v in d.items() if k not in ("daemon", "liveness", "deployments")}
-        out["liveness"] = {k: v.get("last") for k, v in (d.get("liveness") or {}).items()}
+        out["liveness"] = {"health": d["liveness"]["health"]["last"], "deep": d["liveness"]["deep"]["last"]}
         return out
     return {**one(doc), "deployments": [one(d) for d in doc["deployments"]]}

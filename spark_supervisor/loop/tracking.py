@@ -19,6 +19,7 @@ from ..model import (
     EndpointState,
     EngineStats,
     Kind,
+    KvCache,
     Observation,
     Phase,
     ProbeResult,
@@ -115,20 +116,21 @@ class LoadProgress:
         and compiler memory during a cold load shrink it silently (vLLM counts them as non-torch memory)."""
         serve = obs.serve
         assert serve is not None
-        if not tokens or st.kv_cache.get("serve") == serve.identity:
+        if not tokens or (st.kv_cache is not None and st.kv_cache.serve == serve.identity):
             return
         best_all = statefile.read_json(cfg.supervisor.state_dir, "kv.json")
         raw = best_all.get(serve.spec_hash, 0)
         best = raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else 0  # anything else: none
         share = cfg.memory.kv_cache_regression
         regressed = best > 0 and tokens < best * (1 - share)
-        st.kv_cache = {"serve": serve.identity, "tokens": tokens, "best": max(best, tokens), "warning": ""}
+        warning = ""
         if regressed:
-            st.kv_cache["warning"] = (
+            warning = (
                 f"{Kind.KV_CACHE_REGRESSION}: {tokens:,} tokens, {1 - tokens / best:.0%} below the best {best:,} for this "
                 "spec: page cache or compiler memory during the load counted as used; drop the page cache and "
                 "restart the serve at a quiet moment")
             self.log.warning("memory.kv_cache_regression", tokens=tokens, best=best, spec=serve.spec_hash)
+        st.kv_cache = KvCache(serve.identity, tokens, max(best, tokens), warning)
         if tokens > best:
             try:
                 statefile.write_json(cfg.supervisor.state_dir, "kv.json", {**best_all, serve.spec_hash: tokens})

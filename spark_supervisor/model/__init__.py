@@ -38,12 +38,12 @@ from .observation import (
 from .phase import Pause, Phase
 from .reason import Kind, Reason
 from .reports import ImageReport, ModelReport
-from .status import Heartbeat, Status, Tracker, Transition, Verdict
+from .status import Heartbeat, KvCache, Status, Tracker, Transition, Verdict
 
 __all__ = [
-    "Action", "CheckImage", "Container", "Decision", "DropPageCache", "EndpointObservation", "EndpointState", "EngineStats",
-    "Gpu", "GpuProcess", "Heartbeat", "ImageReport", "Kind", "Listener", "Memory", "ModelReport", "NodeObservation", "Observation",
-    "Pause", "Phase", "PrefetchModel", "ProbeResult", "RayNode", "RayObservation", "Reason", "RemoveContainers",
-    "ServeObservation", "StartContainer", "StartServe", "Status", "StopServe", "StopUnits", "Tracker",
-    "Transition", "Unit", "Verdict", "Verify", "describe",
+    "Action", "CheckImage", "Container", "Decision", "DropPageCache", "EndpointObservation", "EndpointState",
+    "EngineStats", "Gpu", "GpuProcess", "Heartbeat", "ImageReport", "Kind", "KvCache", "Listener", "Memory",
+    "ModelReport", "NodeObservation", "Observation", "Pause", "Phase", "PrefetchModel", "ProbeResult", "RayNode",
+    "RayObservation", "Reason", "RemoveContainers", "ServeObservation", "StartContainer", "StartServe", "Status",
+    "StopServe", "StopUnits", "Tracker", "Transition", "Unit", "Verdict", "Verify", "describe",
 ]

@@ -1,9 +1,18 @@
 """The status document's shape (built by statusdoc.document, written and read by statefile, shown by
 `status`): types only, so the writer, the file layer and every reader share them without importing each
-other. The inner objects are JSON objects of the model's dataclasses (dataclasses.asdict) and stay loose."""
+other. Every object in it is typed, down to the leaves: a key the writer and a reader name differently is a
+type error (mypy checks `doc["key"]`; tests/unit/test_statusdoc.py checks the readers' `doc.get("key")`,
+which mypy lets through).
+
+A type named after a model dataclass (VerdictDoc for Verdict, ...) is that dataclass as dataclasses.asdict
+writes it: the same keys (tests/unit/test_statusdoc.py holds them equal), its tuples written as JSON
+lists (Sequence here: a list once read back, a tuple in the writer's hands). NotRequired marks a key the
+writer leaves out at times, never one that only an older daemon did not write: a reader that shows any
+document still reads those with .get."""
 
 # No `from __future__ import annotations`: TypedDict reads NotRequired from evaluated annotations only.
-from typing import Any, NotRequired, TypedDict
+from collections.abc import Sequence
+from typing import NotRequired, TypedDict
 
 
 class HistoryDoc(TypedDict):
@@ -11,6 +20,229 @@ class HistoryDoc(TypedDict):
     reason: str
     kind: str
     at: str
+
+
+class VerdictDoc(TypedDict):  # model.Verdict
+    passed: bool
+    why: str
+    serve: str
+    latency_s: float
+    finish_reason: str
+    field: str
+    ran: bool
+
+
+class TrackerDoc(TypedDict):  # model.Tracker
+    failures: int
+    successes: int
+    last: str
+    last_at: float
+    detail: str
+
+
+class LivenessDoc(TypedDict):
+    health: TrackerDoc
+    deep: TrackerDoc
+
+
+class RepairsDoc(TypedDict):
+    in_window: int
+    budget: int
+    window_s: float
+
+
+class UnknownDoc(TypedDict):
+    since_s: float
+    ticks: int
+
+
+class KvCacheDoc(TypedDict):  # model.KvCache but its "serve" (which serve it was read from: the daemon's own)
+    tokens: int
+    best: int
+    warning: str
+
+
+class BackendDoc(TypedDict):
+    name: str  # vLLM's executor backend: "ray" or "mp"
+    nodes: int
+    evidence: str
+
+
+class GoalDoc(TypedDict):
+    """A deployment's "deployment": what it is to run and where, as configured (nothing observed)."""
+
+    name: str
+    model: str
+    served_model_name: str
+    tensor_parallel_size: int
+    endpoint: str
+    nodes: list[str]
+    required: bool
+    after: list[str]
+    backend: BackendDoc
+    ray_hash: str
+    serve_hash: str
+
+
+class ConfigDoc(TypedDict):
+    path: str
+    hash: str
+
+
+class DaemonDoc(TypedDict):
+    pid: int
+    updated: str
+
+
+class ModelDoc(TypedDict):  # model.ModelReport, and its summary
+    node: str
+    model: str
+    key: str
+    path: str
+    source: str
+    cache: str
+    missing: Sequence[str]
+    files: int
+    bytes: int
+    unchecked: str
+    prefetch: str
+    prefetched: bool
+    detail: str
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+    summary: str
+
+
+class ImageDoc(TypedDict):  # model.ImageReport, and its summary
+    node: str
+    image: str
+    key: str
+    start: int
+    ray_path: str
+    ray_version: str
+    ray_python: str
+    dashboard: bool
+    dashboard_detail: str
+    vllm_path: str
+    vllm_version: str
+    vllm_python: str
+    model: NotRequired[None]  # null when the model was not checked; a check is the node's "model", not here
+    summary: str
+
+
+class GpuProcessDoc(TypedDict):  # model.GpuProcess
+    pid: int
+    name: str
+    used_mib: int
+
+
+class GpuDoc(TypedDict):  # model.Gpu
+    name: str
+    driver: str
+    total_mib: int | None
+    used_mib: int | None
+    processes: Sequence[GpuProcessDoc]
+
+
+class MemoryDoc(TypedDict):  # model.Memory
+    total_mib: int
+    available_mib: int
+    free_mib: int | None
+    cached_mib: int | None
+
+
+class ContainerDoc(TypedDict):
+    name: str
+    state: str
+    image: str
+
+
+class NodeDoc(TypedDict):
+    fabric_ip: str
+    role: str
+    pinned_image: str | None
+    image: NotRequired[ImageDoc]  # once its image was checked
+    model: NotRequired[ModelDoc]  # once the image check looked at the model
+    # The rest once the node was observed:
+    error: NotRequired[str]
+    docker_version: NotRequired[str]
+    probe_errors: NotRequired[list[str]]
+    containers: NotRequired[list[ContainerDoc]]
+    gpu: NotRequired[GpuDoc | None]
+    memory: NotRequired[MemoryDoc | None]
+
+
+class RayNodeDoc(TypedDict):  # model.RayNode
+    node_id: str
+    ip: str
+    alive: bool | None
+    gpus: float | None
+    is_head: bool
+
+
+class RayDoc(TypedDict):
+    reachable: bool
+    error: str
+    via: str
+    nodes_alive: int
+    gpus: float
+    nodes: list[RayNodeDoc]
+
+
+class EndpointDoc(TypedDict):  # model.EndpointObservation
+    state: str  # an EndpointState's value
+    detail: str
+    health: int | None
+    models: Sequence[str]
+
+
+class RankDoc(TypedDict):
+    pid: int
+    running: bool
+    exit_code: int | None
+    started_at: str
+    error: str
+
+
+class ServeDoc(TypedDict):
+    pid: int
+    running: bool
+    exit_code: int | None
+    started_at: str
+    spec_hash: str
+    endpoint: EndpointDoc | None
+    ranks: NotRequired[dict[str, RankDoc | None]]  # mp across nodes: node -> its headless rank (None: no container)
+
+
+class StepDoc(TypedDict):  # logscan.Step
+    milestone: str
+    at: str
+    seconds: float | None
+
+
+class LoadDoc(TypedDict):
+    version: str
+    milestone: str
+    kv_cache_tokens: int
+    timeline: list[StepDoc]
+
+
+class PauseDoc(TypedDict):  # model.Pause
+    by: str
+    reason: str
+    at: float
+    until: float | None
+
+
+class ReloadDoc(TypedDict):
+    error: str | None
+    at: str
+    staged: str | None
+    proving: str | None
+    refused: list[str]
+    rolled_back: list[str]
 
 
 class DeploymentDoc(TypedDict):
@@ -22,28 +254,28 @@ class DeploymentDoc(TypedDict):
     history: list[HistoryDoc]
     failures: int
     backoff_until: str
-    verdict: dict[str, Any] | None
-    liveness: dict[str, dict[str, Any]]
-    repairs: dict[str, Any]
-    unknown: dict[str, dict[str, Any]]
+    verdict: VerdictDoc | None
+    liveness: LivenessDoc
+    repairs: RepairsDoc
+    unknown: dict[str, UnknownDoc]  # what could not be seen -> for how long
     unknown_ticks_total: dict[str, int]
-    kv_cache: dict[str, Any] | None
+    kv_cache: KvCacheDoc | None
     state_problems: list[str]
     progress: str
     load_fraction: float
     eta_s: int | None
-    deployment: dict[str, Any]
-    config: dict[str, str]
-    daemon: dict[str, Any]
-    nodes: dict[str, dict[str, Any]]
-    ray: dict[str, Any] | None
-    serve: dict[str, Any] | None
-    bringup: dict[str, float]
-    load: NotRequired[dict[str, Any]]
+    deployment: GoalDoc
+    config: ConfigDoc
+    daemon: DaemonDoc
+    nodes: dict[str, NodeDoc]  # every node of the config, in its order
+    ray: RayDoc | None
+    serve: ServeDoc | None
+    bringup: dict[str, float]  # phase -> seconds
+    load: NotRequired[LoadDoc]  # once the serve has a log
 
 
 class StatusDoc(DeploymentDoc):
     summary: str
     deployments: list[DeploymentDoc]
-    pause: dict[str, Any] | None
-    reload: dict[str, Any] | None
+    pause: PauseDoc | None
+    reload: ReloadDoc | None

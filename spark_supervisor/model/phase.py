@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from .document import PauseDoc
+
 
 class Phase(StrEnum):
     DETECTING = "DETECTING"
@@ -76,7 +78,7 @@ class Pause:
     def expired(self, wall: float) -> bool:
         return self.until is not None and wall >= self.until
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PauseDoc:
         return {"by": self.by, "reason": self.reason, "at": self.at, "until": self.until}
 
     @classmethod

@@ -4,7 +4,6 @@ the last verdict."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from .observation import EngineStats
 from .phase import Phase
@@ -73,6 +72,16 @@ class Heartbeat:
 
 
 @dataclass(frozen=True)
+class KvCache:
+    """The KV cache a serve came up with, against the best seen for its spec (loop.tracking)."""
+
+    serve: str  # ServeObservation.identity it was read from: each serve is judged once
+    tokens: int
+    best: int  # for this spec, this one included
+    warning: str = ""  # a regression from the best, in words ("": none)
+
+
+@dataclass(frozen=True)
 class Transition:
     phase: Phase
     reason: str
@@ -110,7 +119,7 @@ class Status:
     unknown_counts: dict[str, int] = field(default_factory=dict)  # ticks each could not be seen (lifetime)
     unknown_run_since: float = 0.0  # start of the unbroken run of ticks with something unseen (0: none)
     page_cache_dropped: frozenset[str] = frozenset()  # nodes dropped since the bring-up began (reset at SERVING)
-    kv_cache: dict[str, Any] = field(default_factory=dict)  # tokens, best for this spec, warning
+    kv_cache: KvCache | None = None  # the last serve's (None: none read yet)
     images: dict[str, ImageReport] = field(default_factory=dict)  # node -> its image check (this run)
     # node -> the image ID its container ran when the deployment last reached SERVING: repairs start that
     # very image, not whatever its tag names by then (a reload's new spec starts from the tag again)

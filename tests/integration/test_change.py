@@ -188,7 +188,7 @@ def test_a_change_to_a_model_one_node_lacks_is_prefetched_there_while_the_old_on
     t = datetime.now().timestamp()
     try:
         d.proc.send_signal(signal.SIGHUP)
-        d.wait(lambda s: bool([e for e in d.events("model.prefetch_started") if e.get("node") == "spark-2"]), 180,
+        d.wait(lambda _: bool([e for e in d.events("model.prefetch_started") if e.get("node") == "spark-2"]), 180,
                "the proof's prefetch on spark-2")
         st = d.wait(lambda s: bool((s.get("reload") or {}).get("proving")), 30, "the pending change shown")
         assert "once its new spec is proven on every member" in st["reload"]["proving"], st["reload"]

@@ -329,7 +329,8 @@ def test_a_start_with_far_less_kv_cache_than_the_best_for_its_spec_is_a_warning(
                   endpoint=EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",)))
     daemon.tick()
     kv = daemon.status.kv_cache
-    assert kv["tokens"] == 200000 and kv["best"] == 409856 and kv["warning"].startswith("KvCacheRegression: 200,000")
+    assert kv is not None and kv.tokens == 200000 and kv.best == 409856
+    assert kv.warning.startswith("KvCacheRegression: 200,000")
     doc = json.loads((state / "status.json").read_text())
     assert doc["kv_cache"]["warning"].startswith("KvCacheRegression")
     # A better start raises the best, persisted.
@@ -338,7 +339,7 @@ def test_a_start_with_far_less_kv_cache_than_the_best_for_its_spec_is_a_warning(
     be2.next = obs(c, deployed=True, serve=serve_running(c, log=log2, pid=78),
                    endpoint=EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",)))
     daemon2.tick()
-    assert not daemon2.status.kv_cache["warning"]
+    assert daemon2.status.kv_cache is not None and not daemon2.status.kv_cache.warning
     assert json.loads((own / "kv.json").read_text())[serve_hash(c, c.deployment)] == 500000
 
 

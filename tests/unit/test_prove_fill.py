@@ -65,7 +65,7 @@ def test_a_prefetch_that_fails_refuses_the_change_naming_the_node_and_why() -> N
                          detail="OSError: no room in /models: 9,000 bytes to fetch, 10 free")
     nodes = Nodes(w, {"spark-2": [failed]})
     got = fill(w, cast(Actor, nodes), {"spark-1": report("spark-1"), "spark-2": report("spark-2", "a.safetensors")},
-               wait=lambda s: None)
+               wait=lambda _: None)
     assert got is not None and str(got).startswith("ChangeRefused: ModelMissing: "), got
     assert "spark-2: a.safetensors" in str(got) and "no room in /models" in str(got), got
 
@@ -74,4 +74,4 @@ def test_without_prefetch_or_with_every_node_complete_nothing_is_fetched() -> No
     for w, reports in [(world(prefetch=False), {"spark-2": report("spark-2", "a.safetensors")}),
                        (world(), {"spark-1": report("spark-1"), "spark-2": report("spark-2")})]:
         nodes = Nodes(w, {})
-        assert fill(w, cast(Actor, nodes), reports, wait=lambda s: None) is None and nodes.ran == []
+        assert fill(w, cast(Actor, nodes), reports, wait=lambda _: None) is None and nodes.ran == []
