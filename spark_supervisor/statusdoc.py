@@ -18,11 +18,12 @@ from typing import cast
 from . import identity, logscan
 from .config import Config
 from .deployment import DeploymentView, as_view
-from .model import ImageReport, ModelReport, Observation, Status
+from .model import Heartbeat, ImageReport, ModelReport, Observation, Status
 from .model.document import (
     BackendDoc,
     DeploymentDoc,
     EndpointDoc,
+    EngineDoc,
     GpuDoc,
     HistoryDoc,
     ImageDoc,
@@ -57,6 +58,14 @@ def backend(view: DeploymentView) -> BackendDoc:
     return {"name": name, "nodes": len(view.members), "evidence": EVIDENCE[name]}
 
 
+def engine(hb: Heartbeat, now: float) -> EngineDoc:
+    """The engine's heartbeat as read at the last tick (``now``: the status's clock)."""
+    read = hb.work is not None
+    return {"read": read, "running": hb.running, "waiting": hb.waiting,
+            "still_s": round(now - hb.moved_at, 1) if read and hb.running else 0.0,
+            "stalled_s": round(now - hb.stalled_at, 1) if hb.stalled_at else 0.0, "error": hb.error}
+
+
 def document(st: Status, obs: Observation | None, on: DeploymentView | Config, config_path: str, config_hash: str,
              now_wall: float, mono_to_wall: float, state_problems: tuple[str, ...] = (),
              read: logscan.LoadProgress | None = None) -> DeploymentDoc:
@@ -77,7 +86,7 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
         "backoff_until": iso(st.backoff_until + mono_to_wall) if st.backoff_until else "",
         "verdict": cast(VerdictDoc, dataclasses.asdict(st.verdict)) if st.verdict else None,
         "liveness": {"health": cast(TrackerDoc, dataclasses.asdict(st.health)),
-                     "deep": cast(TrackerDoc, dataclasses.asdict(st.deep))},
+                     "deep": cast(TrackerDoc, dataclasses.asdict(st.deep)), "engine": engine(st.heartbeat, now_mono)},
         "repairs": {"in_window": st.repairs_in_window, "budget": cfg.healing.repair_budget,
                     "window_s": cfg.healing.repair_window},
         "unknown": {what: {"since_s": max(0.0, round(now_mono - since, 1)), "ticks": st.unknown_counts.get(what, 0)}

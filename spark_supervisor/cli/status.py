@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the document's types only: `status` stays fast to start
-    from ..model.document import DeploymentDoc, NodeDoc, StatusDoc
+    from ..model.document import DeploymentDoc, EngineDoc, NodeDoc, StatusDoc
 
 from .base import (
     ST_DEGRADED,
@@ -149,14 +149,7 @@ def _print_deployment(doc: DeploymentDoc) -> None:
     if ray:
         print(f"ray ({ray.get('via', 'dashboard')}): {'up' if ray['reachable'] else 'down'}, {ray['nodes_alive']} "
               f"nodes alive, {ray['gpus']} GPUs" + (f" ({ray['error']})" if ray.get("error") else ""))
-    serve = doc.get("serve")
-    if serve:
-        state = "running" if serve["running"] else f"exited {serve['exit_code']}"
-        print(f"serve: pid {serve['pid']} {state} since {serve['started_at'] or '?'}")
-        for node, r in (serve.get("ranks") or {}).items():
-            what = ("no container" if r is None else f"unknown ({r['error']})" if r["error"] else
-                    f"pid {r['pid']} running" if r["running"] else f"pid {r['pid']} exited {r['exit_code']}")
-            print(f"  rank on {node}: {what}")
+    _print_serve(doc)
     load = doc.get("load")
     if load and load.get("timeline"):
         steps = ", ".join(f"{x['milestone']} {x['seconds']:.0f}s" if x.get("seconds") is not None else x["milestone"]
@@ -182,6 +175,32 @@ def _print_deployment(doc: DeploymentDoc) -> None:
     print("history:")
     for h in doc["history"][-8:]:
         print(f"  {h['at']} {h['phase']}" + (f": {h['reason']}" if h["reason"] else ""))
+
+def _print_serve(doc: DeploymentDoc) -> None:
+    """The serve's lines: its process, its ranks on other nodes, and its engine's heartbeat."""
+    serve = doc.get("serve")
+    if not serve:
+        return
+    state = "running" if serve["running"] else f"exited {serve['exit_code']}"
+    print(f"serve: pid {serve['pid']} {state} since {serve['started_at'] or '?'}")
+    for node, r in (serve.get("ranks") or {}).items():
+        what = ("no container" if r is None else f"unknown ({r['error']})" if r["error"] else
+                f"pid {r['pid']} running" if r["running"] else f"pid {r['pid']} exited {r['exit_code']}")
+        print(f"  rank on {node}: {what}")
+    e = doc["liveness"].get("engine")
+    if e and (e["read"] or e["error"]):
+        print(f"  engine: {_engine(e)}")
+
+
+def _engine(e: EngineDoc) -> str:
+    """The engine's heartbeat in words (its /metrics at the last tick)."""
+    if not e["read"]:
+        return f"heartbeat unknown ({e['error']})"
+    load = f"{e['running']:g} running, {e['waiting']:g} waiting"
+    if e["stalled_s"]:
+        return f"{load}; STALLED: nothing moved for {e['still_s']:.0f}s (a deep probe tells a wedge from a long prefill)"
+    return f"{load}; " + ("idle" if not e["running"] else f"working (last moved {e['still_s']:.0f}s ago)")
+
 
 def _print_node(name: str, n: NodeDoc) -> None:
     """One node's lines of a deployment's status: its engine, GPU, memory and containers, then its checks."""

@@ -124,6 +124,8 @@ def _change_key(doc: StatusDoc) -> dict[str, object]:
     running counts and times (their last result stays in; the counts are refreshed every STATUS_REFRESH_S)."""
     def one(d: DeploymentDoc) -> dict[str, object]:
         out = {k: v for k, v in d.items() if k not in ("daemon", "liveness", "deployments")}
-        out["liveness"] = {"health": d["liveness"]["health"]["last"], "deep": d["liveness"]["deep"]["last"]}
+        engine = d["liveness"].get("engine")  # its figures move every tick: only a stall (or not) is news
+        out["liveness"] = {"health": d["liveness"]["health"]["last"], "deep": d["liveness"]["deep"]["last"],
+                           "stalled": bool(engine and engine["stalled_s"])}
         return out
     return {**one(doc), "deployments": [one(d) for d in doc["deployments"]]}

@@ -40,9 +40,19 @@ class TrackerDoc(TypedDict):  # model.Tracker
     detail: str
 
 
+class EngineDoc(TypedDict):  # model.Heartbeat, as the status shows it
+    read: bool  # False: /metrics not read (not serving, heartbeat off) or unreadable (error)
+    running: float
+    waiting: float
+    still_s: float  # how long nothing has moved while requests ran (0: idle or moving)
+    stalled_s: float  # how long it has been stalled (0: not stalled)
+    error: str
+
+
 class LivenessDoc(TypedDict):
     health: TrackerDoc
     deep: TrackerDoc
+    engine: NotRequired[EngineDoc]  # older daemons did not write it
 
 
 class RepairsDoc(TypedDict):

@@ -126,3 +126,15 @@ def test_a_wedge_is_caught_and_repaired_through_the_daemon_on_its_default_settin
     assert caught and caught - t0 <= 30, caught - t0
     assert repaired == caught + 5 and phase_now(daemon.status) == Phase.STARTING_VLLM  # corroborated, then the serve alone
     assert "the engine's heartbeat stopped" in daemon.status.reason and StopServe("wedged") in be.ran
+
+
+def test_status_shows_the_heartbeat_in_words() -> None:
+    from spark_supervisor.cli.status import _engine
+    from spark_supervisor.statusdoc import engine
+    working = Heartbeat("s1", (10, 0, 0), moved_at=100, running=2, waiting=1)
+    assert _engine(engine(working, 103)) == "2 running, 1 waiting; working (last moved 3s ago)"
+    stalled = dataclasses.replace(working, stalled_at=120)
+    assert _engine(engine(stalled, 125)).startswith("2 running, 1 waiting; STALLED: nothing moved for 25s")
+    assert _engine(engine(Heartbeat("s1", (10, 0, 0), moved_at=100), 200)) == "0 running, 0 waiting; idle"
+    assert _engine(engine(Heartbeat("s1", None, 100, error="/metrics: ReadTimeout"), 200)) == \
+        "heartbeat unknown (/metrics: ReadTimeout)"
