@@ -1,10 +1,12 @@
 """The test doubles of the package's interfaces, in one place and held to them by mypy (the assignments at
 the end): a fake Backend (scripted observations, recorded actions), the fake clock and the recording
-notifier, a Docker engine as the observer calls it, and the daemon built on them."""
+notifier, a Docker engine as the observer calls it (and as the actor does), a node's shell, a recording
+log, the world of adapters built on them, and the daemon built on the fake Backend."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,10 @@ import tomli_w
 
 from spark_supervisor.act import ActionFailed
 from spark_supervisor.adapters import AdapterError
+from spark_supervisor.adapters.shell import Result
 from spark_supervisor.backend import Backend, Fingerprint
+from spark_supervisor.commands import ContainerSpec
+from spark_supervisor.config import Config
 from spark_supervisor.loop import proof
 from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import (
@@ -27,6 +32,7 @@ from spark_supervisor.model import (
     Verify,
 )
 from spark_supervisor.notify import Notifier
+from spark_supervisor.observe import NodeAdapters, World
 from tests.helpers import cfg, data, images
 
 
@@ -107,17 +113,23 @@ def make(tmp_path: Path, d: dict[str, Any] | None = None) -> tuple[Daemon, FakeB
 
 
 class FakeEngine:
-    """A node's Docker engine as the observer calls it; `fail` makes a call raise what the real one would."""
+    """A node's Docker engine as the observer calls it; `fail` makes a call raise what the real one would
+    (an error: every time; a list of errors: one per call, then the call goes through)."""
 
-    def __init__(self, containers: list[Container], fail: dict[str, AdapterError] | None = None) -> None:
+    def __init__(self, containers: list[Container],
+                 fail: dict[str, AdapterError | list[AdapterError]] | None = None) -> None:
         self.listed, self.fail, self.connected = containers, fail or {}, True
         self.calls: list[str] = []
         self.removed: list[str] = []
 
     def _call(self, what: str) -> None:
         self.calls.append(what)
-        if what in self.fail:
-            raise self.fail[what]
+        err = self.fail.get(what)
+        if isinstance(err, list):
+            if err:
+                raise err.pop(0)
+        elif err is not None:
+            raise err
 
     def containers(self) -> list[Container]:
         self._call("containers")
@@ -142,6 +154,130 @@ class FakeEngine:
 
     def reset(self) -> None:
         self._call("reset")
+
+
+@dataclass(frozen=True)
+class Exec:
+    """One `docker exec` as the actor asked for it."""
+
+    container: str
+    argv: list[str]
+    env: dict[str, str] | None
+    detach: bool
+    what: str
+
+
+class ActorEngine(FakeEngine):
+    """A node's engine as the actor calls it too: what it starts, runs to an end, execs and pulls is recorded
+    (in ``journal`` as well, shared between nodes to see their order, as "node call"). ``images``: what the
+    node has (None: every image); ``once``: what a short-lived helper container answers."""
+
+    def __init__(self, node: str, containers: list[Container] | None = None,
+                 fail: dict[str, AdapterError | list[AdapterError]] | None = None,
+                 journal: list[str] | None = None) -> None:
+        super().__init__(list(containers or []), fail)
+        self.node = node
+        self.journal = journal if journal is not None else []
+        self.images: set[str] | None = None
+        self.once: tuple[int, str] = (0, "")
+        self.started: list[ContainerSpec] = []
+        self.ran_once: list[ContainerSpec] = []
+        self.execs: list[Exec] = []
+        self.pulled: list[str] = []
+
+    def _call(self, what: str) -> None:
+        self.journal.append(f"{self.node} {what}")
+        super()._call(what)
+
+    def remove(self, name: str) -> bool:
+        self._call("remove")
+        self.removed.append(name)
+        return any(c.name == name for c in self.listed)
+
+    def has_image(self, image: str) -> bool:
+        self._call("has_image")
+        return self.images is None or image in self.images
+
+    def image_id(self, image: str) -> str:
+        self._call("image_id")
+        return "sha256:" + "f" * 64 if self.images is None or image in self.images else ""
+
+    def root_dir(self) -> str:
+        self._call("root_dir")
+        return "/var/lib/docker"
+
+    def pull(self, image: str, *, timeout: float, heartbeat: Any = None, progress: Any = None) -> None:
+        self._call("pull")
+        self.pulled.append(image)
+        if self.images is not None:
+            self.images.add(image)
+
+    def run(self, spec: ContainerSpec) -> str:
+        self._call("run")
+        self.started.append(spec)
+        return "c0ffee000000"
+
+    def run_once(self, spec: ContainerSpec) -> tuple[int, str]:
+        self._call("run_once")
+        self.ran_once.append(spec)
+        return self.once
+
+    def exec(self, container: str, argv: list[str], *, env: dict[str, str] | None = None,
+             detach: bool = False, what: str = "exec") -> tuple[int, str]:
+        self._call("exec")
+        self.execs.append(Exec(container, list(argv), env, detach, what))
+        return 0, ""
+
+
+class FakeShell:
+    """A node's shell (adapters.shell.NodeShell) with every argv recorded. Each is answered by the first of
+    ``answers`` whose argv it starts with (a Result, or an error raised as the real shell would), else by
+    exit 0 and no output."""
+
+    def __init__(self, answers: list[tuple[list[str], Result | AdapterError]] | None = None) -> None:
+        self.answers = list(answers or [])
+        self.ran: list[list[str]] = []
+        self.unreachable: AdapterError | None = None  # what check() and reachable() raise
+
+    def run(self, argv: list[str], timeout: float | None = None) -> Result:
+        self.ran.append(list(argv))
+        for prefix, answer in self.answers:
+            if argv[:len(prefix)] == prefix:
+                if isinstance(answer, AdapterError):
+                    raise answer
+                return answer
+        return Result(0, "", "")
+
+    def check(self) -> None:
+        if self.unreachable is not None:
+            raise self.unreachable
+
+    def reachable(self) -> None:
+        self.check()
+
+
+class Events:
+    """A structlog logger's calls, recorded: (level, event, fields)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda event, **kw: self.lines.append((level, event, kw))
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        return [kw for _, e, kw in self.lines if e == event]
+
+
+def fake_world(c: Config, journal: list[str] | None = None) -> tuple[World, dict[str, ActorEngine], dict[str, FakeShell]]:
+    """The real World of ``c`` (its config, view and HTTP clients) with every node's engine and shell faked.
+    The caller closes it."""
+    world = World(c)
+    engines = {n.name: ActorEngine(n.name, journal=journal) for n in c.nodes}
+    shells = {n.name: FakeShell() for n in c.nodes}
+    for n in c.nodes:
+        world.nodes[n.name] = NodeAdapters(n, shells[n.name], engines[n.name])  # type: ignore[arg-type]
+    return world, engines, shells
 
 
 # Held to the interfaces: a method missing or of another shape fails mypy here, not in a test's run.

@@ -1,0 +1,253 @@
+"""The quick watch at its edge (issue 21): QuickProbe's Ray node list and /health over kept-alive connections,
+against a real HTTP server on 127.0.0.1 (ThreadingHTTPServer, HTTP/1.1 as Ray's dashboard and vLLM answer).
+Every way the other side can fail is a reading (RayObservation unreachable with what went wrong; /health
+refused or in error), never an exception, and never a wait past the probe's timeout."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from spark_supervisor.adapters.quick import KeptAlive, QuickProbe
+from spark_supervisor.model import EndpointObservation, EndpointState, RayObservation
+
+NODES_PATH = "/api/v0/nodes"
+
+
+def envelope(rows: Any, **result: Any) -> bytes:
+    """The dashboard's /api/v0/nodes answer around ``rows``."""
+    return json.dumps({"result": True, "msg": "", "data": {"result": {"result": rows, **result}}}).encode()
+
+
+ROWS = [{"node_id": "ab" * 28, "node_ip": "192.168.200.12", "state": "ALIVE", "is_head_node": True,
+         "resources_total": {"GPU": 1.0, "CPU": 20.0}},
+        {"node_id": "cd" * 28, "node_ip": "192.168.200.13", "state": "DEAD", "is_head_node": False,
+         "resources_total": {"GPU": 1.0}}]
+
+
+class Server(http.server.ThreadingHTTPServer):
+    """Answers each path as told (status, body); counts the connections it accepts and the requests."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.answers: dict[str, tuple[int, bytes]] = {}
+        self.requests: list[str] = []
+        self.connections = 0
+        self.lock = threading.Lock()
+        self.hang_up = False  # close each connection after its answer without saying so (an idle timeout)
+        self.short = False  # promise more body than is sent, then close (a server dying mid-answer)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: Server
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server.lock:
+            self.server.connections += 1
+
+    def do_GET(self) -> None:
+        self.server.requests.append(self.path)
+        status, body = self.server.answers.get(self.path.split("?")[0], (404, b""))
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body) + (100 if self.server.short else 0)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = self.server.hang_up or self.server.short
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    s = Server()
+    threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        yield s
+    finally:
+        s.shutdown()
+        s.server_close()
+
+
+@pytest.fixture
+def refused_url() -> Iterator[str]:
+    """A port bound (no one else takes it) where nothing listens: a connect is refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.fixture
+def silent_url() -> Iterator[str]:
+    """A listener that accepts (its backlog) and never answers."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+@pytest.fixture
+def probe() -> Iterator[list[QuickProbe]]:
+    """Probes made by a test, closed at its end."""
+    made: list[QuickProbe] = []
+    yield made
+    for p in made:
+        p.close()
+
+
+def quick(made: list[QuickProbe], ray: str, api: str, timeout: float = 5.0) -> QuickProbe:
+    p = QuickProbe(ray, api, timeout=timeout)
+    made.append(p)
+    return p
+
+
+# ----------------------------------------------------------------------------------------- Ray's nodes
+def test_the_node_list_is_read_from_the_dashboard(server: Server, probe: list[QuickProbe]) -> None:
+    server.answers[NODES_PATH] = (200, envelope(ROWS, total=2))
+    r = quick(probe, server.url, server.url).ray_nodes()
+    assert r is not None and r.reachable and r.error == "" and r.via == "dashboard" and r.incomplete == ""
+    assert [(n.ip, n.alive, n.gpus, n.is_head) for n in r.nodes] == [
+        ("192.168.200.12", True, 1.0, True), ("192.168.200.13", False, 1.0, False)]
+    assert server.requests == [f"{NODES_PATH}?limit=100"]
+
+
+def test_a_truncated_list_is_read_and_said_incomplete(server: Server, probe: list[QuickProbe]) -> None:
+    server.answers[NODES_PATH] = (200, envelope(ROWS[:1], total=2, num_after_truncation=1))
+    r = quick(probe, server.url, server.url).ray_nodes()
+    assert r is not None and r.reachable and len(r.nodes) == 1 and "truncated: 1 of 2 rows" in r.incomplete
+
+
+def test_an_error_status_is_unreachable_with_the_status_and_the_next_answer_is_read(
+        server: Server, probe: list[QuickProbe]) -> None:
+    server.answers[NODES_PATH] = (503, b'{"result": false, "msg": "GCS unavailable"}')
+    p = quick(probe, server.url, server.url)
+    assert p.ray_nodes() == RayObservation(False, "HTTP 503")
+    server.answers[NODES_PATH] = (200, envelope(ROWS))
+    r = p.ray_nodes()
+    assert r is not None and r.reachable and len(r.nodes) == 2
+    assert server.connections == 1  # the connection is kept across an error status
+
+
+@pytest.mark.parametrize(("body", "error"), [
+    (b"<html>Bad Gateway</html>", "JSONDecodeError"),  # not JSON
+    (b"", "JSONDecodeError"),
+    (b"[]", "TypeError"),  # JSON, not the envelope
+    (b"null", "TypeError"),
+    (b'{"data": {}}', "KeyError"),  # the envelope without the list
+    (b'{"data": {"result": {"result": {"node_id": "x"}}}}', "TypeError"),  # a list that is not one
+    (b'{"data": "result"}', "TypeError"),
+])
+def test_a_malformed_answer_is_unreachable_with_what_was_wrong(server: Server, probe: list[QuickProbe],
+                                                               body: bytes, error: str) -> None:
+    server.answers[NODES_PATH] = (200, body)
+    assert quick(probe, server.url, server.url).ray_nodes() == RayObservation(False, error)
+
+
+def test_rows_that_are_not_objects_are_skipped_and_said(server: Server, probe: list[QuickProbe]) -> None:
+    server.answers[NODES_PATH] = (200, envelope([ROWS[0], "garbage", 7]))
+    r = quick(probe, server.url, server.url).ray_nodes()
+    assert r is not None and r.reachable and len(r.nodes) == 1 and r.incomplete == "2 unreadable rows"
+
+
+def test_a_refused_dashboard_is_unreachable(refused_url: str, probe: list[QuickProbe]) -> None:
+    assert quick(probe, refused_url, refused_url).ray_nodes() == RayObservation(False, "ConnectionRefusedError")
+
+
+def test_a_dashboard_that_never_answers_is_unreachable_within_the_timeout(silent_url: str,
+                                                                         probe: list[QuickProbe]) -> None:
+    p = quick(probe, silent_url, silent_url, timeout=0.5)
+    t0 = time.monotonic()
+    assert p.ray_nodes() == RayObservation(False, "TimeoutError")
+    assert time.monotonic() - t0 < 30  # bounded by its timeout, not by the server (generous on a busy machine)
+
+
+def test_an_answer_cut_short_is_unreachable(server: Server, probe: list[QuickProbe]) -> None:
+    server.short = True
+    server.answers[NODES_PATH] = (200, envelope(ROWS))
+    assert quick(probe, server.url, server.url).ray_nodes() == RayObservation(False, "IncompleteRead")
+
+
+def test_without_ray_the_node_list_is_not_asked(server: Server, probe: list[QuickProbe]) -> None:
+    server.answers["/health"] = (200, b"")
+    p = quick(probe, "", server.url)
+    assert p.ray_nodes() is None and p.health().state == EndpointState.UP
+    assert server.requests == ["/health"]
+
+
+# ------------------------------------------------------------------------------------------------ /health
+@pytest.mark.parametrize("status", [200, 503])
+def test_health_answered_is_up_with_its_status(server: Server, probe: list[QuickProbe], status: int) -> None:
+    server.answers["/health"] = (status, b"")
+    assert quick(probe, server.url, server.url).health() == EndpointObservation(EndpointState.UP, "", status)
+
+
+def test_health_refused_is_refused(refused_url: str, probe: list[QuickProbe]) -> None:
+    assert quick(probe, "", refused_url).health() == EndpointObservation(EndpointState.REFUSED)
+
+
+def test_health_never_answered_is_an_error_within_the_timeout(silent_url: str, probe: list[QuickProbe]) -> None:
+    p = quick(probe, "", silent_url, timeout=0.5)
+    t0 = time.monotonic()
+    assert p.health() == EndpointObservation(EndpointState.ERROR, "/health: TimeoutError")
+    assert time.monotonic() - t0 < 30
+
+
+def test_one_connection_serves_every_watch(server: Server, probe: list[QuickProbe]) -> None:
+    server.answers["/health"] = (200, b"")
+    server.answers[NODES_PATH] = (200, envelope(ROWS))
+    p = quick(probe, server.url, server.url)
+    for _ in range(5):
+        assert p.health().health == 200
+        r = p.ray_nodes()
+        assert r is not None and r.reachable
+    assert len(server.requests) == 10 and server.connections == 2  # one kept alive for each of the two
+
+
+def test_a_kept_alive_connection_the_server_dropped_is_made_again_at_once(server: Server,
+                                                                         probe: list[QuickProbe]) -> None:
+    server.hang_up = True  # it answers, then closes the connection the client keeps
+    server.answers["/health"] = (200, b"")
+    p = quick(probe, "", server.url)
+    for _ in range(3):
+        assert p.health() == EndpointObservation(EndpointState.UP, "", 200)  # never a failure in between
+    assert server.connections == 3
+
+
+def test_after_a_failure_the_next_call_connects_again(refused_url: str, server: Server) -> None:
+    k = KeptAlive(refused_url, timeout=5)
+    with pytest.raises(ConnectionRefusedError):
+        k.get("/health")
+    assert k.conn is None  # the failed connection is dropped, not reused
+    server.answers["/health"] = (200, b"ok")
+    k.host, k.port = "127.0.0.1", server.server_address[1]
+    try:
+        assert k.get("/health") == (200, b"ok")
+    finally:
+        assert k.conn is not None
+        k.conn.close()
+
+
+def test_close_ends_the_kept_connections(server: Server) -> None:
+    server.answers["/health"] = (200, b"")
+    server.answers[NODES_PATH] = (200, envelope(ROWS))
+    p = QuickProbe(server.url, server.url, timeout=5)
+    p.health()
+    p.ray_nodes()
+    assert p.api.conn is not None and p.api.conn.sock is not None
+    assert p.ray.conn is not None and p.ray.conn.sock is not None
+    p.close()
+    assert p.api.conn.sock is None and p.ray.conn.sock is None
+    QuickProbe("", server.url).close()  # a probe that never connected closes too
