@@ -206,7 +206,7 @@ class ActorEngine(FakeEngine):
         self._call("root_dir")
         return "/var/lib/docker"
 
-    def pull(self, image: str, *, timeout: float, heartbeat: Any = None, progress: Any = None) -> None:
+    def pull(self, image: str, *, timeout: float, heartbeat: Any = None, progress: Any = None) -> None:  # noqa: ARG002 (the engine's signature)
         self._call("pull")
         self.pulled.append(image)
         if self.images is not None:
@@ -239,7 +239,7 @@ class FakeShell:
         self.ran: list[list[str]] = []
         self.unreachable: AdapterError | None = None  # what check() and reachable() raise
 
-    def run(self, argv: list[str], timeout: float | None = None) -> Result:
+    def run(self, argv: list[str], timeout: float | None = None) -> Result:  # noqa: ARG002 (NodeShell's signature)
         self.ran.append(list(argv))
         for prefix, answer in self.answers:
             if argv[:len(prefix)] == prefix:

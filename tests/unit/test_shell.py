@@ -82,7 +82,8 @@ def test_a_local_node_runs_the_argv_itself_and_no_shell_reads_it() -> None:
     assert sh.run(argv) == Result(0, "".join(f"{a}\n" for a in TRICKY), "")
 
 
-def test_a_workers_argv_is_ssh_with_its_options_the_target_and_the_command_quoted_once(home: Path, ctl: str) -> None:
+@pytest.mark.usefixtures('home')
+def test_a_workers_argv_is_ssh_with_its_options_the_target_and_the_command_quoted_once(ctl: str) -> None:
     sh = NodeShell("spark-2", "root@spark-2", timeout=30, connect_timeout=3, control_dir=ctl)
     argv = sh.argv(["printf", r"%s\n", *TRICKY])
     assert isinstance(argv, list) and all(isinstance(a, str) for a in argv)
@@ -98,7 +99,8 @@ def test_a_workers_argv_is_ssh_with_its_options_the_target_and_the_command_quote
     assert shlex.split(argv[-1]) == ["printf", r"%s\n", *TRICKY]  # the remote shell reads it back exactly
 
 
-def test_without_a_control_dir_no_connection_is_shared_and_a_short_timeout_is_a_second(home: Path) -> None:
+@pytest.mark.usefixtures('home')
+def test_without_a_control_dir_no_connection_is_shared_and_a_short_timeout_is_a_second() -> None:
     argv = NodeShell("spark-2", "root@spark-2", timeout=30, connect_timeout=0.2).argv(["true"])
     assert not any(a.startswith("Control") for a in argv)
     assert "ConnectTimeout=1" in argv  # ssh takes whole seconds; 0 would mean its default
@@ -182,19 +184,22 @@ exec sh -c "$1"
     return log
 
 
-def test_a_workers_command_reaches_its_shell_argument_for_argument(home: Path, fake_ssh: Path) -> None:
+@pytest.mark.usefixtures('home')
+def test_a_workers_command_reaches_its_shell_argument_for_argument(fake_ssh: Path) -> None:
     sh = NodeShell("spark-2", "root@spark-2", timeout=30, connect_timeout=3)
     assert sh.run(["printf", r"%s\n", *TRICKY]) == Result(0, "".join(f"{a}\n" for a in TRICKY), "")
     assert "root@spark-2" in fake_ssh.read_text().splitlines()
 
 
-def test_a_workers_failing_command_comes_back_as_it_is(home: Path, fake_ssh: Path) -> None:
+@pytest.mark.usefixtures('home', 'fake_ssh')
+def test_a_workers_failing_command_comes_back_as_it_is() -> None:
     sh = NodeShell("spark-2", "root@spark-2", timeout=30, connect_timeout=3)
     r = sh.run(["sh", "-c", "echo partial; echo 'Unit vllm.service not loaded.' >&2; exit 5"])
     assert r == Result(5, "partial\n", "Unit vllm.service not loaded.\n")
 
 
-def test_ssh_failing_to_connect_is_unreachable_with_its_own_words(home: Path, fake_ssh: Path) -> None:
+@pytest.mark.usefixtures('home', 'fake_ssh')
+def test_ssh_failing_to_connect_is_unreachable_with_its_own_words() -> None:
     sh = NodeShell("spark-2", "refused", timeout=30, connect_timeout=3)
     with pytest.raises(Unreachable) as e:
         sh.run(["true"])
