@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import signal
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -40,14 +42,24 @@ def control_dir(state_dir: str) -> str:
 
 
 def run_local(argv: list[str], timeout: float) -> Result:
+    """``argv`` in a session of its own: past its timeout the whole session is killed, so nothing it
+    started (a shell's children, say a hung `ss`) is left behind on the host, one per tick."""
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                           check=False)
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                             text=True, start_new_session=True)
     except FileNotFoundError:
         raise AdapterError("CommandNotFound", f"{argv[0]} is not installed") from None
+    try:
+        out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise TransientError("CommandTimeout", f"{argv[0]} did not finish within {timeout:.0f}s") from None
-    return Result(p.returncode, p.stdout, p.stderr)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.communicate(timeout=5)  # reaped; its pipes close with the session (one a stray holds: not waited on)
+        p.kill()
+        p.wait()
+        raise TransientError("CommandTimeout", f"{argv[0]} did not finish within {timeout:g}s") from None
+    return Result(p.returncode, out, err)
 
 
 class NodeShell:

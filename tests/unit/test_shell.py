@@ -240,3 +240,11 @@ def test_the_head_is_always_reachable_and_its_check_runs_nothing(monkeypatch: py
     sh = NodeShell("spark-1", "", timeout=30, connect_timeout=5)
     sh.check()
     sh.reachable()
+
+
+def test_what_a_hanging_command_started_is_ended_with_it() -> None:
+    """A shell's children die with it: a command's whole session is killed at its timeout."""
+    child = ["sleep", f"602.{os.getpid()}"]
+    with pytest.raises(TransientError, match="CommandTimeout"):
+        run_local(["sh", "-c", f"{' '.join(child)} & wait"], timeout=0.5)
+    assert gone(child)
