@@ -9,7 +9,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from . import commands, identity, modelcheck, redaction, statefile
+from . import commands, identity, modelcheck, perf, redaction, statefile
 from . import retry as retry_mod
 from .adapters import AdapterError, NotFoundError
 from .config import Node
@@ -19,7 +19,9 @@ from .model import (
     DropPageCache,
     ImageReport,
     Kind,
+    Measure,
     ModelReport,
+    Outcome,
     PrefetchModel,
     Reason,
     RemoveContainers,
@@ -27,7 +29,6 @@ from .model import (
     StartServe,
     StopServe,
     StopUnits,
-    Verdict,
     Verify,
 )
 from .model.reason import deterministic as reason_deterministic
@@ -55,26 +56,19 @@ class Actor:
         self._images_lock = threading.Lock()
         self.pins: dict[str, str] = {}  # node -> image ID its repairs start (Status.pinned)
 
-    def run(self, action: Action) -> Verdict | ImageReport | None:
+    def run(self, action: Action) -> Outcome:
         try:
             return self._dispatch(action)
         except AdapterError as e:
             # An adapter's error (an engine's or SSH's answer) is retried, whatever its kind is called.
             raise ActionFailed(e.reason, str(e.args[0]), deterministic=False) from None
 
-    def _dispatch(self, action: Action) -> Verdict | ImageReport | None:
+    def _dispatch(self, action: Action) -> Outcome:
         w, cfg = self.world, self.world.cfg
         view, dep = w.view, w.view.dep
         match action:
             case StopUnits(node=node, units=units, disable=disable, mask=mask):
-                a = w.nodes[node]
-                for unit in units:  # in the configured order
-                    self._systemctl(a, "stop", unit)
-                    self.log.info("clean.unit_stopped", node=node, unit=unit)
-                    if mask or disable:
-                        verb, done = ("mask", "masked") if mask else ("disable", "disabled")
-                        self._systemctl(a, verb, unit)
-                        self.log.info(f"clean.unit_{done}", node=node, unit=unit)
+                self._stop_units(w.nodes[node], units, disable, mask)
             case RemoveContainers(node=node, containers=names, why=why):
                 with ThreadPoolExecutor(max_workers=len(names)) as pool:  # `docker rm -f` waits for each stop
                     removed = list(pool.map(self._retry(w.nodes[node].docker.remove), names))
@@ -111,6 +105,8 @@ class Actor:
                 with ThreadPoolExecutor(max_workers=len(nodes)) as pool:  # every rank: one does not outlive the rest
                     list(pool.map(self._stop_serve, nodes))
                 self.log.info("serve.stopped", nodes=[n.name for n in nodes], why=why)
+            case Measure(serve=serve):
+                return perf.measure(w.api, dep, serve, self.log)
             case Verify(serve=serve, deep=deep):
                 r = dep.readiness
                 timeout = cfg.healing.deep_probe_timeout if deep else r.request_timeout
@@ -120,6 +116,15 @@ class Actor:
                     event, why=v.why, finish_reason=v.finish_reason, field=v.field, latency_s=v.latency_s, ran=v.ran)
                 return v
         return None
+
+    def _stop_units(self, a: Any, units: tuple[str, ...], disable: bool, mask: bool) -> None:
+        for unit in units:  # in the configured order
+            self._systemctl(a, "stop", unit)
+            self.log.info("clean.unit_stopped", node=a.node.name, unit=unit)
+            if mask or disable:
+                verb, done = ("mask", "masked") if mask else ("disable", "disabled")
+                self._systemctl(a, verb, unit)
+                self.log.info(f"clean.unit_{done}", node=a.node.name, unit=unit)
 
     def _pinned(self, node: str, spec: commands.ContainerSpec) -> commands.ContainerSpec:
         """The spec with the image its node ran when the deployment last served, by ID, if one is pinned: the

@@ -17,12 +17,11 @@ from .deployment import DeploymentView
 from .model import (
     Action,
     EndpointObservation,
-    ImageReport,
     Kind,
     Observation,
+    Outcome,
     RayObservation,
     Reason,
-    Verdict,
 )
 from .observe import Observer, World
 
@@ -43,7 +42,7 @@ class Backend(Protocol):
     """What the loop needs from the world; RealBackend in production, a fake in unit tests."""
 
     def observe(self, full: bool) -> Observation: ...
-    def run(self, action: Action) -> Verdict | ImageReport | None: ...
+    def run(self, action: Action) -> Outcome: ...
     def quick(self) -> Fingerprint: ...
     def teardown(self) -> list[str]: ...
     def prove(self) -> Reason | None: ...
@@ -64,7 +63,7 @@ class RealBackend:
     def observe(self, full: bool) -> Observation:
         return self.observer.observe(full)
 
-    def run(self, action: Action) -> Verdict | ImageReport | None:
+    def run(self, action: Action) -> Outcome:
         return self.actor.run(action)
 
     def quick(self) -> Fingerprint:

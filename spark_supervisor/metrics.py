@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
 
 from .deployment import DeploymentView, as_view
-from .model import Kind, Observation, Phase, Status, Verdict
+from .model import Kind, Observation, PerfVerdict, Phase, Status, Verdict
 
 if TYPE_CHECKING:
     from .config import Config
@@ -128,6 +128,17 @@ class Metrics:
                                      "last moved while requests ran (0: idle or moving; NaN: not read)", d, registry=reg)
         self.engine_stalled = pc.Gauge(f"{p}engine_heartbeat_stalled", "1 while requests run and nothing has moved "
                                        "for healing.heartbeat_stall", d, registry=reg)
+        self.decode_tps = pc.Gauge(f"{p}decode_tokens_per_second", "decode speed of one stream at the last "
+                                   "performance measurement ([deployments.performance])", d, registry=reg)
+        self.decode_best = pc.Gauge(f"{p}decode_tokens_per_second_best", "the best decode speed for the serve's "
+                                    "key (image IDs, model, serve spec, nodes)", d, registry=reg)
+        self.aggregate_tps = pc.Gauge(f"{p}aggregate_tokens_per_second", "tokens per second of the measurement's "
+                                      "concurrent streams together (performance.streams > 1)", d, registry=reg)
+        self.ttft = pc.Gauge(f"{p}ttft_seconds", "time to first token at the last performance measurement", d,
+                             registry=reg)
+        self.throughput_regressed = pc.Gauge(f"{p}throughput_regression", "1 when the last measurement was more "
+                                             "than performance.regression below the best or the baseline", d,
+                                             registry=reg)
         self.alerts = pc.Counter(f"{p}alerts", "alerts sent ([alerts]), by event, channel and result",
                                  [*d, "event", "via", "result"], registry=reg)
         self._unknown_seen: dict[str, set[str]] = {}  # deployment -> every `what` given a series
@@ -192,6 +203,15 @@ class Metrics:
             known = obs.ray.reachable or obs.ray.error == Kind.RAY_HEAD_NOT_RUNNING
             self.ray_nodes.labels(dep).set(len(obs.ray.alive) if known else math.nan)
             self.gpus.labels(dep).set(obs.ray.gpus if known else math.nan)
+
+    def performance(self, dep: str, v: PerfVerdict) -> None:
+        """A performance verdict: its figures (NaN when it could not be measured: unknown, not 0 tok/s)."""
+        self.decode_tps.labels(dep).set(math.nan if v.error else v.decode_tps)
+        self.ttft.labels(dep).set(math.nan if v.error else v.ttft_s)
+        self.aggregate_tps.labels(dep).set(v.aggregate_tps if v.aggregate_tps else math.nan)
+        if v.best_tps:
+            self.decode_best.labels(dep).set(v.best_tps)
+        self.throughput_regressed.labels(dep).set(1 if v.regression else 0)
 
     def repaired(self, dep: str, kind: str, reason_kind: str) -> None:
         self.repairs.labels(dep, kind, reason_kind).inc()

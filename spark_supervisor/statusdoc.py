@@ -18,7 +18,7 @@ from typing import cast
 from . import identity, logscan
 from .config import Config
 from .deployment import DeploymentView, as_view
-from .model import Heartbeat, ImageReport, ModelReport, Observation, Status
+from .model import Heartbeat, ImageReport, ModelReport, Observation, PerfVerdict, Status
 from .model.document import (
     BackendDoc,
     DeploymentDoc,
@@ -30,6 +30,7 @@ from .model.document import (
     MemoryDoc,
     ModelDoc,
     NodeDoc,
+    PerfDoc,
     RayNodeDoc,
     ServeDoc,
     StatusDoc,
@@ -66,6 +67,15 @@ def engine(hb: Heartbeat, now: float) -> EngineDoc:
             "stalled_s": round(now - hb.stalled_at, 1) if hb.stalled_at else 0.0, "error": hb.error}
 
 
+def perf(v: PerfVerdict | None, mono_to_wall: float) -> PerfDoc | None:
+    """The performance verdict of the serve that runs (None: not measured yet)."""
+    if v is None:
+        return None
+    return {"measured": iso(v.at + mono_to_wall), "ttft_s": v.ttft_s, "decode_tps": v.decode_tps,
+            "aggregate_tps": v.aggregate_tps, "best_tps": v.best_tps, "reference": v.reference,
+            "regression": v.regression, "error": v.error}
+
+
 def document(st: Status, obs: Observation | None, on: DeploymentView | Config, config_path: str, config_hash: str,
              now_wall: float, mono_to_wall: float, state_problems: tuple[str, ...] = (),
              read: logscan.LoadProgress | None = None) -> DeploymentDoc:
@@ -94,6 +104,7 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
         "unknown_ticks_total": dict(st.unknown_counts),
         "kv_cache": {"tokens": st.kv_cache.tokens, "best": st.kv_cache.best, "warning": st.kv_cache.warning}
                     if st.kv_cache is not None else None,
+        "performance": perf(st.perf, mono_to_wall),
         "state_problems": list(state_problems),
         "progress": st.progress,
         "load_fraction": round(st.load_fraction, 3),

@@ -27,6 +27,7 @@ from spark_supervisor.model import (
     Container,
     ImageReport,
     Observation,
+    Outcome,
     Reason,
     Verdict,
     Verify,
@@ -72,7 +73,7 @@ class FakeBackend:
         assert self.next is not None
         return self.next
 
-    def run(self, action: Action) -> Verdict | ImageReport | None:
+    def run(self, action: Action) -> Outcome:
         self.ran.append(action)
         if type(action) in self.fail:
             raise self.fail[type(action)]

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from collections.abc import Iterable, Iterator
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..model import EndpointObservation, EndpointState, EngineStats, Verdict
-from ..probes import judge, sanity_request
+from ..probes import chat_request, judge, sanity_request
 from .health import observed
 
 # The heartbeat's samples (vLLM's v1 metrics, wire-formats.md §1.6) -> EngineStats' fields. vLLM's page (written by
@@ -46,6 +48,40 @@ def engine_stats(text: str) -> EngineStats:
         return EngineStats(error=f"/metrics has no {' or '.join(missing)} figure: not vLLM's v1 metrics")
     return EngineStats(got["running"], got.get("waiting", 0.0), got["generated"], got.get("prompted", 0.0),
                        got.get("kv_usage", 0.0))
+
+
+def read_stream(events: Iterable[tuple[float, str]], sent: float) -> tuple[float, float, int]:
+    """A streamed chat completion's (time, SSE line)s, read: (time to first token, decode tokens/s after
+    it, tokens). A chunk carries a token when its delta has text in content, reasoning or
+    reasoning_content (a reasoning model thinks first); the usage chunk (stream_options.include_usage) gives
+    the count, else the chunks are counted. Raises ValueError on a stream that is not one."""
+    first = last = 0.0
+    chunks = usage = 0
+    for at, line in events:
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            break
+        doc = json.loads(data)
+        if not isinstance(doc, dict):
+            raise ValueError("a chunk that is not an object")
+        if isinstance(doc.get("error"), dict):
+            raise ValueError(f"error in the stream: {str(doc['error'].get('message', ''))[:150]}")
+        u = doc.get("usage")
+        if isinstance(u, dict) and isinstance(u.get("completion_tokens"), int):
+            usage = u["completion_tokens"]
+        for c in doc.get("choices") or ():
+            delta = c.get("delta") if isinstance(c, dict) else None
+            if isinstance(delta, dict) and any(isinstance(delta.get(k), str) and delta[k]
+                                               for k in ("content", "reasoning", "reasoning_content")):
+                chunks += 1
+                first, last = first or at, at
+    tokens = usage or chunks
+    if not chunks:
+        raise ValueError("no token in the stream")
+    decode = (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0
+    return first - sent, decode, tokens
 
 
 class VllmApi:
@@ -89,6 +125,26 @@ class VllmApi:
         except httpx.HTTPError as e:
             return EngineStats(error=f"/metrics: {type(e).__name__}")
         return engine_stats(body.decode("utf-8", "replace"))
+
+    def stream(self, model: str, prompt: str, max_tokens: int, timeout: float) -> tuple[float, float, int]:
+        """One streamed chat completion of ``max_tokens`` generated in full (vLLM's ignore_eos), timed as it
+        arrives: (time to first token, decode tokens/s, tokens). Raises httpx.HTTPError or ValueError."""
+        body = {**chat_request(model, prompt, max_tokens), "stream": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True}}
+        deadline = time.monotonic() + timeout
+        sent = time.monotonic()
+        with self.http.stream("POST", f"{self.url}/v1/chat/completions", headers=self.headers, json=body,
+                              timeout=timeout) as r:
+            if r.status_code != 200:
+                raise ValueError(f"HTTP {r.status_code}: {r.read()[:150]!r}")
+
+            def timed() -> Iterator[tuple[float, str]]:
+                for line in r.iter_lines():
+                    now = time.monotonic()
+                    if now > deadline:
+                        raise ValueError(f"not done within {timeout:g}s")
+                    yield now, line
+            return read_stream(timed(), sent)
 
     def sanity(self, model: str, prompt: str, max_tokens: int, timeout: float, serve: str,
                kind: str = "chat") -> Verdict:

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the document's types only: `status` stays fast to start
-    from ..model.document import DeploymentDoc, EngineDoc, NodeDoc, StatusDoc
+    from ..model.document import DeploymentDoc, EngineDoc, NodeDoc, PerfDoc, StatusDoc
 
 from .base import (
     ST_DEGRADED,
@@ -190,6 +190,21 @@ def _print_serve(doc: DeploymentDoc) -> None:
     e = doc["liveness"].get("engine")
     if e and (e["read"] or e["error"]):
         print(f"  engine: {_engine(e)}")
+    v = doc.get("performance")
+    if v:
+        print(f"  performance: {_perf(v)}")
+
+
+def _perf(v: PerfDoc) -> str:
+    """The performance verdict in words."""
+    if v["error"]:
+        return f"not measured at {v['measured']} ({v['error']})"
+    held = {"best": f"best {v['best_tps']:.1f} for this spec", "baseline": "held to the baseline"}.get(
+        v["reference"], "the first for this spec")
+    agg = f", {v['aggregate_tps']:.1f} tok/s together" if v["aggregate_tps"] else ""
+    said = f"REGRESSION: {v['regression']}" if v["regression"] else (
+        f"{v['decode_tps']:.1f} tok/s decode, first token {v['ttft_s']:.2f}s{agg} ({held})")
+    return f"{said}; measured {v['measured']}"
 
 
 def _engine(e: EngineDoc) -> str:

@@ -11,7 +11,8 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from .fields import _SSH_URL, _TCP_URL, _inside, _loopback, _overlap, _q
-from .schema import Alerts, Deployment, Memory, Metrics, Node, Stale, Supervisor
+from .schema import Deployment, Node, Stale
+from .settings import Alerts, Memory, Metrics, Supervisor
 
 
 class Config(Protocol):

@@ -10,7 +10,8 @@ from pydantic import PrivateAttr, model_validator
 from ..redaction import secret_env
 from .checks import RULES
 from .fields import _raise, _Strict
-from .schema import Alerts, Changes, Deployment, Healing, Memory, Metrics, Node, Retry, Stale, Supervisor
+from .schema import Deployment, Node, Stale
+from .settings import Alerts, Changes, Healing, Memory, Metrics, Retry, Supervisor
 
 
 def deployment_dir(state_dir: str, name: str) -> str:

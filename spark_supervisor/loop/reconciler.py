@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from .. import probes, statefile, statusdoc
+from .. import perf, probes, statefile, statusdoc
 from ..act import ActionFailed
 from ..backend import Backend
 from ..deployment import DeploymentView
@@ -23,13 +23,14 @@ from ..model import (
     ImageReport,
     Kind,
     Observation,
+    Outcome,
     Pause,
     Phase,
     Reason,
     RemoveContainers,
     StartContainer,
     Status,
-    Verdict,
+    Throughput,
     Verify,
     describe,
 )
@@ -41,7 +42,7 @@ from .tracking import Liveness, LoadProgress, QuickWatch, RepairBudget, StartPro
 # Phases during which a full observation (units, nvidia-smi, meminfo) is needed every tick.
 _FULL_PHASES = {Phase.DETECTING, Phase.CLEANING, Phase.BACKOFF, Phase.FAILED, Phase.DEGRADED, Phase.STARTING_VLLM}
 
-Result = Verdict | ImageReport | ActionFailed | None
+Result = Outcome | ActionFailed
 
 
 class Reconciler:
@@ -170,6 +171,9 @@ class Reconciler:
             if isinstance(result, ImageReport):
                 st.images[result.node] = dataclasses.replace(result, start=st.starts)
                 continue
+            if isinstance(result, Throughput):
+                perf.record(st, result, self.view, self.metrics, self.log, self.clock())
+                continue
             verdict = result
             if isinstance(action, DropPageCache):
                 st.page_cache_dropped = st.page_cache_dropped | {action.node}
@@ -237,16 +241,7 @@ class Reconciler:
                    previous_phase=before.value)
 
     def phase_line(self) -> str:
-        st, dep = self.status, self.view.dep
-        if st.phase == Phase.SERVING:
-            n = len(self.view.members)
-            return f"SERVING {dep.serve.name} on {n} node{'' if n == 1 else 's'}"
-        if st.phase == Phase.BACKOFF:
-            wait = max(0, st.backoff_until - self.clock())
-            return f"BACKOFF retry {st.failures} in {wait:.0f}s: {st.reason}"
-        if st.phase == Phase.LOADING:
-            return f"LOADING {st.progress}" + (f" ({st.reason})" if st.reason else "")
-        return f"{st.phase.value} {st.reason}".strip()
+        return _phase_line(self.status, self.view, self.clock())
 
     def quick(self) -> bool:
         """The cheap check between ticks: True when Ray's nodes or /health changed since the last tick."""
@@ -294,6 +289,18 @@ class Reconciler:
             st.advance(Phase.DETECTING, Reason(detail=f"re-armed by {why}"), self.clock(), self.wall())
             self.log.info("reconcile.rearmed", by=why)
         self.due_at = 0.0
+
+
+def _phase_line(st: Status, view: DeploymentView, now: float) -> str:
+    """Its phase in a line (systemd's STATUS=, the log)."""
+    if st.phase == Phase.SERVING:
+        n = len(view.members)
+        return f"SERVING {view.dep.serve.name} on {n} node{'' if n == 1 else 's'}"
+    if st.phase == Phase.BACKOFF:
+        return f"BACKOFF retry {st.failures} in {max(0, st.backoff_until - now):.0f}s: {st.reason}"
+    if st.phase == Phase.LOADING:
+        return f"LOADING {st.progress}" + (f" ({st.reason})" if st.reason else "")
+    return f"{st.phase.value} {st.reason}".strip()
 
 
 def _interval(st: Status, view: DeploymentView, clock: Callable[[], float]) -> float:

@@ -9,6 +9,7 @@ from .action import (
     CheckImage,
     Decision,
     DropPageCache,
+    Measure,
     PrefetchModel,
     RemoveContainers,
     StartContainer,
@@ -37,13 +38,16 @@ from .observation import (
 )
 from .phase import Pause, Phase
 from .reason import Kind, Reason
-from .reports import ImageReport, ModelReport
-from .status import Heartbeat, KvCache, Status, Tracker, Transition, Verdict
+from .reports import ImageReport, ModelReport, Throughput
+from .status import Heartbeat, KvCache, PerfVerdict, Status, Tracker, Transition, Verdict
+
+# What an action found: a completion's verdict, a node's image check, a throughput measurement (or nothing).
+Outcome = Verdict | ImageReport | Throughput | None
 
 __all__ = [
     "Action", "CheckImage", "Container", "Decision", "DropPageCache", "EndpointObservation", "EndpointState",
-    "EngineStats", "Gpu", "GpuProcess", "Heartbeat", "ImageReport", "Kind", "KvCache", "Listener", "Memory",
-    "ModelReport", "NodeObservation", "Observation", "Pause", "Phase", "PrefetchModel", "ProbeResult", "RayNode",
+    "EngineStats", "Gpu", "GpuProcess", "Heartbeat", "ImageReport", "Kind", "KvCache", "Listener", "Measure", "Memory",
+    "ModelReport", "NodeObservation", "Observation", "Outcome", "Pause", "PerfVerdict", "Phase", "PrefetchModel", "ProbeResult", "RayNode",
     "RayObservation", "Reason", "RemoveContainers", "ServeObservation", "StartContainer", "StartServe", "Status",
-    "StopServe", "StopUnits", "Tracker", "Transition", "Unit", "Verdict", "Verify", "describe",
+    "StopServe", "StopUnits", "Throughput", "Tracker", "Transition", "Unit", "Verdict", "Verify", "describe",
 ]

@@ -71,8 +71,15 @@ class Verify:
     deep: bool = False
 
 
+@dataclass(frozen=True)
+class Measure:
+    """The performance verdict's measurement (perf): once after each start, and again on a schedule while idle."""
+
+    serve: str = ""
+
+
 Action = (StopUnits | RemoveContainers | CheckImage | StartContainer | DropPageCache | StopServe | StartServe
-          | Verify | PrefetchModel)
+          | Verify | PrefetchModel | Measure)
 
 
 def describe(action: Action) -> dict[str, Any]:

@@ -49,6 +49,17 @@ class EngineDoc(TypedDict):  # model.Heartbeat, as the status shows it
     error: str
 
 
+class PerfDoc(TypedDict):  # model.PerfVerdict, as the status shows it
+    measured: str  # when (ISO)
+    ttft_s: float
+    decode_tps: float
+    aggregate_tps: float  # 0: not measured (one stream)
+    best_tps: float  # for the serve's key, this measurement included
+    reference: str  # what it was held to: "best", "baseline" or "" (the first for its key)
+    regression: str  # a ThroughputRegression's detail ("": none)
+    error: str  # not measured: why
+
+
 class LivenessDoc(TypedDict):
     health: TrackerDoc
     deep: TrackerDoc
@@ -270,6 +281,7 @@ class DeploymentDoc(TypedDict):
     unknown: dict[str, UnknownDoc]  # what could not be seen -> for how long
     unknown_ticks_total: dict[str, int]
     kv_cache: KvCacheDoc | None
+    performance: NotRequired[PerfDoc | None]  # older daemons did not write it
     state_problems: list[str]
     progress: str
     load_fraction: float

@@ -88,6 +88,7 @@ class Kind(StrEnum):
     RAY_STRAY_NODE = "RayStrayNode"
     REPAIR_DELAYED = "RepairDelayed"
     HEARTBEAT_STALLED = "HeartbeatStalled"  # requests run, nothing moves: corroborated by a deep probe before a repair
+    THROUGHPUT_REGRESSION = "ThroughputRegression"  # DEGRADED, never a repair by itself
     RESTART_BUDGET_EXHAUSTED = "RestartBudgetExhausted"
     RESTARTING = "Restarting"  # the operator asked (`spark-supervisor restart`): a start, not a repair
     SANITY_FAILED = "SanityFailed"

@@ -79,3 +79,17 @@ class ImageReport:
         if self.vllm_path and self.vllm_python:
             vllm += f" (Python {self.vllm_python})"
         return f"{ray}, {vllm}" if uses_ray else vllm
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """One measurement of the served model's speed (perf): a fixed prompt, a fixed number of tokens generated
+    in full, streamed. ``error``: it could not be measured (no figure here is evidence then)."""
+
+    serve: str  # ServeObservation.identity it was measured on
+    ttft_s: float = 0.0  # time to the first token of the one stream
+    decode_tps: float = 0.0  # tokens per second of that stream after its first token
+    tokens: int = 0  # tokens it generated
+    aggregate_tps: float = 0.0  # tokens per second of ``streams`` concurrent streams together (0: not measured)
+    streams: int = 0
+    error: str = ""

@@ -72,6 +72,22 @@ class Heartbeat:
 
 
 @dataclass(frozen=True)
+class PerfVerdict:
+    """The performance verdict of the serve that runs (perf.judge): its last measurement against the best
+    for its key (image IDs, model, serve spec, nodes) or the operator's baseline."""
+
+    serve: str
+    at: float  # when it was measured (the status's clock)
+    ttft_s: float = 0.0
+    decode_tps: float = 0.0
+    aggregate_tps: float = 0.0
+    best_tps: float = 0.0  # the best decode speed for the key, this one included
+    reference: str = ""  # what it was held to: "best" or "baseline" ("": nothing yet, the first for its key)
+    regression: str = ""  # a ThroughputRegression's detail ("": none)
+    error: str = ""  # not measured: why
+
+
+@dataclass(frozen=True)
 class KvCache:
     """The KV cache a serve came up with, against the best seen for its spec (loop.tracking)."""
 
@@ -113,6 +129,7 @@ class Status:
     health: Tracker = field(default_factory=Tracker)
     deep: Tracker = field(default_factory=Tracker)
     heartbeat: Heartbeat = field(default_factory=Heartbeat)
+    perf: PerfVerdict | None = None  # the performance verdict of the serve that runs (None: not measured yet)
     repairs_in_window: int = 0  # from the persisted repair log
     next_repair_at: float = 0.0  # jittered exponential spacing between repairs
     unknown_since: dict[str, float] = field(default_factory=dict)  # what could not be seen -> since when

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from .. import logscan
 from ..admission import admit, free_memory_failure, gpu_blockers
-from ..model import Decision, EndpointState, Kind, Phase, ProbeResult, Reason, StartServe, StopServe, Verify
+from ..model import (
+    Action,
+    Decision,
+    EndpointState,
+    Kind,
+    Measure,
+    Phase,
+    ProbeResult,
+    Reason,
+    StartServe,
+    StopServe,
+    Verify,
+)
 from .facts import Facts, hold
 from .gates import model_gate
 
@@ -129,9 +141,30 @@ def liveness(f: Facts) -> Decision:
         return stalled
     n = len(f.members)
     serving = f"{dep.serve.name} on {n} node{'' if n == 1 else 's'}"
+    actions: tuple[Action, ...] = ()
     if f.now - max(st.deep.last_at, st.since) >= h.deep_probe_interval:
-        return Decision(Phase.SERVING, Reason(detail=serving), (Verify(s.identity, deep=True),))
-    return Decision(Phase.SERVING, Reason(detail=serving))
+        actions += (Verify(s.identity, deep=True),)
+    if measure_due(f):
+        actions += (Measure(s.identity),)
+    v = st.perf
+    if v is not None and v.serve == s.identity and v.regression:  # slow, not broken: shown, never repaired
+        return Decision(Phase.DEGRADED, Reason(Kind.THROUGHPUT_REGRESSION, v.regression), actions)
+    return Decision(Phase.SERVING, Reason(detail=serving), actions)
+
+
+def measure_due(f: Facts) -> bool:
+    """Whether to take the performance verdict's measurement now: once for each serve that reaches SERVING,
+    then every [deployments.performance] interval -- only while the engine is idle by its own /metrics
+    (nothing running or waiting), so that it never competes with users. With the heartbeat off
+    (healing.heartbeat_stall = 0) or its page unreadable, the one after a start still runs, whatever the load."""
+    st, dep, s = f.st, f.dep, f.obs.serve
+    p, hb = dep.performance, st.heartbeat
+    if not p.check or dep.readiness.probe != "chat" or s is None:
+        return False
+    idle = hb.work is not None and hb.running == 0 and hb.waiting == 0
+    if st.perf is None or st.perf.serve != s.identity:
+        return idle or not f.cfg.healing.heartbeat_stall or bool(hb.error)
+    return bool(p.interval) and f.now - st.perf.at >= p.interval and idle
 
 
 def _heartbeat(f: Facts) -> Decision | None:

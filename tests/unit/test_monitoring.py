@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from spark_supervisor.metrics import Metrics
-from spark_supervisor.model import Phase, Reason, Status, Verdict
+from spark_supervisor.model import PerfVerdict, Phase, Reason, Status, Verdict
 from tests.helpers import cfg, obs
 
 MONITORING = Path(__file__).resolve().parents[2] / "monitoring"
@@ -158,6 +158,7 @@ def exported() -> set[str]:
         q.ready_after(300.0)
         q.alerted("failed", "webhook", False)
         q.change_refused()
+        q.performance(PerfVerdict("s", 1.0, 0.2, 27.4, 80.0, 27.9, "best"))
         m.state_write_failed("status")
         families = list(m.registry.collect())
     finally:
