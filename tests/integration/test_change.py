@@ -54,6 +54,17 @@ def reload_to(d: Supervisor, config: Path, change: dict[str, Any]) -> dict[str, 
         d.wait(lambda s: s.get("reload") is None, 60, "the refusal cleared by a reload of the good file")
 
 
+OTHER = "Qwen/Only-On-Spark-1"  # a model spark-1 has and spark-2 lacks
+
+
+def only_on_spark_1() -> Path:
+    """OTHER in spark-1's cache: its copy of the testbed model under that name (the caller removes it)."""
+    repo = testbed.model_snapshot("spark-1").parent.parent
+    copy = repo.parent / ("models--" + OTHER.replace("/", "--"))
+    shutil.copytree(repo, copy, symlinks=True, dirs_exist_ok=True)
+    return copy
+
+
 def test_a_reload_to_an_image_tag_that_does_not_exist_keeps_the_old_one_serving(
         daemon: tuple[Supervisor, Path]) -> None:
     d, config = daemon
@@ -75,18 +86,14 @@ def test_a_reload_to_a_model_missing_on_one_node_keeps_the_old_one_serving_and_n
     d, config = daemon
     verify_serving(d)
     before = owned_ids()
-    # Another model that spark-1 has and spark-2 lacks: spark-1's copy of the testbed model under a new name.
-    other = "Qwen/Only-On-Spark-1"
-    repo = testbed.model_snapshot("spark-1").parent.parent
-    copy = repo.parent / ("models--" + other.replace("/", "--"))
-    shutil.copytree(repo, copy, symlinks=True, dirs_exist_ok=True)
+    copy = only_on_spark_1()
     try:
-        st = reload_to(d, config, {"serve": {"model": other}})
+        st = reload_to(d, config, {"serve": {"model": OTHER}})
     finally:
         shutil.rmtree(copy, ignore_errors=True)
     refused = st["reload"]["refused"]
     assert len(refused) == 1 and refused[0].startswith("ChangeRefused: testbed: ModelMissing"), refused
-    assert "spark-2" in refused[0] and other in refused[0], refused
+    assert "spark-2" in refused[0] and OTHER in refused[0], refused
     verify_serving(d)
     assert owned_ids() == before and not d.repairs()
     assert "spark-1" not in refused[0].split(" Hint: ")[0], refused  # only the node that lacks it
@@ -168,10 +175,7 @@ def test_a_change_to_a_model_one_node_lacks_is_prefetched_there_while_the_old_on
     d, config = daemon
     verify_serving(d)
     before = owned_ids()
-    other = "Qwen/Only-On-Spark-1"
-    repo = testbed.model_snapshot("spark-1").parent.parent
-    copy = repo.parent / ("models--" + other.replace("/", "--"))
-    shutil.copytree(repo, copy, symlinks=True, dirs_exist_ok=True)
+    copy = only_on_spark_1()
     # The source: a plain directory the image sees at /model-src; its last file a FIFO that holds the copy until
     # the test has seen the old deployment still serving (a slow disk, made deterministic).
     src = tmp_path / "src"
@@ -182,7 +186,7 @@ def test_a_change_to_a_model_one_node_lacks_is_prefetched_there_while_the_old_on
     dep = doc["deployments"][0]
     hf = [f"{testbed.DIR}/{n}/hf:{testbed.DIR}/{n}/hf" for n in testbed.NODES]  # writable, under the read-only mount
     dep["ray"] = {**dep["ray"], "volumes": [*dep["ray"].get("volumes", []), *hf, f"{src}:/model-src:ro"]}
-    dep["serve"] = {**dep["serve"], "model": other}
+    dep["serve"] = {**dep["serve"], "model": OTHER}
     dep["model"] = {**dep.get("model", {}), "prefetch": True, "prefetch_from": "/model-src"}
     config.write_text(tomli_w.dumps(doc))
     t = datetime.now().timestamp()
