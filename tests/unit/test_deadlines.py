@@ -201,9 +201,17 @@ def test_a_damaged_loads_file_is_ignored_not_fatal(tmp_path: Path) -> None:
     daemon, *_ = launch(tmp_path)
     lim = daemon.status.load_limits
     assert lim is not None and lim.cold == "cold start expected: no good load recorded yet"
-    f.write_text(json.dumps({"last": 5, "keys": {"x": {"loads": [{"load_s": "a"}, 7, None]}, "y": []}}))
     good_load(tmp_path, 100, pid=78)
-    assert [x["load_s"] for x in kept(tmp_path)] == [100]
+    doc = json.loads(f.read_text())
+    doc["keys"][doc["last"]]["loads"] += [{"load_s": "a", "gap_s": 1}, 7, None, {"load_s": True, "gap_s": 1},
+                                          {"load_s": 50}, {"load_s": -1, "gap_s": 1}]
+    doc["keys"]["junk"] = []
+    f.write_text(json.dumps(doc))
+    daemon, *_ = launch(tmp_path, pid=79)  # only the well-formed load counts
+    lim = daemon.status.load_limits
+    assert lim is not None and lim.deadline_why.endswith(": 1 of 3 good loads recorded for this key")
+    good_load(tmp_path, 90, pid=80)  # written afresh without what was malformed
+    assert [x["load_s"] for x in kept(tmp_path)] == [100, 90] and "junk" not in json.loads(f.read_text())["keys"]
 
 
 def test_the_history_stays_bounded(tmp_path: Path) -> None:
