@@ -111,7 +111,8 @@ class Metrics:
         self.stalled = pc.Gauge(f"{p}load_stalled_seconds", "seconds since the load last progressed, while LOADING; "
                                 "else 0", d, registry=reg)
         self.stall_timeout = pc.Gauge(f"{p}load_stall_timeout_seconds", "no load progress this long is repaired "
-                                      "(readiness.stall_timeout)", d, registry=reg)
+                                      "(the load's stall limit: readiness.stall_timeout, or learned from its key's "
+                                      "good loads)", d, registry=reg)
         self.node_up = pc.Gauge(f"{p}node_up", "1 when the node (SSH, Docker engine) was observed in the last tick, "
                                 "0 when it could not be", [*d, "node"], registry=reg)
         self.ray_expected = pc.Gauge(f"{p}ray_nodes_expected", "Ray nodes the deployment needs (its nodes)", d,
@@ -181,7 +182,8 @@ class Metrics:
             members = {n.name for n in view.members}
             self.budget_max.labels(dep).set(cfg.healing.repair_budget)
             self.window.labels(dep).set(cfg.healing.repair_window)
-            self.stall_timeout.labels(dep).set(dep_cfg.readiness.stall_timeout)
+            lim = st.load_limits if st.phase == Phase.LOADING else None  # the load's own (learned or cold)
+            self.stall_timeout.labels(dep).set(lim.stall if lim is not None else dep_cfg.readiness.stall_timeout)
             if dep_cfg.uses_ray:
                 self.ray_expected.labels(dep).set(len(members))
             else:  # mp (or reloaded onto it): no Ray to expect

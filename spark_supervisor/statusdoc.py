@@ -27,6 +27,7 @@ from .model.document import (
     GpuDoc,
     HistoryDoc,
     ImageDoc,
+    LoadLimitsDoc,
     MemoryDoc,
     ModelDoc,
     NodeDoc,
@@ -105,6 +106,7 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
         "kv_cache": {"tokens": st.kv_cache.tokens, "best": st.kv_cache.best, "warning": st.kv_cache.warning}
                     if st.kv_cache is not None else None,
         "performance": perf(st.perf, mono_to_wall),
+        "load_limits": cast(LoadLimitsDoc, dataclasses.asdict(st.load_limits)) if st.load_limits else None,
         "state_problems": list(state_problems),
         "progress": st.progress,
         "load_fraction": round(st.load_fraction, 3),

@@ -138,6 +138,12 @@ def _print_deployment(doc: DeploymentDoc) -> None:
     print(f"{doc['phase']} for {_ago(doc['since'])}" + (f": {doc['reason']}" if doc["reason"] else ""))
     if doc.get("progress"):
         print(f"  load: {doc['progress']}")
+    lim = doc.get("load_limits")
+    if lim and doc["phase"] == "LOADING":  # the limits this load runs under, and a cold start said as such
+        if lim["cold"]:
+            print(f"  {lim['cold']}")
+        print(f"  deadline {lim['deadline']:.0f}s ({lim['deadline_why']}), stall limit {lim['stall']:.0f}s "
+              f"({lim['stall_why']})")
     print(f"goal: {dep['served_model_name']} (TP {dep['tensor_parallel_size']}) on {', '.join(dep['nodes'])} "
           f"at {dep['endpoint']}")
     if dep.get("backend"):  # older daemons did not write it

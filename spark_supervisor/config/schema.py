@@ -280,6 +280,15 @@ class Readiness(_Strict):
     poll_interval: Sec600 = 5
     deadline: SecWeek = 1200
     stall_timeout: SecWeek = 900  # no load progress (shard, milestone) this long: a stall, repaired
+    # Deadlines learned from history (loop.deadlines): after learn_after good loads of the same key (images,
+    # driver, nodes, model, serve spec), a load's deadline is max(deadline_floor, p95 of their durations x
+    # deadline_margin) and its stall limit max(stall_floor, p95 of their longest silences x the margin), never
+    # above deadline and stall_timeout: those stay the cold budget (a first load after a change gets them).
+    learn_deadlines: bool = True
+    deadline_floor: SecWeek = 120
+    stall_floor: SecWeek = 60
+    deadline_margin: Annotated[float, Field(ge=1, le=20)] = 2.0
+    learn_after: Annotated[int, Field(ge=1, le=20)] = 3
     request_timeout: Sec3600 = 60
     # What a real request is: a chat completion (an LLM), one embedding (an embeddings model: it cannot
     # chat) or a rerank of two documents (a reranker). Readiness and the periodic deep probe both send it.

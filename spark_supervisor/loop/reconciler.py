@@ -37,6 +37,7 @@ from ..model import (
 from ..plan import Seen, derive, plan
 from ..preflight import preflight
 from ..retry import backoff_delay
+from .deadlines import LoadClock
 from .tracking import Liveness, LoadProgress, QuickWatch, RepairBudget, StartProgress
 
 # Phases during which a full observation (units, nvidia-smi, meminfo) is needed every tick.
@@ -63,6 +64,7 @@ class Reconciler:
         self.due_at = 0.0  # when its next tick is due (the daemon's clock)
         self.start = StartProgress(clock)
         self.load = LoadProgress(log)
+        self.loads = LoadClock(log, wall)  # the load's limits, learned from its key's good loads (loop.deadlines)
         self.liveness = Liveness(log)
         self._look_closer = False
         self._eager = 0  # consecutive ticks run at once after acting
@@ -140,6 +142,7 @@ class Reconciler:
             self._start_repair(decision, now)
         failure, fatal = self._act(decision)
         self._advance(decision, failure, fatal, now)
+        self.loads.note(st, obs, self.last_full, self.view, now)
         self.start.note(st, progress_before, now)
         self.watch.saw(obs, seen)
         self.metrics.update(st, obs, self.clock(), self.view)

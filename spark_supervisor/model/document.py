@@ -83,6 +83,15 @@ class KvCacheDoc(TypedDict):  # model.KvCache but its "serve" (which serve it wa
     warning: str
 
 
+class LoadLimitsDoc(TypedDict):  # model.LoadLimits: the limits the last load ran (or runs) under
+    deadline: float  # seconds LOADING before LoadTimeout
+    stall: float  # seconds without load progress before LoadStalled
+    deadline_why: str  # "learned: p95 412s x 2.0 of 7 good loads" or "configured cold budget"
+    stall_why: str
+    cold: str  # "cold start expected: image changed since the last load" ("": nothing to say)
+    learned: bool
+
+
 class BackendDoc(TypedDict):
     name: str  # vLLM's executor backend: "ray" or "mp"
     nodes: int
@@ -282,6 +291,7 @@ class DeploymentDoc(TypedDict):
     unknown_ticks_total: dict[str, int]
     kv_cache: KvCacheDoc | None
     performance: NotRequired[PerfDoc | None]  # older daemons did not write it
+    load_limits: NotRequired[LoadLimitsDoc | None]  # None: no load seen yet (older daemons did not write it)
     state_problems: list[str]
     progress: str
     load_fraction: float

@@ -98,6 +98,19 @@ class KvCache:
 
 
 @dataclass(frozen=True)
+class LoadLimits:
+    """The limits one load runs under (loop.deadlines, set as it enters LOADING): its deadline and its stall
+    limit, each learned from the good loads of its key or the configured cold budget, and why."""
+
+    deadline: float  # seconds in LOADING before LoadTimeout
+    stall: float  # seconds without load progress before LoadStalled
+    deadline_why: str  # "learned: p95 412s x 2.0 of 7 good loads" or "configured cold budget"
+    stall_why: str
+    cold: str = ""  # "cold start expected: image changed since the last load" ("": none said)
+    learned: bool = False  # both limits learned from history (else the configured values)
+
+
+@dataclass(frozen=True)
 class Transition:
     phase: Phase
     reason: str
@@ -125,6 +138,7 @@ class Status:
     load_fraction: float = 0.0
     eta_s: float | None = None
     load_progress_at: float = 0.0  # when the load last moved (a shard, a milestone): stalls count from here
+    load_limits: LoadLimits | None = None  # the load's deadline and stall limit (None: the configured values)
     preflight: tuple[str, ...] = ()  # problems found at the last full observation
     health: Tracker = field(default_factory=Tracker)
     deep: Tracker = field(default_factory=Tracker)

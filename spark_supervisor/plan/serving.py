@@ -105,13 +105,16 @@ def readiness(f: Facts) -> Decision | None:
     if ep is None or ep.state != EndpointState.UP or name not in ep.models:
         if s.error:  # the log tail is the last one seen: no stall or deadline is judged on it
             return Decision(hold(st), Reason(Kind.OBSERVATION_UNKNOWN, f"serve state: {s.error}"))
-        if (st.phase == Phase.LOADING and st.load_progress_at
-                and f.now - st.load_progress_at > dep.readiness.stall_timeout):
-            return f.repair("serve", Reason(Kind.LOAD_STALLED, f"no progress for {dep.readiness.stall_timeout:.0f}s at "
+        # The load's own limits (loop.deadlines: learned from its key's good loads, or the cold budget) and why.
+        lim = st.load_limits
+        stall, stall_why = (lim.stall, f" ({lim.stall_why})") if lim else (dep.readiness.stall_timeout, "")
+        deadline, deadline_why = (lim.deadline, f"{lim.deadline_why}; ") if lim else (dep.readiness.deadline, "")
+        if st.phase == Phase.LOADING and st.load_progress_at and f.now - st.load_progress_at > stall:
+            return f.repair("serve", Reason(Kind.LOAD_STALLED, f"no progress for {stall:.0f}s{stall_why} at "
                             f"{f.progress.summary()}"), (StopServe("load stalled"),))
-        if st.phase == Phase.LOADING and st.in_phase(f.now) > dep.readiness.deadline:
-            return f.repair("serve", Reason(Kind.LOAD_TIMEOUT, f"not ready after {dep.readiness.deadline:.0f}s "
-                            f"({f.progress.summary()})"), (StopServe("load timeout"),))
+        if st.phase == Phase.LOADING and st.in_phase(f.now) > deadline:
+            return f.repair("serve", Reason(Kind.LOAD_TIMEOUT, f"not ready after {deadline:.0f}s "
+                            f"({deadline_why}{f.progress.summary()})"), (StopServe("load timeout"),))
         why = Reason()  # progress is reported apart from the reason, so history keeps only real changes
         if ep is not None and ep.state == EndpointState.ERROR:
             why = Reason(Kind.ENDPOINT_ERROR, ep.detail)

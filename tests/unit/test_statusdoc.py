@@ -30,6 +30,7 @@ from spark_supervisor.model import (
     GpuProcess,
     ImageReport,
     KvCache,
+    LoadLimits,
     Memory,
     ModelReport,
     Observation,
@@ -55,6 +56,7 @@ from spark_supervisor.model.document import (
     HistoryDoc,
     KvCacheDoc,
     LoadDoc,
+    LoadLimitsDoc,
     MemoryDoc,
     NodeDoc,
     PerfDoc,
@@ -91,8 +93,8 @@ HOLDS: dict[str, dict[str, type]] = {
     "_required": {"doc": DeploymentDoc, "dep": GoalDoc},
     "cmd_status": {"doc": StatusDoc, "daemon": DaemonDoc},
     "_print_status": {"doc": StatusDoc, "one": DeploymentDoc, "reload": ReloadDoc},
-    "_print_deployment": {"doc": DeploymentDoc, "dep": GoalDoc, "b": BackendDoc, "ray": RayDoc, "load": LoadDoc,
-                          "x": StepDoc, "kv": KvCacheDoc, "u": UnknownDoc, "v": VerdictDoc, "rep": RepairsDoc,
+    "_print_deployment": {"doc": DeploymentDoc, "dep": GoalDoc, "lim": LoadLimitsDoc, "b": BackendDoc, "ray": RayDoc,
+                          "load": LoadDoc, "x": StepDoc, "kv": KvCacheDoc, "u": UnknownDoc, "v": VerdictDoc, "rep": RepairsDoc,
                           "h": HistoryDoc},
     "_print_serve": {"doc": DeploymentDoc, "serve": ServeDoc, "r": RankDoc, "e": EngineDoc, "v": PerfDoc},
     "_perf": {"v": PerfDoc},
@@ -179,6 +181,7 @@ MIRRORS: dict[str, tuple[type, set[str], set[str]]] = {
     "VerdictDoc": (Verdict, set(), set()),
     "TrackerDoc": (Tracker, set(), set()),
     "KvCacheDoc": (KvCache, set(), {"serve"}),  # which serve it was read from: the daemon's own business
+    "LoadLimitsDoc": (LoadLimits, set(), set()),
     "ImageDoc": (ImageReport, {"summary"}, set()),
     "ModelDoc": (ModelReport, {"summary"}, set()),
     "GpuDoc": (Gpu, set(), set()),
@@ -257,6 +260,8 @@ def full_document() -> StatusDoc:
                 unknown_counts={"ray": 3, "gpu": 1}, pinned={"spark-1": "sha256:abc"},
                 verdict=Verdict(True, "ok", "s", 0.5, "stop", "content"), health=Tracker(0, 3, "success", 99.0),
                 deep=Tracker(1, 0, "failure", 98.0, "bad"), kv_cache=KvCache("id", 100, 200, "KvCacheRegression: less"),
+                load_limits=LoadLimits(1200, 900, "configured cold budget", "configured cold budget",
+                                       "cold start expected: image changed since the last load"),
                 history=[Transition(Phase.LOADING, "x", 20.0, 1.7e9, "K"), Transition(Phase.SERVING, "", 50.5, 1.7e9)])
     model = ModelReport("spark-1", "Qwen/Q", "k", "/c/snapshots/x", "hub", "/c", ("a (gone)",), 3, 1000)
     st.images = {"spark-1": ImageReport("spark-1", "img", "h", 1, "/r", "2.6", "3.12", True, "", "/v", "0.33", "3.12",
