@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import tomli_w
 
@@ -280,3 +281,35 @@ def verify_serving(d: Supervisor) -> dict[str, Any]:
         n = serve_processes(node)
         assert n == RANKS[node], f"{node}: {n} serve processes, expected {RANKS[node]}"
     return st
+
+
+class Streams:
+    """``n`` long streamed completions held open against the serve (users), until closed: the load the heartbeat
+    watches (tests/integration/test_serving_well.py, `make bench`)."""
+
+    def __init__(self, d: Supervisor, n: int, max_tokens: int = 20000) -> None:
+        st = d.status()
+        assert st is not None
+        self.url, self.model = st["deployment"]["endpoint"], st["deployment"]["served_model_name"]
+        self.stop, self.tokens = threading.Event(), [0] * n
+        self.threads = [threading.Thread(target=self._one, args=(i, max_tokens), daemon=True) for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _one(self, i: int, max_tokens: int) -> None:
+        body = {"model": self.model, "messages": [{"role": "user", "content": "Count to a million."}],
+                "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+        try:
+            with httpx.Client(timeout=httpx.Timeout(10, read=600)) as c, \
+                    c.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r:
+                for line in r.iter_lines():
+                    if self.stop.is_set():
+                        return
+                    self.tokens[i] += line.startswith("data: {")
+        except httpx.HTTPError:
+            return  # the serve went (a repair): the user's request ends with it
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
