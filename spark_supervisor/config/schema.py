@@ -285,9 +285,9 @@ class Readiness(_Strict):
     # deadline_margin) and its stall limit max(stall_floor, p95 of their longest silences x the margin), never
     # above deadline and stall_timeout: those stay the cold budget (a first load after a change gets them).
     learn_deadlines: bool = True
-    deadline_floor: SecWeek = 120
-    stall_floor: SecWeek = 60
-    deadline_margin: Annotated[float, Field(ge=1, le=20)] = 2.0
+    deadline_floor: SecWeek = 300
+    stall_floor: SecWeek = 120
+    deadline_margin: Annotated[float, Field(ge=1, le=20)] = 3.0
     learn_after: Annotated[int, Field(ge=1, le=20)] = 3
     request_timeout: Sec3600 = 60
     # What a real request is: a chat completion (an LLM), one embedding (an embeddings model: it cannot

@@ -27,11 +27,21 @@ from spark_supervisor.model import (
     StartServe,
 )
 from tests.fakes import Clock, FakeBackend, make
-from tests.helpers import cfg, node_obs, obs, phase_now, ray_container, serve_running
+from tests.helpers import cfg, data, node_obs, obs, phase_now, ray_container, serve_running
 
 IMAGE = "sha256:" + "a" * 64
 UP = EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",))
 REFUSED = EndpointObservation(EndpointState.REFUSED)
+
+
+# The limits these tests step through (the defaults are wider: 300 s, 120 s, x3).
+LEARNING = {"deadline_floor": 120, "stall_floor": 60, "deadline_margin": 2.0}
+
+
+def learning() -> dict[str, Any]:
+    d = data()
+    d["deployments"][0]["readiness"] = {**d["deployments"][0].get("readiness", {}), **LEARNING}
+    return d
 
 
 def loads_file(tmp_path: Path) -> Path:
@@ -56,7 +66,7 @@ def bar(shard: int) -> str:
 
 def launch(tmp_path: Path, pid: int = 77, **kw: Any) -> tuple[Daemon, FakeBackend, Clock, ServeObservation]:
     """A fresh daemon that launches the serve and sees it loading (LOADING, just entered)."""
-    daemon, be, clock, _, _ = make(tmp_path)
+    daemon, be, clock, _, _ = make(tmp_path, learning())
     c = daemon.cfg
     be.next = deployed(c, **kw)
     daemon.tick()
@@ -182,7 +192,7 @@ def test_a_load_that_missed_its_learned_deadline_gives_the_next_the_cold_budget(
 
 def test_a_load_found_under_way_is_not_timed(tmp_path: Path) -> None:
     """A daemon started mid-load (a restart of the supervisor) cannot tell how long it has loaded."""
-    daemon, be, clock, _, _ = make(tmp_path)
+    daemon, be, clock, _, _ = make(tmp_path, learning())
     s = serve_running(daemon.cfg)
     be.next = deployed(daemon.cfg, serve=s, endpoint=REFUSED)
     daemon.tick()
@@ -231,7 +241,7 @@ def test_the_history_stays_bounded(tmp_path: Path) -> None:
 
 
 def test_limits_are_never_above_the_configured_budget_and_learning_can_be_turned_off() -> None:
-    r = cfg().deployment.readiness
+    r = cfg(learning()).deployment.readiness
     doc = {"last": "k", "keys": {"k": {"loads": [{"load_s": 1000, "gap_s": 10}] * 3}}}
     lim = deadlines.limits(r, doc, "k", {})
     assert lim.deadline == 1200 and lim.deadline_why == "configured cold budget (learned p95 1000s x 2 of 3 good loads is not below it)"
