@@ -301,9 +301,17 @@ def _owned_pids(a: NodeAdapters, cfg: Config, containers: tuple[Container, ...],
     return frozenset(pids)
 
 
+STATE_MARK = "serve-state"  # the first word of scripts/serve-state.sh's answer
+
+
 def parse_serve_state(out: str, container_id: str = "") -> ServeObservation:
+    """The serve-state script's answer. Raises ValueError on one without its first line (an exec whose output
+    was lost or cut short, seen under load): that is unknown, never "no serve"."""
     head, _, tail = out.partition("\n")
     parts = head.split()
+    if not parts or parts[0] != STATE_MARK:
+        raise ValueError(f"no {STATE_MARK} line in its answer ({len(out)} bytes)")
+    parts = parts[1:]
     if len(parts) < 2 or parts[0] == "0":
         return ServeObservation(False, log_tail=tail)
     pid, spec = int(parts[0]), parts[1]
@@ -324,7 +332,10 @@ def observe_serve(world: World, container: Container | None, node: str = "") -> 
         return ServeObservation(False)
     if code != 0:
         raise AdapterError("ServeStateFailed", f"the serve-state script exited {code}: {out.strip()[-200:]}")
-    serve = parse_serve_state(out, container.id)
+    try:
+        serve = parse_serve_state(out, container.id)
+    except ValueError as e:
+        raise AdapterError("ServeStateUnreadable", str(e)) from None
     key = dep.api_key.get_secret_value()
     if key and key in serve.log_tail:  # vLLM echoes its arguments and environment in some versions
         serve = dataclasses.replace(serve, log_tail=serve.log_tail.replace(key, "[redacted]"))

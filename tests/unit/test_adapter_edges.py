@@ -23,14 +23,16 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_vllm"
 
 # ------------------------------------------------------------------------------ the serve-state parser
 def test_serve_state_running_exited_and_none() -> None:
-    running = parse_serve_state("4242 abc123def456 2026-12-04T14:00:00Z 1 \nINFO a line\nINFO another\n", "c1")
+    running = parse_serve_state("serve-state 4242 abc123def456 2026-12-04T14:00:00Z 1 \nINFO a line\nINFO another\n", "c1")
     assert (running.present, running.pid, running.running, running.exit_code, running.spec_hash) == (
         True, 4242, True, None, "abc123def456")
     assert running.container_id == "c1" and running.log_tail == "INFO a line\nINFO another\n"
-    exited = parse_serve_state("4242 abc123def456 2026-12-04T14:00:00Z 0 137\n", "c1")
+    exited = parse_serve_state("serve-state 4242 abc123def456 2026-12-04T14:00:00Z 0 137\n", "c1")
     assert not exited.running and exited.exit_code == 137
-    assert not parse_serve_state("0  \n", "c1").present  # nothing recorded: no serve
-    assert not parse_serve_state("", "c1").present
+    assert not parse_serve_state("serve-state 0  \n", "c1").present  # nothing recorded: no serve
+    for lost in ("", "\n", "INFO a log line without the state line\n"):  # an exec's output lost or cut: unknown
+        with pytest.raises(ValueError, match="no serve-state line"):
+            parse_serve_state(lost, "c1")
 
 
 # ----------------------------------------------------------------------------- `systemctl show`

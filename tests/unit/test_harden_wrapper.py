@@ -95,7 +95,7 @@ def _refused(tmp_path: Path, cache: Path, what: str) -> None:
     assert not (d / "ran").exists()  # the serve did not start
     state = subprocess.run(["sh", "-c", commands.SERVE_STATE, "s", str(d), "1000"], capture_output=True, text=True,
                            timeout=30, check=False).stdout
-    assert state.split("\n")[0].split()[3:] == ["0", str(commands.NOT_OURS_EXIT)] and line in state
+    assert state.split("\n")[0].split()[4:] == ["0", str(commands.NOT_OURS_EXIT)] and line in state
 
 
 def test_a_cache_directory_it_did_not_make_is_a_refusal_not_a_deletion(tmp_path: Path) -> None:
@@ -171,7 +171,7 @@ def test_a_pid_that_is_another_process_by_now_is_never_signalled(tmp_path: Path)
         (d / "started").write_text("2026-01-01T00:00:00Z\n")
         state = subprocess.run(["sh", "-c", commands.SERVE_STATE, "s", str(d), "10"], capture_output=True,
                                text=True, timeout=30, check=False).stdout
-        assert state.split()[0] == str(other.pid) and state.split()[3] == "0"  # recorded, not running
+        assert state.split()[1] == str(other.pid) and state.split()[4] == "0"  # recorded, not running
         r = subprocess.run(["sh", "-c", commands.SERVE_STOP, "s", str(d), "1"], capture_output=True, text=True,
                            timeout=30, check=False)
         assert r.returncode == 0 and other.poll() is None  # alive: not signalled

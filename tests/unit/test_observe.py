@@ -193,7 +193,7 @@ def test_a_followers_death_is_seen_while_rank_0_still_answers_health() -> None:
         for node in c.nodes:
             box = Container(f"id-{node.name}", node_container_name(dep, node), dep.ray.image, "running",
                             {OWNER_LABEL: dep.name})
-            engines[node.name] = ServingEngine(box, "64 abc123 2026-12-04T14:00:00Z 1 \n")
+            engines[node.name] = ServingEngine(box, "serve-state 64 abc123 2026-12-04T14:00:00Z 1 \n")
             w.nodes[node.name] = adapters(node, engines[node.name])
         w.api = VllmApi(httpx.Client(transport=httpx.MockTransport(
             lambda _: httpx.Response(200, json={"data": [{"id": dep.serve.name}]}))), "http://h:8000", api_key="",
@@ -202,7 +202,10 @@ def test_a_followers_death_is_seen_while_rank_0_still_answers_health() -> None:
         first = o.observe(full=False)
         assert first.serve is not None and first.serve.running and first.followers["spark-2"] is not None
         assert first.followers["spark-2"].running
-        engines["spark-2"].state = "64 abc123 2026-12-04T14:00:00Z 0 137\n"  # the follower's serve exited
+        engines["spark-2"].state = ""  # an exec whose output was lost (seen under load): unknown, not gone
+        lost = o.observe(full=False).followers["spark-2"]
+        assert lost is not None and lost.error.startswith("ServeStateUnreadable") and lost.running, lost
+        engines["spark-2"].state = "serve-state 64 abc123 2026-12-04T14:00:00Z 0 137\n"  # the follower's serve exited
         engines["spark-1"].calls.clear()
         second = o.observe(full=False)
         assert not [x for x in engines["spark-1"].calls if x.startswith("exec")]  # rank 0 judged by /health
