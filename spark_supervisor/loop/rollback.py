@@ -46,10 +46,12 @@ class Rollbacks:
         self.notes: list[Reason] = []  # the rollbacks since the last reload applied: shown with the reload
 
     def switched(self, name: str, before: Reconciler, after: DeploymentView) -> None:
-        """A reload is about to replace what ``before`` runs with ``after``: keep the view it runs if it serves
-        (the way back), unless the new config turns rollbacks off."""
+        """A reload is about to replace what ``before`` runs with ``after``: keep the view it runs if it has
+        served (the way back) -- serving now, or pinned by serving and in a repair at the switch (a proof can
+        outlast the serve it began beside) -- unless the new config turns rollbacks off."""
         self.probation.pop(name, None)
-        if after.cfg.changes.rollback and before.status.phase in (Phase.SERVING, Phase.DEGRADED):
+        served = before.status.phase in (Phase.SERVING, Phase.DEGRADED) or bool(before.status.pinned)
+        if after.cfg.changes.rollback and served:
             self.probation[name] = (before.view, dict(before.status.pinned), before.status.since_wall)
             self.log.info("change.switched", deployment=name, way_back="the spec that served")
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import tomli_w
 
@@ -176,3 +177,24 @@ def test_with_rollback_off_a_failed_switch_stays_failed(tmp_path: Path) -> None:
     daemon, be, new = switch_and_fail(tmp_path, rollback=False)
     assert new.view.dep.ray.image == NEW_IMAGE and new.status.phase == Phase.FAILED
     assert not daemon.stack.rollbacks.notes
+
+
+def test_a_spec_that_served_is_the_way_back_even_when_a_repair_runs_at_the_switch() -> None:
+    """The noisy run's case: the proof began beside the serving spec, a repair of that spec was under way when
+    it ended; the spec had served (its images pinned), so it is still the way back."""
+    import structlog
+
+    from spark_supervisor.deployment import as_view
+    from spark_supervisor.loop.reconciler import Reconciler
+    from spark_supervisor.loop.rollback import Rollbacks
+    from spark_supervisor.model import Status
+    from tests.helpers import cfg
+
+    view = as_view(cfg())
+    for phase, pinned, armed in [(Phase.LOADING, {"spark-1": "sha256:a"}, True), (Phase.LOADING, {}, False),
+                                 (Phase.SERVING, {}, True)]:
+        st = Status(phase=phase, pinned=pinned)
+        before = cast(Reconciler, SimpleNamespace(status=st, view=view))
+        rb = Rollbacks(structlog.get_logger())
+        rb.switched("qwen", before, view)
+        assert ("qwen" in rb.probation) == armed, (phase, pinned)
