@@ -285,13 +285,15 @@ def verify_serving(d: Supervisor) -> dict[str, Any]:
 
 class Streams:
     """``n`` long streamed completions held open against the serve (users), until closed: the load the heartbeat
-    watches (tests/integration/test_serving_well.py, `make bench`)."""
+    watches (tests/integration/test_serving_well.py, `make bench`). Closing ends them at once, even a stream
+    the engine holds (its socket is shut under the reader)."""
 
-    def __init__(self, d: Supervisor, n: int, max_tokens: int = 20000) -> None:
+    def __init__(self, d: Supervisor, n: int, max_tokens: int = 60000) -> None:
         st = d.status()
         assert st is not None
         self.url, self.model = st["deployment"]["endpoint"], st["deployment"]["served_model_name"]
         self.stop, self.tokens = threading.Event(), [0] * n
+        self.clients = [httpx.Client(timeout=httpx.Timeout(10, read=600)) for _ in range(n)]
         self.threads = [threading.Thread(target=self._one, args=(i, max_tokens), daemon=True) for i in range(n)]
         for t in self.threads:
             t.start()
@@ -300,16 +302,17 @@ class Streams:
         body = {"model": self.model, "messages": [{"role": "user", "content": "Count to a million."}],
                 "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
         try:
-            with httpx.Client(timeout=httpx.Timeout(10, read=600)) as c, \
-                    c.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r:
+            with self.clients[i].stream("POST", f"{self.url}/v1/chat/completions", json=body) as r:
                 for line in r.iter_lines():
                     if self.stop.is_set():
                         return
                     self.tokens[i] += line.startswith("data: {")
-        except httpx.HTTPError:
-            return  # the serve went (a repair): the user's request ends with it
+        except (httpx.HTTPError, OSError, RuntimeError):
+            return  # the serve went (a repair), or the stream was closed: the user's request ends with it
 
     def close(self) -> None:
         self.stop.set()
+        for c in self.clients:
+            c.close()
         for t in self.threads:
             t.join(30)

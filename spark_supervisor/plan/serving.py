@@ -181,7 +181,9 @@ def _heartbeat(f: Facts) -> Decision | None:
     if not hb.stalled_at or s is None:
         return None
     frozen = hb.frozen(f.now)
-    if st.deep.last_at < hb.stalled_at:
+    # A deep probe that ended once nothing had moved for the stall time was asked of the stalled engine: one
+    # made at once, or a scheduled one the wedge caught in flight (it held the tick until its timeout).
+    if st.deep.last_at < hb.moved_at + f.cfg.healing.heartbeat_stall:
         return Decision(Phase.SERVING, Reason(Kind.HEARTBEAT_STALLED, f"{frozen}: a deep probe now, to tell a wedge "
                         "from a long prefill"), (Verify(s.identity, deep=True),))
     if st.deep.last == ProbeResult.FAILURE:

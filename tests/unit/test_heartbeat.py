@@ -153,3 +153,15 @@ def test_a_stall_with_deep_probes_failing_already_is_repaired_with_the_heartbeat
     stalled = Heartbeat(s.identity, (10, 0, 0), moved_at=100, running=2, stalled_at=120)
     d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(2, 0, "failure", 151, "no answer within 30s")), C, 151)
     assert d.repair == "serve" and d.reason.startswith("ServeWedged: the engine's heartbeat stopped"), d.reason
+
+
+def test_a_scheduled_deep_probe_the_wedge_caught_in_flight_corroborates_the_stall() -> None:
+    """The probe began as the engine stopped and held the tick 30 s; it ended failed after the stall time had
+    passed: the stall flagged on the next tick is repaired at once, not after a second 30 s probe."""
+    s = serve_running(C)
+    o = obs(C, deployed=True, serve=s, endpoint=UP)
+    stalled = Heartbeat(s.identity, (10, 0, 0), moved_at=100, running=2, stalled_at=135)
+    d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(1, 0, "failure", 130, "no answer within 30s")), C, 135)
+    assert d.repair == "serve" and "the engine's heartbeat stopped" in d.reason, d.reason
+    early = Tracker(1, 0, "failure", 115, "no answer within 30s")  # ended before the stall time: not of the stall
+    assert plan(o, serving_status(heartbeat=stalled, deep=early), C, 135).actions == (Verify(s.identity, deep=True),)
