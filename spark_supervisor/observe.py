@@ -26,6 +26,7 @@ from .model import (
     Container,
     EndpointObservation,
     EndpointState,
+    EngineStats,
     Gpu,
     Kind,
     Listener,
@@ -351,6 +352,7 @@ class Observer:
         self.recent = recent or (lambda: (None, None))
         self._serve: ServeObservation | None = None
         self._endpoint: EndpointObservation | None = None
+        self._listed = ""  # the serve instance whose API last listed the model (its /metrics is worth reading)
         self._followers: dict[str, ServeObservation | None] = {}
         self.ray_via = "dashboard"  # how the running Ray head is read: its container's label says
         self.last_ray: RayObservation | None = None
@@ -464,6 +466,13 @@ class Observer:
         if dep.uses_ray and self.ray_via == "gcs":
             ray = self._ray_gcs(head_c, full, serve is not None and serve.running)
         self.last_ray = ray
-        engine = (w.api.engine() if view.cfg.healing.heartbeat_stall and endpoint is not None
-                  and endpoint.state == EndpointState.UP and endpoint.models else None)
-        return Observation(self.clock(), full, nodes, ray, serve, endpoint, followers, engine)
+        return Observation(self.clock(), full, nodes, ray, serve, endpoint, followers, self._engine(serve, endpoint))
+
+    def _engine(self, serve: ServeObservation | None, endpoint: EndpointObservation | None) -> EngineStats | None:
+        """The engine's heartbeat (its /metrics) of a serve whose API has listed the model: read also while its
+        /health is slow or failing, when it matters most (a loaded server answers /health late, tokens flowing)."""
+        if serve is None or not serve.running or not self.world.view.cfg.healing.heartbeat_stall:
+            return None
+        if endpoint is not None and endpoint.state == EndpointState.UP and endpoint.models:
+            self._listed = serve.identity
+        return self.world.api.engine() if self._listed == serve.identity else None

@@ -213,3 +213,40 @@ def test_a_followers_death_is_seen_while_rank_0_still_answers_health() -> None:
         assert f is not None and not f.running and f.exit_code == 137
     finally:
         w.close()
+
+
+def test_the_engines_heartbeat_is_read_while_its_health_answers_late() -> None:
+    """A loaded server answers /health late while its tokens flow: its /metrics is read all the same, once its
+    API has listed the model (the heartbeat is what tells the load from a wedge then)."""
+    import httpx
+
+    from spark_supervisor.adapters.vllm import VllmApi
+    from spark_supervisor.identity import node_container_name
+    from spark_supervisor.observe import Observer, World
+    c = cfg()
+    dep = c.deployment
+    w = World(c)
+    slow = {"health": False}
+
+    def answer(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/health" and slow["health"]:
+            raise httpx.ReadTimeout("slow", request=req)
+        if req.url.path == "/metrics":
+            return httpx.Response(200, text='vllm:num_requests_running{engine="0"} 2\n'
+                                             'vllm:generation_tokens_total{engine="0"} 500\n')
+        return httpx.Response(200, json={"data": [{"id": dep.serve.name}]})
+    try:
+        for node in c.nodes:
+            box = Container(f"id-{node.name}", node_container_name(dep, node), dep.ray.image, "running",
+                            {OWNER_LABEL: dep.name})
+            w.nodes[node.name] = adapters(node, ServingEngine(box, "serve-state 64 abc123 2026-12-04T14:00:00Z 1 \n"))
+        w.api = VllmApi(httpx.Client(transport=httpx.MockTransport(answer)), "http://h:8000", api_key="", timeout=5)
+        o = Observer(w)
+        first = o.observe(full=False)
+        assert first.engine is not None and (first.engine.running, first.engine.generated) == (2, 500)
+        slow["health"] = True
+        late = o.observe(full=False)
+        assert late.endpoint is not None and late.endpoint.state != "up"
+        assert late.engine is not None and late.engine.running == 2, "the heartbeat read all the same"
+    finally:
+        w.close()
