@@ -60,6 +60,12 @@ def test_reboot_mess_to_serving_on_the_real_server(real: Callable[..., Superviso
     assert set(st["bringup"]) >= {"CLEANING", "STARTING_VLLM", "LOADING", "VERIFYING"}, st["bringup"]
     cache = Path(testbed.env()["SPARK_TESTBED_DIR"]) / "vllm-cache" / NAME / st["deployment"]["serve_hash"]
     assert cache.is_dir()  # VLLM_CACHE_ROOT on the node's disk, per deployment and spec
+    # The performance verdict on the real server: its own stream, timed (issue 23); the first for its key.
+    st = d.wait(lambda s: bool(s.get("performance")), 120, "the performance verdict")
+    perf = st["performance"]
+    assert not perf["error"] and perf["ttft_s"] > 0 and perf["decode_tps"] > 0 and not perf["regression"], perf
+    measured = d.events("perf.measured")
+    assert measured and measured[-1]["tokens"] == 32, measured  # generated in full (ignore_eos)
 
 
 def test_serve_killed_then_daemon_restarts_adopt_without_relaunch(real: Callable[..., Supervisor]) -> None:
