@@ -106,7 +106,7 @@ class Actor:
                     list(pool.map(self._stop_serve, nodes))
                 self.log.info("serve.stopped", nodes=[n.name for n in nodes], why=why)
             case Measure(serve=serve):
-                return perf.measure(w.api, dep, serve, self.log)
+                return perf.measure(w.api, dep, serve, self.log, cfg.healing.deep_probe_timeout)
             case Verify(serve=serve, deep=deep):
                 r = dep.readiness
                 timeout = cfg.healing.deep_probe_timeout if deep else r.request_timeout

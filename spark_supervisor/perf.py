@@ -37,13 +37,14 @@ def key(view: DeploymentView, images: dict[str, str]) -> tuple[str, dict[str, ob
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16], parts
 
 
-def measure(api: Any, dep: Deployment, serve: str, log: Any) -> Throughput:
+def measure(api: Any, dep: Deployment, serve: str, log: Any, gap: float) -> Throughput:
     """One stream timed; then, with ``streams`` > 1, that many at once for their aggregate. ``api``: the
-    serve's adapters.vllm.VllmApi."""
+    serve's adapters.vllm.VllmApi. ``gap``: the longest wait for the next token (healing.deep_probe_timeout):
+    the measurement holds the loop, and an engine that stops answering must not hold it longer than a probe."""
     p = dep.performance
 
     def one() -> tuple[float, float, int]:
-        ttft, decode, tokens = api.stream(dep.serve.name, p.prompt, p.max_tokens, p.timeout)
+        ttft, decode, tokens = api.stream(dep.serve.name, p.prompt, p.max_tokens, p.timeout, gap)
         return float(ttft), float(decode), int(tokens)
     try:
         ttft, decode, tokens = one()

@@ -336,6 +336,8 @@ def change_rows(d: Supervisor, runs: int) -> str:
 def wedge(d: Supervisor) -> dict[str, float]:
     """Two users' streams running, then the engine wedged (the stand-in holds them, its counters frozen,
     /health 200): when the heartbeat's stall was caught, and when the repair started, from the wedge."""
+    # The serve's own verdict first (it waits for an idle engine): its cost is measured too.
+    d.wait(lambda s: bool(s.get("performance")) and s["performance"]["measured"] >= s["since"], 90, "the verdict")
     users = Streams(d, 2)
     try:
         d.wait(lambda s: (s["liveness"].get("engine") or {}).get("running", 0) >= 2, 60, "the users running")

@@ -126,15 +126,16 @@ class VllmApi:
             return EngineStats(error=f"/metrics: {type(e).__name__}")
         return engine_stats(body.decode("utf-8", "replace"))
 
-    def stream(self, model: str, prompt: str, max_tokens: int, timeout: float) -> tuple[float, float, int]:
+    def stream(self, model: str, prompt: str, max_tokens: int, timeout: float, gap: float) -> tuple[float, float, int]:
         """One streamed chat completion of ``max_tokens`` generated in full (vLLM's ignore_eos), timed as it
-        arrives: (time to first token, decode tokens/s, tokens). Raises httpx.HTTPError or ValueError."""
+        arrives: (time to first token, decode tokens/s, tokens); at most ``timeout`` in all and ``gap`` between
+        two reads (an engine that stops answering must not hold the caller). Raises httpx.HTTPError or ValueError."""
         body = {**chat_request(model, prompt, max_tokens), "stream": True, "ignore_eos": True,
                 "stream_options": {"include_usage": True}}
         deadline = time.monotonic() + timeout
         sent = time.monotonic()
         with self.http.stream("POST", f"{self.url}/v1/chat/completions", headers=self.headers, json=body,
-                              timeout=timeout) as r:
+                              timeout=httpx.Timeout(min(timeout, gap))) as r:
             if r.status_code != 200:
                 raise ValueError(f"HTTP {r.status_code}: {r.read()[:150]!r}")
 

@@ -17,7 +17,7 @@ import pytest
 import tomli_w
 
 from spark_testbed import testbed
-from spark_testbed.harness import OWNED, Supervisor, owned_ids, verify_serving, write_config
+from spark_testbed.harness import OWNED, Supervisor, containers, owned_ids, verify_serving, write_config
 from tests.integration.conftest import reset_testbed
 
 pytestmark = pytest.mark.testbed
@@ -196,8 +196,11 @@ def test_a_change_to_a_model_one_node_lacks_is_prefetched_there_while_the_old_on
                "the proof's prefetch on spark-2")
         st = d.wait(lambda s: bool((s.get("reload") or {}).get("proving")), 30, "the pending change shown")
         assert "once its new spec is proven on every member" in st["reload"]["proving"], st["reload"]
-        verify_serving(d)  # the old spec serves on while the new model is fetched
-        assert owned_ids() == before and not d.repairs(t), "nothing stopped before the proof ended"
+        # The old spec serves on, on the same containers, while the new model is fetched beside it (the
+        # prefetch's own container on spark-2).
+        st = d.status() or {}
+        assert st.get("phase") == "SERVING" and owned_ids() == before and not d.repairs(t), st.get("reason")
+        assert "testbed-model-spark-2" in containers("spark-2")
         assert not [e for e in d.events("model.prefetch_started") if e.get("node") == "spark-1"], "spark-1 has it"
     finally:
         writer = threading.Thread(target=lambda: fifo.write_bytes(b"x" * 1000), daemon=True)

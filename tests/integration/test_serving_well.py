@@ -158,3 +158,37 @@ def test_the_status_file_names_the_verdict_and_the_heartbeat(daemon: Supervisor)
     # The engine's figures reach the file at its refresh (they move every tick: not news by themselves).
     st = daemon.wait(lambda s: engine(s).get("read") and engine(s).get("running") == 0, 90, "the engine idle, read")
     assert st["performance"]["best_tps"] > 0 and st["performance"]["reference"] in ("best", "")
+
+
+def test_a_first_start_after_an_image_change_gets_the_cold_budget_and_says_so(daemon: Supervisor) -> None:
+    """Deadlines learned from history: a reload to an image with other content (a new image ID; here the
+    same files committed anew) is a new key; its first load gets the configured cold budget, and says why.
+    Last in the module: the deployment it leaves runs the new image."""
+    import tomllib
+
+    import tomli_w
+
+    from spark_testbed import testbed
+    d = daemon
+    verify_serving(d)
+    cold = "spark-testbed/hostfs:cold"
+    for node in testbed.NODES:  # a new image ID, the same content: a never-started container of it, committed
+        testbed.docker(node, "create", "--name", "cold-source", testbed.HOSTFS, "true")
+        testbed.docker(node, "commit", "cold-source", cold)
+        testbed.docker(node, "rm", "-f", "cold-source")
+    good = d.config.read_text()
+    doc = tomllib.loads(good)
+    doc["deployments"][0]["ray"]["image"] = cold
+    t = time.time()
+    try:
+        d.config.write_text(tomli_w.dumps(doc))
+        d.proc.send_signal(signal.SIGHUP)
+        serving_again(d, t, 300)
+        limits = [e for e in d.events("load.limits") if event_time(e) >= t]
+        assert limits and limits[-1]["cold"] == "cold start expected: image changed since the last load", limits
+        assert limits[-1]["deadline"].startswith("configured cold budget"), limits[-1]
+        assert not d.repairs(t)
+    finally:
+        d.config.write_text(good)
+        for node in testbed.NODES:
+            testbed.docker(node, "rmi", "-f", cold, check=False)

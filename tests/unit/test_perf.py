@@ -35,6 +35,7 @@ from spark_supervisor.plan import plan
 from tests.fakes import make
 from tests.helpers import cfg, data, obs, phase_now, serve_running
 from tests.unit.test_plan import serving_status
+from tests.unit.test_standin_perf import Start, standin  # noqa: F401 (the fixture)
 
 C = cfg()
 UP = EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",))
@@ -170,3 +171,27 @@ def test_the_real_servers_stream_is_read_at_its_captured_arrival_times() -> None
     tokens_at = [t for t, kind in arrivals if kind in ("reasoning", "finish")]
     assert tokens == len(tokens_at) == 32 and ttft == tokens_at[0] == 0.3242
     assert abs(decode - 31 / (tokens_at[-1] - tokens_at[0])) < 1e-6  # 10.6 tok/s on that loaded machine
+
+
+def test_the_measurement_against_a_running_stand_in_and_a_wedged_one(standin: Start) -> None:  # noqa: F811
+    """The daemon's own client (VllmApi.stream through perf.measure) against the stand-in running here (held to
+    the real server's stream by test_standin_perf): figures from a healthy engine; a wedged engine is a
+    measurement that failed within the gap allowed between two tokens, not one that holds the loop."""
+    import time
+
+    import httpx
+
+    from spark_supervisor.adapters.vllm import VllmApi
+    s = standin()
+    dep = cfg().deployment
+    dep = dep.model_copy(update={"serve": dep.serve.model_copy(update={"served_model_name": "tiny-qwen3"}),
+                                 "performance": dep.performance.model_copy(update={"max_tokens": 32})})
+    api = VllmApi(httpx.Client(), f"http://127.0.0.1:{s.port}", api_key="", timeout=5)
+    log = structlog.get_logger()
+    t = perf.measure(api, dep, "s", log, gap=5)
+    assert not t.error and t.tokens == 32 and t.ttft_s > 0 and t.decode_tps > 0, t
+    s.fault("wedge\n")
+    t0 = time.monotonic()
+    t = perf.measure(api, dep, "s", log, gap=1)
+    assert t.error.startswith("ReadTimeout") and time.monotonic() - t0 < 30, t  # the gap, not the 300 s timeout
+    s.fault("")
