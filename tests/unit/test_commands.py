@@ -81,8 +81,8 @@ def test_the_wrapper_records_the_serve_refuses_a_second_one_and_stop_ends_its_pr
               and "started" in Path(d, "log").read_text(), "the serve's pid and log")
         state = _sh(["sh", "-c", commands.SERVE_STATE, "spark-serve", d, "1000"]).stdout
         head, _, log = state.partition("\n")
-        pid, spec, _started, running = head.split()[:4]
-        assert (spec, running, log) == ("0123456789ab", "1", "started\n")
+        mark, pid, spec, _started, running = head.split()[:5]
+        assert (mark, spec, running, log) == ("serve-state", "0123456789ab", "1", "started\n")
         second = _sh([*wrapper, "sh", "-c", "echo second"])
         assert second.returncode == 75 and "still runs" in second.stderr
         assert Path(d, "pid").read_text().strip() == pid  # untouched

@@ -128,7 +128,7 @@ def test_a_log_past_its_cap_is_copied_aside_and_emptied_while_the_serve_writes_o
         live = (logs / name).read_bytes()
         assert live.startswith(b"after the cut\n") and b"\0" not in live  # O_APPEND: no hole where it was
         assert (logs / f"{name}.1").stat().st_size > 1_000_000
-        assert _sh(["sh", "-c", commands.SERVE_STATE, "spark-serve", str(state), "100"]).stdout.split()[3] == "1"
+        assert _sh(["sh", "-c", commands.SERVE_STATE, "spark-serve", str(state), "100"]).stdout.split()[4] == "1"
     finally:
         _sh(["sh", "-c", commands.SERVE_STOP, "spark-serve", str(state), "5"])
         p.kill()
