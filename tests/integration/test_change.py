@@ -61,7 +61,10 @@ def only_on_spark_1() -> Path:
     """OTHER in spark-1's cache: its copy of the testbed model under that name (the caller removes it)."""
     repo = testbed.model_snapshot("spark-1").parent.parent
     copy = repo.parent / ("models--" + OTHER.replace("/", "--"))
-    shutil.copytree(repo, copy, symlinks=True, dirs_exist_ok=True)
+    shutil.rmtree(copy, ignore_errors=True)  # one an interrupted run left
+    shutil.copytree(repo, copy, symlinks=True)
+    for node in [n for n in testbed.NODES if n != "spark-1"]:  # and on no other node, whatever a run left there
+        shutil.rmtree(testbed.model_snapshot(node).parent.parent.parent / copy.name, ignore_errors=True)
     return copy
 
 
@@ -176,38 +179,38 @@ def test_a_change_to_a_model_one_node_lacks_is_prefetched_there_while_the_old_on
     verify_serving(d)
     before = owned_ids()
     copy = only_on_spark_1()
-    # The source: a plain directory the image sees at /model-src; its last file a FIFO that holds the copy until
-    # the test has seen the old deployment still serving (a slow disk, made deterministic).
-    src = tmp_path / "src"
-    shutil.copytree(testbed.model_snapshot("spark-1"), src)
-    fifo = src / "zz-slow.bin"
-    os.mkfifo(fifo)
-    doc = tomllib.loads(config.read_text())
-    dep = doc["deployments"][0]
-    hf = [f"{testbed.DIR}/{n}/hf:{testbed.DIR}/{n}/hf" for n in testbed.NODES]  # writable, under the read-only mount
-    dep["ray"] = {**dep["ray"], "volumes": [*dep["ray"].get("volumes", []), *hf, f"{src}:/model-src:ro"]}
-    dep["serve"] = {**dep["serve"], "model": OTHER}
-    dep["model"] = {**dep.get("model", {}), "prefetch": True, "prefetch_from": "/model-src"}
-    config.write_text(tomli_w.dumps(doc))
-    t = datetime.now().timestamp()
-    try:
-        d.proc.send_signal(signal.SIGHUP)
-        d.wait(lambda _: bool([e for e in d.events("model.prefetch_started") if e.get("node") == "spark-2"]), 180,
-               "the proof's prefetch on spark-2")
-        st = d.wait(lambda s: bool((s.get("reload") or {}).get("proving")), 30, "the pending change shown")
-        assert "once its new spec is proven on every member" in st["reload"]["proving"], st["reload"]
-        # The old spec serves on, on the same containers, while the new model is fetched beside it (the
-        # prefetch's own container on spark-2).
-        st = d.status() or {}
-        assert st.get("phase") == "SERVING" and owned_ids() == before and not d.repairs(t), st.get("reason")
-        assert "testbed-model-spark-2" in containers("spark-2")
-        assert not [e for e in d.events("model.prefetch_started") if e.get("node") == "spark-1"], "spark-1 has it"
-    finally:
-        writer = threading.Thread(target=lambda: fifo.write_bytes(b"x" * 1000), daemon=True)
-        writer.start()  # (opening a FIFO for writing waits for its reader)
-        writer.join(60)
     fetched = testbed.model_snapshot("spark-2").parent.parent.parent / copy.name
     try:
+        # The source: a plain directory the image sees at /model-src; its last file a FIFO that holds the copy until
+        # the test has seen the old deployment still serving (a slow disk, made deterministic).
+        src = tmp_path / "src"
+        shutil.copytree(testbed.model_snapshot("spark-1"), src)
+        fifo = src / "zz-slow.bin"
+        os.mkfifo(fifo)
+        doc = tomllib.loads(config.read_text())
+        dep = doc["deployments"][0]
+        hf = [f"{testbed.DIR}/{n}/hf:{testbed.DIR}/{n}/hf" for n in testbed.NODES]  # writable, under the read-only mount
+        dep["ray"] = {**dep["ray"], "volumes": [*dep["ray"].get("volumes", []), *hf, f"{src}:/model-src:ro"]}
+        dep["serve"] = {**dep["serve"], "model": OTHER}
+        dep["model"] = {**dep.get("model", {}), "prefetch": True, "prefetch_from": "/model-src"}
+        config.write_text(tomli_w.dumps(doc))
+        t = datetime.now().timestamp()
+        try:
+            d.proc.send_signal(signal.SIGHUP)
+            d.wait(lambda _: bool([e for e in d.events("model.prefetch_started") if e.get("node") == "spark-2"]), 180,
+                   "the proof's prefetch on spark-2")
+            st = d.wait(lambda s: bool((s.get("reload") or {}).get("proving")), 30, "the pending change shown")
+            assert "once its new spec is proven on every member" in st["reload"]["proving"], st["reload"]
+            # The old spec serves on, on the same containers, while the new model is fetched beside it (the
+            # prefetch's own container on spark-2).
+            st = d.status() or {}
+            assert st.get("phase") == "SERVING" and owned_ids() == before and not d.repairs(t), st.get("reason")
+            assert "testbed-model-spark-2" in containers("spark-2")
+            assert not [e for e in d.events("model.prefetch_started") if e.get("node") == "spark-1"], "spark-1 has it"
+        finally:
+            writer = threading.Thread(target=lambda: fifo.write_bytes(b"x" * 1000), daemon=True)
+            writer.start()  # (opening a FIFO for writing waits for its reader)
+            writer.join(60)
         d.wait(lambda s: s["phase"] == "SERVING" and datetime.fromisoformat(s["since"]).timestamp() > t, 300,
                "SERVING on the new spec")
         verify_serving(d)
