@@ -17,6 +17,7 @@ Writes bench/results.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import statistics
@@ -374,6 +375,19 @@ def serving_rows(d: Supervisor, runs: int) -> str:
     ])
 
 
+def on_a_serving_daemon(workdir: Path, watch: dict[str, Any], name: str, rows_of: Callable[[Supervisor], str]) -> str:
+    """``rows_of`` a daemon brought to SERVING on a clean testbed, torn down after."""
+    testbed.clean_containers()
+    d = Supervisor(write_config(workdir, watch), workdir, name)
+    try:
+        d.wait_phase("SERVING", 300)
+        return rows_of(d)
+    finally:
+        d.stop(signal.SIGTERM)
+        subprocess.run([str(BIN / "spark-supervisor"), "teardown", "--config", str(d.config)],
+                       capture_output=True, check=False, timeout=120)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="spark-testbed-bench")
     ap.add_argument("--runs", type=int, default=3)
@@ -397,32 +411,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.only_stack:
         print(stack_rows(stack_idle(workdir, watch, a.idle_seconds), a.idle_seconds))
         return 0
-    if a.only_changes:
-        testbed.clean_containers()
-        d = Supervisor(write_config(workdir, watch), workdir, "changes")
-        try:
-            d.wait_phase("SERVING", 300)
-            rows = change_rows(d, a.runs)
-        finally:
-            d.stop(signal.SIGTERM)
-            subprocess.run([str(BIN / "spark-supervisor"), "teardown", "--config", str(d.config)],
-                           capture_output=True, check=False, timeout=120)
-        print(rows)
-        (testbed.SRC / "bench" / "results-changes.md").write_text(rows + "\n")
-        return 0
-    if a.only_serving:
-        testbed.clean_containers()
-        d = Supervisor(write_config(workdir, watch), workdir, "serving")
-        try:
-            d.wait_phase("SERVING", 300)
-            rows = serving_rows(d, a.runs)
-        finally:
-            d.stop(signal.SIGTERM)
-            subprocess.run([str(BIN / "spark-supervisor"), "teardown", "--config", str(d.config)],
-                           capture_output=True, check=False, timeout=120)
-        print(rows)
-        (testbed.SRC / "bench" / "results-serving.md").write_text(rows + "\n")
-        return 0
+    for only, name, rows_of in ((a.only_changes, "changes", change_rows), (a.only_serving, "serving", serving_rows)):
+        if only:
+            rows = on_a_serving_daemon(workdir, watch, name, functools.partial(rows_of, runs=a.runs))
+            print(rows)
+            (testbed.SRC / "bench" / f"results-{name}.md").write_text(rows + "\n")
+            return 0
     real = real_restarts(workdir)
     print("real vLLM:", real, flush=True)
     real_rows = "\n".join([
