@@ -190,5 +190,6 @@ def _heartbeat(f: Facts) -> Decision | None:
         return f.repair("serve", Reason(Kind.SERVE_WEDGED, f"the engine's heartbeat stopped ({frozen}) and the deep "
                         f"probe failed ({st.deep.detail})"), (StopServe("wedged"),))
     said = "answered" if st.deep.last == ProbeResult.SUCCESS else "could not run"
+    again = f.now - st.deep.last_at >= f.cfg.healing.deep_probe_interval  # a long stall is probed on its schedule
     return Decision(Phase.SERVING, Reason(Kind.HEARTBEAT_STALLED, f"{frozen}; the deep probe {said} ({st.deep.detail}): "
-                    "not a wedge on this evidence"))
+                    "not a wedge on this evidence"), (Verify(s.identity, deep=True),) if again else ())

@@ -165,3 +165,15 @@ def test_a_scheduled_deep_probe_the_wedge_caught_in_flight_corroborates_the_stal
     assert d.repair == "serve" and "the engine's heartbeat stopped" in d.reason, d.reason
     early = Tracker(1, 0, "failure", 115, "no answer within 30s")  # ended before the stall time: not of the stall
     assert plan(o, serving_status(heartbeat=stalled, deep=early), C, 135).actions == (Verify(s.identity, deep=True),)
+
+
+def test_a_stall_the_deep_probe_answered_is_probed_again_on_its_schedule() -> None:
+    """A long prefill answered its probe; if the engine then wedges with its counters still frozen, the
+    scheduled deep probe still runs (the stall does not silence it)."""
+    s = serve_running(C)
+    o = obs(C, deployed=True, serve=s, endpoint=UP)
+    stalled = Heartbeat(s.identity, (10, 0, 0), moved_at=100, running=1, stalled_at=120)
+    answered = Tracker(0, 1, "success", 125, "content answered")
+    assert plan(o, serving_status(heartbeat=stalled, deep=answered), C, 150).actions == ()
+    later = 125 + C.healing.deep_probe_interval
+    assert plan(o, serving_status(heartbeat=stalled, deep=answered), C, later).actions == (Verify(s.identity, deep=True),)
