@@ -18,6 +18,7 @@ import pytest
 
 from spark_supervisor.adapters import AdapterError, TransientError, Unreachable
 from spark_supervisor.adapters.shell import NodeShell, Result, control_dir, run_local, ssh_config_file
+from spark_testbed.testbed import until
 
 # What a command's arguments may hold that a shell would read (split, expand, run): each must arrive as it is.
 TRICKY = ["a b", "$(echo expanded)", "`echo expanded`", "it's", '"quoted"', "; echo injected", "*", "$HOME", ""]
@@ -26,20 +27,20 @@ TRICKY = ["a b", "$(echo expanded)", "`echo expanded`", "it's", '"quoted"', "; e
 def gone(pattern: list[str], deadline: float = 20.0) -> bool:
     """No process of this exact argv is left, waited for up to ``deadline`` seconds."""
     want = "\0".join(pattern).encode() + b"\0"
-    end = time.monotonic() + deadline
-    while True:
-        alive = []
+
+    def none_left() -> bool:
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 if Path(f"/proc/{pid}/cmdline").read_bytes() == want:
-                    alive.append(pid)
+                    return False
             except OSError:
                 pass
-        if not alive:
-            return True
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)  # polling a condition with a deadline, not a wait for time to pass
+        return True
+    try:
+        until(none_left, deadline, f"no process {pattern}", every=0.05)
+    except TimeoutError:
+        return False
+    return True
 
 
 @pytest.fixture
