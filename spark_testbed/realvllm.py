@@ -325,20 +325,29 @@ class Server:
         self.stop()
 
 
+def fresh_server(name: str, port: int, mode: str = "fast") -> tuple[list[str], Server] | None:
+    """The real server on the check model, in an emptied run directory DIR/name (its home, compile cache and
+    log), not started; None (said on stderr) when the server is not built."""
+    if not built():
+        print("realvllm: not built; run `python -m spark_testbed.realvllm build` first", file=sys.stderr)
+        return None
+    run = DIR / name
+    shutil.rmtree(run, ignore_errors=True)
+    (run / "home").mkdir(parents=True)
+    argv = serve_argv(model_dir(CHECK_NAME), port, CHECK_NAME, mode=mode)
+    return argv, Server(argv, serve_env(run / "cache", mode=mode, home=str(run / "home")), run / "server.log", port=port)
+
+
 CHAT = {"model": CHECK_NAME, "messages": [{"role": "user", "content": "Hello, are you healthy?"}],
         "max_tokens": 16, "temperature": 0}
 
 
 def check(mode: str = "fast", port: int = CHECK_PORT, timeout: float = 300) -> int:
-    if not built():
-        print("realvllm: not built; run `python -m spark_testbed.realvllm build` first", file=sys.stderr)
+    made = fresh_server("realvllm-check", port, mode)
+    if made is None:
         return 2
-    run = DIR / "realvllm-check"
-    shutil.rmtree(run, ignore_errors=True)
-    (run / "home").mkdir(parents=True)
-    log = run / "server.log"
-    argv = serve_argv(model_dir(CHECK_NAME), port, CHECK_NAME, mode=mode)
-    srv = Server(argv, serve_env(run / "cache", mode=mode, home=str(run / "home")), log, port=port)
+    argv, srv = made
+    log = srv.log_path
     print(f"realvllm check: starting ({mode}) {' '.join(argv)}\n  log: {log}", flush=True)
     ok = False
     try:
@@ -434,15 +443,11 @@ def capture_stream(out: Path, port: int = CAPTURE_PORT, timeout: float = 300) ->
     (the raw SSE of STREAM), metrics_before.txt / metrics_after.txt (the counters' movement), metrics_during.txt
     (a longer stream's /metrics while it runs: the running gauge and the token counter mid-request) and
     stream_capture.json (arrival times, the heartbeat's figures over time, headers)."""
-    if not built():
-        print("realvllm: not built; run `python -m spark_testbed.realvllm build` first", file=sys.stderr)
+    made = fresh_server("realvllm-capture-stream", port)
+    if made is None:
         return 2
-    run = DIR / "realvllm-capture-stream"
-    shutil.rmtree(run, ignore_errors=True)
-    (run / "home").mkdir(parents=True)
+    argv, srv = made
     out.mkdir(parents=True, exist_ok=True)
-    argv = serve_argv(model_dir(CHECK_NAME), port, CHECK_NAME)
-    srv = Server(argv, serve_env(run / "cache", home=str(run / "home")), run / "server.log", port=port)
     report: dict[str, object] = {"argv": argv[1:], "request": STREAM}
     print(f"realvllm capture-stream: starting {' '.join(argv)}\n  log: {srv.log_path}", flush=True)
     try:
