@@ -90,7 +90,7 @@ bench: testbed  ## the supervisor's overhead, detection times, idle CPU and memo
 # shellcheck reads the shell scripts (spark_supervisor/scripts/*.sh) as they run: joined to the pieces they
 # run with and the constants put in, as commands, modelcheck and servelogs load them (a piece alone reads
 # variables and functions of another). Its settings: spark_supervisor/scripts/.shellcheckrc.
-RUN_SCRIPTS := commands.SERVE_WRAPPER commands.SERVE_STATE commands.SERVE_STOP commands.PROBES \
+RUN_SCRIPTS := commands.SERVE_WRAPPER commands.SERVE_STATE commands.SERVE_STOP commands.PROBES commands.HOST_FACTS \
 	commands.IMAGE_PROBE commands.RAY_NODES modelcheck.RUN_PY servelogs.LIST servelogs.READ servelogs.FOLLOW
 
 lint: venv

@@ -50,6 +50,15 @@ def node_env(node: Node) -> dict[str, str]:
     return env
 
 
+def nccl_env(cfg: Config, dep: Deployment) -> dict[str, str]:
+    """NCCL's INFO lines for INIT and NET in a serve across nodes ([deployments.fabric]): the transport each rank
+    chose is read from them (logscan.transports). Lowest precedence: the deployment's own env wins."""
+    f = dep.fabric
+    if not f.nccl_debug or len(cfg.members(dep)) < 2:
+        return {}
+    return {"NCCL_DEBUG": f.nccl_debug, **({"NCCL_DEBUG_SUBSYS": f.nccl_debug_subsys} if f.nccl_debug_subsys else {})}
+
+
 @dataclass(frozen=True)
 class ContainerSpec:
     name: str
@@ -78,8 +87,8 @@ def node_container(cfg: Config, dep: Deployment, node: Node, *, dashboard: bool 
     if dep.uses_ray:
         command += [f"--node-ip-address={node.fabric_ip}", f"--num-gpus={node.gpus}", "--disable-usage-stats",
                     *ray.extra_args]
-    env = {**ray.env, **(ray.head_env if node.name == head.name else {}), **node_env(node), **node.env,
-           "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**nccl_env(cfg, dep), **ray.env, **(ray.head_env if node.name == head.name else {}), **node_env(node),
+           **node.env, "RAY_USAGE_STATS_ENABLED": "0"}
     volumes: dict[str, dict[str, str]] = {}
     for src, dst, mode in ray.mounts:
         volumes[src] = {"bind": dst, "mode": mode}
@@ -160,7 +169,8 @@ def shown_argv(cfg: Config, dep: Deployment, argv: list[str]) -> list[str]:
 
 def serve_env(cfg: Config, dep: Deployment, spec_hash: str = "", node: Node | None = None) -> dict[str, str]:
     node = node or cfg.serve_node(dep)
-    env = {**dep.ray.env, **node_env(node), **node.env, **cache_env(dep, spec_hash), **dep.serve.env}
+    env = {**nccl_env(cfg, dep), **dep.ray.env, **node_env(node), **node.env, **cache_env(dep, spec_hash),
+           **dep.serve.env}
     if dep.uses_ray and dep.serve.placement_strategy:
         env.setdefault("VLLM_DISTRIBUTED_EXECUTOR_CONFIG",
                        json.dumps({"placement_group_options": {"strategy": dep.serve.placement_strategy}}))
@@ -293,6 +303,14 @@ def ssh_argv(target: str, argv: list[str], *, connect_timeout: float, control_di
         opts += ["-o", "ControlMaster=auto", "-o", f"ControlPath={control_dir}/ssh-%C",
                  "-o", "ControlPersist=120"]
     return ["ssh", *opts, target, "--", shlex.join(argv)]
+
+
+HOST_FACTS = script.load("host-facts.sh")
+
+
+def host_facts(node: Node) -> list[str]:
+    """The node's fabric and identity facts under its host_root (adapters.sysfs.parse_host_facts)."""
+    return ["sh", "-c", HOST_FACTS, "host-facts", node.host_root]
 
 
 def systemctl_show(units: list[str]) -> list[str]:

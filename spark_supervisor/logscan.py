@@ -10,6 +10,7 @@ import functools
 import re
 from dataclasses import dataclass
 
+from .model.host import Transport
 from .model.reason import Kind
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -103,6 +104,10 @@ FAILURES: tuple[tuple[Kind, str, tuple[str, ...]], ...] = (
      (r"Cannot provide a placement group .*within (\d+) seconds",)),
     (Kind.NO_NODE_CAN_FULFILL, "set VLLM_HOST_IP per node to its fabric IP; check GPUs per node",
      (r"No available node types can fulfill (?:resource requests?|placement group requests)",)),
+    (Kind.GPU_ACCESS_LOST, "the container lost its GPU devices, as after a host `systemctl daemon-reload` without "
+     "NVIDIA's CDI refresh (enable nvidia-cdi-refresh): a restart of the containers gives them back",
+     (r"Failed to initialize NVML: Unknown Error", r"cudaGetDeviceCount\(\)\. .*Error 999: unknown error",
+      r"CUDA driver initialization failed")),
     (Kind.NCCL_ERROR, "check NCCL_SOCKET_IFNAME / NCCL_IB_HCA on every node",
      (r"NCCL error: ", r"DistBackendError: NCCL error in:")),
     (Kind.ENGINE_READY_TIMEOUT, "raise VLLM_ENGINE_READY_TIMEOUT_S above the load time (e.g. 1800)",
@@ -290,3 +295,46 @@ def timeline(text: str) -> list[Step]:
             secs = (t1 - t0).total_seconds()
         out.append(Step(name, at, secs))
     return out
+
+
+# NCCL's INFO lines (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET; wire-formats.md §8.1): "<host>:<pid>:<tid>
+# [<dev>] NCCL INFO <text>", a Ray worker's with vLLM's "(RayWorkerWrapper pid=N, ip=A) " before it.
+_NCCL = re.compile(r"(?:\((?:\w+) pid=\d+(?:, ip=([\d.]+))?\)\s*)?([\w.-]+):(\d+):\d+ \[\d+\] NCCL INFO (.*)")
+_NCCL_IP = re.compile(r"(?:Bootstrap : Using|OOB) [\w.-]+:([\d.]+)<")
+_NCCL_NET = re.compile(r"^(NET/(IB|Socket) : Using .*)")
+_NCCL_USING = re.compile(r"^Using network (IB|Socket)\b")
+_NCCL_RANK = re.compile(r"^comm \S+ rank (\d+) nranks (\d+)")
+_NCCL_CHANNEL = re.compile(r"^Channel \S+ : .* via NET/(IB|Socket)/")
+
+
+@functools.lru_cache(maxsize=16)
+def transports(text: str) -> tuple[Transport, ...]:
+    """Which network each NCCL process in the log uses between nodes (its "Using network" line, else its
+    channels' "via NET/..."), with its rank (the first communicator of more than one rank) and address."""
+    procs: dict[tuple[str, str], dict[str, str]] = {}
+    for line in lines(text):
+        m = _NCCL.search(line)
+        if not m:
+            continue
+        p = procs.setdefault((m.group(2), m.group(3)), {})
+        said = m.group(4).strip()
+        if m.group(1):
+            p.setdefault("ip", m.group(1))
+        if (ip := _NCCL_IP.search(said)) is not None:
+            p["ip"] = ip.group(1)
+        if (net := _NCCL_NET.search(said)) is not None:
+            p.setdefault("detail", net.group(1).strip()[:200])
+        if (using := _NCCL_USING.search(said)) is not None:
+            p["net"], p["line"] = using.group(1), line.strip()[-300:]
+        elif (ch := _NCCL_CHANNEL.search(said)) is not None and "net" not in p:
+            p.setdefault("channel", ch.group(1))
+            p.setdefault("channel_line", line.strip()[-300:])
+        if (rank := _NCCL_RANK.search(said)) is not None and "rank" not in p and int(rank.group(2)) > 1:
+            p["rank"] = rank.group(1)
+    out = []
+    for p in procs.values():
+        chosen = p.get("net") or p.get("channel")
+        if chosen:
+            out.append(Transport(int(p["rank"]) if "rank" in p else None, p.get("ip", ""), chosen, p.get("detail", ""),
+                                 p.get("line") or p.get("channel_line", "")))
+    return tuple(out)

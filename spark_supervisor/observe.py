@@ -19,6 +19,7 @@ from .adapters.docker import DockerEngine
 from .adapters.nvidia import parse_meminfo, parse_smi_xml
 from .adapters.ray import RayDashboard, read_nodes
 from .adapters.shell import NodeShell, Result
+from .adapters.sysfs import parse_host_facts
 from .adapters.vllm import VllmApi
 from .config import Config, Node
 from .deployment import DeploymentView, as_view
@@ -28,6 +29,7 @@ from .model import (
     EndpointState,
     EngineStats,
     Gpu,
+    HostFacts,
     Kind,
     Listener,
     Memory,
@@ -100,7 +102,14 @@ def _units(r: Result) -> tuple[Unit, ...]:
     return tuple(units)
 
 
-def _nvidia(r: Result) -> Gpu:
+NVML_LOST = "Failed to initialize NVML: Unknown Error"  # wire-formats.md §8.3
+
+
+def _nvidia(r: Result) -> Gpu | str:
+    """The GPU; or nvidia-smi's own words when it lost the GPU (NVML's "Unknown Error": GpuAccessLost)."""
+    said = f"{r.out}\n{r.err}"
+    if NVML_LOST in said:
+        return next(ln.strip() for ln in said.splitlines() if NVML_LOST in ln)[:200]
     if r.rc != 0:
         raise AdapterError("NvidiaSmiFailed", (r.err.strip() or r.out.strip() or f"exit {r.rc}")[-200:])
     return parse_smi_xml(r.out)
@@ -110,6 +119,12 @@ def _meminfo(r: Result) -> Memory:
     if r.rc != 0:
         raise AdapterError("MeminfoFailed", f"exit {r.rc}")
     return parse_meminfo(r.out)
+
+
+def _host(r: Result) -> HostFacts:
+    if r.rc != 0:
+        raise AdapterError("HostFactsFailed", (r.err.strip() or f"exit {r.rc}")[-200:])
+    return parse_host_facts(r.out)
 
 
 def _interfaces(r: Result) -> dict[str, tuple[str, ...]]:
@@ -179,6 +194,7 @@ def _probes(a: NodeAdapters, cfg: Config) -> dict[str, Probe]:
     out["meminfo"] = (list(a.node.meminfo), _meminfo)
     out["ip"] = (list(a.node.ip), _interfaces)
     out["listening"] = (list(LISTENING), _listening)
+    out["host"] = (commands.host_facts(a.node), _host)
     return out
 
 
@@ -234,11 +250,16 @@ def observe_node(a: NodeAdapters, on: DeploymentView | Config, full: bool, probe
         got.update(_collect_probes(wanted, *started, view.deadlines.probes.seconds, errors))
     except Unreachable as e:
         return NodeObservation(name, error=str(e))
-    gpu = got.get("nvidia-smi")
+    read, lost = got.get("nvidia-smi"), ""
+    gpu: Gpu | None = read if isinstance(read, Gpu) else None
+    if isinstance(read, str):  # no GPU reading: its memory is unknown, and why is said
+        lost = read
+        errors.append(f"nvidia-smi: {Kind.GPU_ACCESS_LOST}: {lost}")
     owned = _owned_pids(a, cfg, containers, gpu, errors) if gpu is not None else None
     return NodeObservation(name, containers=containers, docker_version=version, units=got.get("units"),
                            gpu=gpu, memory=got.get("meminfo"), interfaces=got.get("ip"),
-                           probe_errors=tuple(errors), owned_pids=owned, listening=got.get("listening"))
+                           probe_errors=tuple(errors), owned_pids=owned, listening=got.get("listening"),
+                           host=got.get("host"), gpu_lost=lost)
 
 
 def _start_probes(a: NodeAdapters, wanted: dict[str, Probe], probes: cf.Executor

@@ -27,12 +27,12 @@ from .labels import (
 )
 from .loader import ConfigError, load, parse
 from .root import Config, deployment_dir, deployment_secrets
-from .schema import Deployment, ModelFiles, Node, Performance, Ray, Readiness, Serve, Stale
+from .schema import Deployment, Fabric, ModelFiles, Node, Performance, Ray, Readiness, Serve, Stale
 from .settings import Alerts, Healing, Memory, Metrics, Retry, Supervisor
 
 __all__ = [
     "API_KEY_ENV", "FABRIC_ENV", "HASH_LABEL", "HELPER_LABEL", "LABEL_PREFIX", "MAX_CONFIG_BYTES", "MAX_KEY_BYTES",
     "NODE_LABEL", "OWNER_LABEL", "RAY_STATE_LABEL", "ROLE_LABEL", "Alerts", "Config", "ConfigError",
-    "Deployment", "Healing", "Memory", "Metrics", "ModelFiles", "Node", "Performance", "Ray", "Readiness", "Retry", "Serve",
+    "Deployment", "Fabric", "Healing", "Memory", "Metrics", "ModelFiles", "Node", "Performance", "Ray", "Readiness", "Retry", "Serve",
     "Stale", "Supervisor", "deployment_dir", "deployment_secrets", "file_hash", "load", "parse", "ray_hash", "serve_hash",
 ]

@@ -19,7 +19,7 @@ def _digest(obj: Any) -> str:
 
 def ray_hash(cfg: Config, dep: Deployment) -> str:
     """What shapes the Ray containers: changing it replaces the whole deployment."""
-    nodes = [n.model_dump(exclude={"nvidia_smi", "meminfo", "ip", "oob"}) for n in cfg.members(dep)]
+    nodes = [n.model_dump(exclude={"nvidia_smi", "meminfo", "ip", "oob", "host_root"}) for n in cfg.members(dep)]
     return _digest({"nodes": nodes,
                     "ray": dep.ray.model_dump(exclude={"join_timeout", "image_pull", "pull_timeout", "pull_min_free_gib"}),
                     "backend": dep.serve.distributed_executor_backend, "cache_dir": dep.serve.cache_dir,

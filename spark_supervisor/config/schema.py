@@ -69,6 +69,9 @@ class Node(_Strict):
     drop_caches: OptionalArgv = []
     gpus: Annotated[int, Field(ge=0, le=64)] = 1
     env: dict[EnvName, str] = {}
+    # Where this node's /sys, /proc and /etc are read for its fabric and identity facts (scripts/host-facts.sh):
+    # "/" on a real host; a tree of its own per node where the hardware is a stand-in (the testbed).
+    host_root: AbsPath = "/"
 
     @property
     def remote(self) -> bool:
@@ -345,6 +348,19 @@ class Performance(_Strict):
     timeout: Sec3600 = 300
 
 
+class Fabric(_Strict):
+    """[deployments.fabric]: what is checked below vLLM (fabric.py). A multi-node serve runs with NCCL's INFO
+    lines for INIT and NET (unless its env sets them), so the transport each rank chose is read from its log:
+    sockets where the fabric is RDMA is DEGRADED FabricFallback. Before a (re)start a link down, MTUs unequal
+    between members, a rate below ``min_rate_gbps`` or NCCL_IB_GID_INDEX no longer holding the fabric IPv4
+    hold the start with the reason; while serving they are DEGRADED, never a repair."""
+
+    check: bool = True
+    nccl_debug: Annotated[str, Field(pattern=r"^(|VERSION|WARN|INFO|TRACE)$")] = "INFO"  # "": leave NCCL's default
+    nccl_debug_subsys: Annotated[str, Field(pattern=r"^[A-Z,^]*$")] = "INIT,NET"
+    min_rate_gbps: Annotated[float, Field(ge=0, le=100000)] = 0.0  # 0: no floor
+
+
 class Deployment(_Strict):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")] = "llm"
     nodes: list[str] = []
@@ -358,6 +374,7 @@ class Deployment(_Strict):
     required: bool = True
     model: ModelFiles = Field(default_factory=ModelFiles)
     performance: Performance = Field(default_factory=Performance)
+    fabric: Fabric = Field(default_factory=Fabric)
 
     @model_validator(mode="after")
     def _model_source(self) -> Deployment:

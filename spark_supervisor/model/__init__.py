@@ -19,6 +19,7 @@ from .action import (
     Verify,
     describe,
 )
+from .host import Gid, HostFacts, Link, RdmaPort, Transport
 from .observation import (
     Container,
     EndpointObservation,
@@ -45,7 +46,7 @@ from .status import Heartbeat, KvCache, LoadLimits, PerfVerdict, Status, Tracker
 Outcome = Verdict | ImageReport | Throughput | None
 
 __all__ = [
-    "Action", "CheckImage", "Container", "Decision", "DropPageCache", "EndpointObservation", "EndpointState",
+    "Action", "CheckImage", "Gid", "HostFacts", "Link", "RdmaPort", "Transport", "Container", "Decision", "DropPageCache", "EndpointObservation", "EndpointState",
     "EngineStats", "Gpu", "GpuProcess", "Heartbeat", "ImageReport", "Kind", "KvCache", "Listener", "LoadLimits", "Measure", "Memory",
     "ModelReport", "NodeObservation", "Observation", "Outcome", "Pause", "PerfVerdict", "Phase", "PrefetchModel", "ProbeResult", "RayNode",
     "RayObservation", "Reason", "RemoveContainers", "ServeObservation", "StartContainer", "StartServe", "Status",

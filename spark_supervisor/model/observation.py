@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from .host import HostFacts
+
 
 @dataclass(frozen=True)
 class Container:
@@ -92,6 +94,8 @@ class NodeObservation:
     owned_pids: frozenset[int] | None = None
     # TCP listeners on the node (a full observation); None: could not be read (unknown: neither free nor busy)
     listening: tuple[Listener, ...] | None = ()
+    host: HostFacts | None = None  # its fabric and identity facts (a full observation); None: not read
+    gpu_lost: str = ""  # nvidia-smi's own words when it lost the GPU (NVML "Unknown Error"): GpuAccessLost
 
 
 @dataclass(frozen=True)

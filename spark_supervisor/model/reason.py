@@ -40,6 +40,7 @@ class Kind(StrEnum):
     RANKS_NEVER_JOINED = "RanksNeverJoined"
     ENGINE_DIED = "EngineDied"
     ENGINE_START_FAILED = "EngineStartFailed"
+    GPU_ACCESS_LOST = "GpuAccessLost"  # NVML "Unknown Error" (a host systemd reload without the CDI refresh)
 
     # An action that failed (act.ActionFailed).
     IMAGE_MISSING = "ImageMissing", True  # not on the node and pulls are off
@@ -49,6 +50,14 @@ class Kind(StrEnum):
     MODEL_CHECK_FAILED = "ModelCheckFailed"
     SYSTEMCTL_FAILED = "SystemctlFailed"
     TEARDOWN_INCOMPLETE = "TeardownIncomplete"
+
+    # Below vLLM: the fabric and the hosts (fabric.py; wire-formats.md §8).
+    FABRIC_FALLBACK = "FabricFallback"  # NCCL on sockets where the fabric is RDMA: DEGRADED, never a repair
+    FABRIC_LINK_DOWN = "FabricLinkDown"
+    FABRIC_MTU_MISMATCH = "FabricMtuMismatch"
+    FABRIC_DEGRADED = "FabricDegraded"  # a rate below [deployments.fabric] min_rate_gbps
+    GID_INDEX_MOVED = "GidIndexMoved"
+    PEER_REBOOTED = "PeerRebooted"  # a member's boot ID changed under the deployment: a gang repair
 
     # What the planner and the loop decide.
     CHANGE_REFUSED = "ChangeRefused"  # a reload's new spec failed its proof: the old one serves on

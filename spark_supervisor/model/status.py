@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .host import HostFacts, Transport
 from .observation import EngineStats
 from .phase import Phase
 from .reason import Reason
@@ -157,6 +158,14 @@ class Status:
     pinned: dict[str, str] = field(default_factory=dict)
     starts: int = 0  # times the deployment's containers were started (each start checks its images first)
     waiting_for: str = ""  # the deployments it starts after that do not answer yet (set by the daemon)
+    # Below vLLM (fabric.py): each member's host facts at the last full observation that read them (a node
+    # whose reading failed is left out: unknown), what nvidia-smi said where it lost the GPU, the boot IDs
+    # when the deployment last reached SERVING, and the NCCL transport of each rank of the serve that runs.
+    hosts: dict[str, HostFacts] = field(default_factory=dict)
+    gpu_lost: dict[str, str] = field(default_factory=dict)
+    boots: dict[str, str] = field(default_factory=dict)
+    transports: tuple[Transport, ...] = ()
+    transports_of: str = ""  # the serve instance they are of
 
     @property
     def reason(self) -> str:
