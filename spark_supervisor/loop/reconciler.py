@@ -38,7 +38,7 @@ from ..plan import Seen, derive, plan
 from ..preflight import preflight
 from ..retry import backoff_delay
 from .deadlines import LoadClock
-from .tracking import Liveness, LoadProgress, QuickWatch, RepairBudget, StartProgress
+from .tracking import Below, Liveness, LoadProgress, QuickWatch, RepairBudget, StartProgress
 
 # Phases during which a full observation (units, nvidia-smi, meminfo) is needed every tick.
 _FULL_PHASES = {Phase.DETECTING, Phase.CLEANING, Phase.BACKOFF, Phase.FAILED, Phase.DEGRADED, Phase.STARTING_VLLM}
@@ -66,6 +66,7 @@ class Reconciler:
         self.load = LoadProgress(log)
         self.loads = LoadClock(log, wall)  # the load's limits, learned from its key's good loads (loop.deadlines)
         self.liveness = Liveness(log)
+        self.below = Below(log)
         self._look_closer = False
         self._eager = 0  # consecutive ticks run at once after acting
         self.watch = QuickWatch(log)
@@ -96,6 +97,7 @@ class Reconciler:
         if obs.full:
             self.last_full = obs
             st.preflight = tuple(preflight(self.view, obs))
+        self.below.update(st, obs, self.view)
         self.liveness.track(st, obs, seen, self.metrics, now, self.view.cfg.healing.heartbeat_stall)
         if self.paused is not None:
             return self._paused_tick(obs, seen, now)
@@ -229,6 +231,8 @@ class Reconciler:
                 log("phase.changed", **{"from": before.value}, to=phase.value, reason=str(why), reason_kind=why.kind)
                 if phase == Phase.SERVING:
                     self.metrics.ready_after(now - self.start.bringup_at)
+                if phase == Phase.SERVING and before != Phase.DEGRADED:
+                    self.below.served(st)
                 self._alert_phase(before, phase, why)
             else:
                 self.log.info("phase.progress", phase=phase.value, reason=str(why), reason_kind=why.kind)

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .. import statefile
+from .. import logscan, statefile
 from ..backend import Backend, Fingerprint, ray_alive
 from ..config import Config
+from ..deployment import DeploymentView
 from ..metrics import DeploymentMetrics, NoMetrics
 from ..model import (
     Decision,
@@ -137,6 +138,65 @@ class LoadProgress:
             except OSError as e:
                 self.log.error("state.write_failed", file="kv.json", error=str(e))
         metrics.kv_cache(tokens, max(best, tokens), regressed)
+
+
+class Below:
+    """What lies below vLLM, kept between full observations (fabric.py judges it): each member's host facts
+    and whether nvidia-smi lost its GPU, the boot IDs when the deployment reached SERVING, and the NCCL
+    transport of each rank of the serve that runs (latched: its INFO lines scroll out of the log's tail)."""
+
+    def __init__(self, log: Any):
+        self.log = log
+
+    def update(self, st: Status, obs: Observation, view: DeploymentView) -> None:
+        if obs.full:
+            self._hosts(st, obs, view)
+        self._transports(st, obs)
+        if st.phase in (Phase.SERVING, Phase.DEGRADED):  # a boot ID first read while serving is recorded then
+            st.boots.update({n: h.boot_id for n, h in st.hosts.items() if h.boot_id and n not in st.boots})
+
+    def served(self, st: Status) -> None:
+        """The deployment entered SERVING: the members' boot IDs now are the ones it runs on."""
+        st.boots = {n: h.boot_id for n, h in st.hosts.items() if h.boot_id}
+        self.log.info("host.boot_ids", boot_ids=st.boots)
+
+    def _hosts(self, st: Status, obs: Observation, view: DeploymentView) -> None:
+        for node in view.members:
+            o = obs.nodes.get(node.name)
+            if o is None or o.error or o.host is None:  # not read: unknown, not the last reading
+                st.hosts.pop(node.name, None)
+            else:
+                was = st.hosts.get(node.name)
+                if was is not None and was.boot_id and o.host.boot_id and was.boot_id != o.host.boot_id:
+                    self.log.warning("host.rebooted", node=node.name, boot_id=o.host.boot_id, was=was.boot_id)
+                st.hosts[node.name] = o.host
+            if o is not None and o.gpu_lost and st.gpu_lost.get(node.name) != o.gpu_lost:
+                self.log.error("gpu.access_lost", node=node.name, said=o.gpu_lost)
+                st.gpu_lost[node.name] = o.gpu_lost
+            elif o is not None and o.gpu is not None and node.name in st.gpu_lost:  # read again: regained
+                del st.gpu_lost[node.name]
+                self.log.info("gpu.access_regained", node=node.name)
+
+    def _transports(self, st: Status, obs: Observation) -> None:
+        s = obs.serve
+        if s is None or not s.present:
+            st.transports, st.transports_of = (), ""
+            return
+        if st.transports_of != s.identity:
+            st.transports, st.transports_of = (), s.identity
+        texts = [s.log_tail, *(x.log_tail for x in obs.followers.values() if x is not None and not x.error)]
+        found = {(t.ip, t.rank): t for text in texts if "NCCL INFO" in text for t in logscan.transports(text)}
+        if not found:
+            return
+        known = {(t.ip, t.rank): t for t in st.transports}
+        if any(known.get(k) != t for k, t in found.items()):
+            merged = {**known, **found}
+            ranked = {ip for ip, rank in merged if rank is not None}
+            merged = {k: t for k, t in merged.items() if k[1] is not None or k[0] not in ranked}
+            st.transports = tuple(sorted(merged.values(), key=lambda t: (t.rank is None, t.rank or 0, t.ip)))
+            for t in found.values():
+                if known.get((t.ip, t.rank)) != t:
+                    self.log.info("nccl.transport", rank=t.rank, ip=t.ip, network=t.net, detail=t.detail)
 
 
 class StartProgress:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import logscan
+from .. import fabric, logscan
 from ..admission import admit, gpu_blockers, gpu_unknown, port_holders
 from ..config import Node
 from ..identity import is_orphan, is_stale, node_container_name, owned, spec_hash
@@ -19,7 +19,7 @@ from ..model import (
     StopUnits,
 )
 from .facts import DEPLOYED, Facts, hold, ray_view
-from .gates import image_gate, model_gate
+from .gates import below_gate, image_gate, model_gate
 from .stale import stale_units
 
 
@@ -67,6 +67,20 @@ def hygiene(f: Facts) -> Decision | None:
             actions.append(RemoveContainers(node.name, orphans, "orphan"))
             found.append(f"{node.name}: orphans {', '.join(orphans)}")
     return Decision(Phase.CLEANING, Reason(Kind.STALE_FOUND, "; ".join(found)), tuple(actions)) if actions else None
+
+
+def rebooted(f: Facts) -> Decision | None:
+    """2b. A member whose boot ID is not the one it had when the deployment reached SERVING rebooted under it:
+    positive evidence, even when its containers came back by themselves (a rank restarted alone wedges the
+    pair, or joins a group that no longer exists). The whole deployment is restarted."""
+    st = f.st
+    if st.phase not in (Phase.SERVING, Phase.DEGRADED) or not st.boots:
+        return None
+    who = fabric.rebooted(f.view, st.boots, st.hosts)
+    if not who:
+        return None
+    return f.repair("gang", Reason(Kind.PEER_REBOOTED, f"{', '.join(who)}: its ranks would not rejoin the others' "
+                    "communicators; restarting the whole deployment"), f.teardown("peer rebooted"))
 
 
 def containers(f: Facts) -> Decision | None:
@@ -133,8 +147,8 @@ def placement(f: Facts) -> Decision | None:
         return Decision(Phase.DETECTING, Reason())
     if st.waiting_for:  # deployments.after: theirs first (the daemon says which do not answer yet)
         return Decision(Phase.WAITING, Reason(Kind.WAITING_FOR, st.waiting_for))
-    checked = image_gate(st, f.view) or model_gate(f, st.phase if st.phase in (Phase.DETECTING, Phase.CLEANING)
-                                              else Phase.DETECTING)
+    here = st.phase if st.phase in (Phase.DETECTING, Phase.CLEANING) else Phase.DETECTING
+    checked = image_gate(st, f.view) or model_gate(f, here) or below_gate(f, here)
     if checked is not None:
         return checked
     head_report = st.images.get(f.members[0].name)

@@ -3,7 +3,7 @@ when asked). Pure."""
 
 from __future__ import annotations
 
-from .. import modelcheck
+from .. import fabric, modelcheck
 from ..deployment import DeploymentView
 from ..model import CheckImage, Decision, Kind, Phase, PrefetchModel, Reason, Status
 from ..preflight import image_problem
@@ -52,3 +52,12 @@ def model_gate(f: Facts, phase: Phase) -> Decision | None:
                         tuple(PrefetchModel(n) for n in todo))
     problem = modelcheck.problem(f.cfg, dep, reports)
     return Decision(Phase.FAILED, Reason(*problem), fatal=True) if problem else None
+
+
+def below_gate(f: Facts, phase: Phase) -> Decision | None:
+    """Before a start: what lies below vLLM, as the members' hosts last said (fabric.below): a GPU nvidia-smi
+    lost, a fabric link down, MTUs unequal, NCCL_IB_GID_INDEX no longer holding the fabric IPv4, a rate below
+    the floor. The start waits in ``phase`` with the reason (a 15-minute load on a broken fabric would only
+    hang or crawl) and goes on once a full observation reads them fixed. A member not read says nothing."""
+    why = fabric.below(f.view, f.st.hosts, (), f.st.gpu_lost)
+    return Decision(phase, why) if why is not None else None

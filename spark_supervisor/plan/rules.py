@@ -8,14 +8,14 @@ import dataclasses
 from ..config import Config
 from ..deployment import DeploymentView, as_view
 from ..model import Decision, Kind, Observation, Phase, Reason, Status
-from .cluster import containers, hygiene, nodes_seen, placement, ray
+from .cluster import containers, hygiene, nodes_seen, placement, ray, rebooted
 from .facts import Facts, Rule, ray_view
 from .seen import Seen, unknown_in
 from .serving import liveness, ranks, readiness, serve
 from .unknown import with_unknowns
 
 # The reconcile, in order: the first step that decides wins (KubeRay's reconcile functions, as one pass).
-RULES: tuple[Rule, ...] = (nodes_seen, hygiene, containers, placement, ray, serve, ranks, readiness, liveness)
+RULES: tuple[Rule, ...] = (nodes_seen, hygiene, rebooted, containers, placement, ray, serve, ranks, readiness, liveness)
 
 
 def plan(obs: Observation, st: Status, on: DeploymentView | Config, now: float, seen: Seen | None = None) -> Decision:

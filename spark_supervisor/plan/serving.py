@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import logscan
+from .. import fabric, logscan
 from ..admission import admit, free_memory_failure, gpu_blockers
 from ..model import (
     Action,
@@ -18,7 +18,7 @@ from ..model import (
     Verify,
 )
 from .facts import Facts, hold
-from .gates import model_gate
+from .gates import below_gate, model_gate
 
 
 def serve(f: Facts) -> Decision | None:
@@ -43,7 +43,8 @@ def serve(f: Facts) -> Decision | None:
                 return Decision(Phase.FAILED, Reason(Kind.GPU_MEMORY_HELD, f"still held after {cfg.stale.memory_free_timeout:.0f}s: "
                                 + "; ".join(held)), fatal=True)
             return Decision(Phase.STARTING_VLLM, Reason(Kind.WAITING_FOR_GPU_MEMORY, "; ".join(held)))
-        admitted = admit(obs, st, f.view, Phase.STARTING_VLLM) or model_gate(f, Phase.STARTING_VLLM)
+        admitted = (admit(obs, st, f.view, Phase.STARTING_VLLM) or model_gate(f, Phase.STARTING_VLLM)
+                    or below_gate(f, Phase.STARTING_VLLM))
         if admitted is not None:
             return admitted
         return Decision(Phase.STARTING_VLLM, Reason(detail=f"launching {dep.serve.name}"), (StartServe(),))
@@ -59,8 +60,15 @@ def serve(f: Facts) -> Decision | None:
     if fail is not None and fail.deterministic:  # the same again on retry: stop and say why
         return Decision(Phase.FAILED, Reason(Kind.SERVE_FAILED, f"{fail.reason}: {fail.hint} ({fail.line})"),
                         (StopServe("failed"),), fatal=True)
-    why = Reason(Kind.SERVE_FAILED, f"{fail.reason} ({fail.line})") if fail else Reason(Kind.SERVE_EXITED, f"exit code {s.exit_code}")
+    why = _failed(fail) if fail else Reason(Kind.SERVE_EXITED, f"exit code {s.exit_code}")
     return f.repair("serve", why, (StopServe("exited"),))
+
+
+def _failed(fail: logscan.Failure, on: str = "") -> Reason:
+    """A serve's (or a rank's) failure that a retry may fix: a lost GPU is its own reason with its hint."""
+    if fail.reason == Kind.GPU_ACCESS_LOST:
+        return Reason(Kind.GPU_ACCESS_LOST, f"{on}{fail.line}: {fail.hint}")
+    return Reason(Kind.SERVE_RANK_EXITED if on else Kind.SERVE_FAILED, f"{on}{fail.reason} ({fail.line})")
 
 
 def ranks(f: Facts) -> Decision | None:
@@ -84,8 +92,9 @@ def ranks(f: Facts) -> Decision | None:
             if fail is not None and fail.deterministic:
                 return Decision(Phase.FAILED, Reason(Kind.SERVE_FAILED, f"{fail.reason} on {node} (rank {rank}): {fail.hint} "
                                 f"({fail.line})"), (StopServe("failed"),), fatal=True)
-            why = f"{fail.reason} ({fail.line})" if fail else f"exit code {x.exit_code}"
-            return f.repair("serve", Reason(Kind.SERVE_RANK_EXITED, f"{node} (rank {rank}): {why}"), (StopServe("rank exited"),))
+            why = (_failed(fail, f"{node} (rank {rank}): ") if fail
+                   else Reason(Kind.SERVE_RANK_EXITED, f"{node} (rank {rank}): exit code {x.exit_code}"))
+            return f.repair("serve", why, (StopServe("rank exited"),))
     return None
 
 
@@ -151,6 +160,9 @@ def liveness(f: Facts) -> Decision:
         actions += (Verify(s.identity, deep=True),)
     if measure_due(f):
         actions += (Measure(s.identity),)
+    below = fabric.below(f.view, st.hosts, st.transports if st.transports_of == s.identity else (), st.gpu_lost)
+    if below is not None:  # the cause below vLLM, shown before its effect (a slower decode): never a repair
+        return Decision(Phase.DEGRADED, below, actions)
     v = st.perf
     if v is not None and v.serve == s.identity and v.regression:  # slow, not broken: shown, never repaired
         return Decision(Phase.DEGRADED, Reason(Kind.THROUGHPUT_REGRESSION, v.regression), actions)

@@ -25,7 +25,7 @@ def facts(o: Observation, st: Status | None = None, c: Config = C, now: float = 
 
 
 def test_the_steps_run_in_the_documented_order() -> None:
-    assert [r.__name__ for r in p.RULES] == ["nodes_seen", "hygiene", "containers", "placement", "ray", "serve",
+    assert [r.__name__ for r in p.RULES] == ["nodes_seen", "hygiene", "rebooted", "containers", "placement", "ray", "serve",
                                              "ranks", "readiness", "liveness"]
 
 
