@@ -15,10 +15,10 @@ import dataclasses
 import os
 from typing import cast
 
-from . import identity, logscan
-from .config import Config
+from . import fabric, identity, logscan
+from .config import Config, Node
 from .deployment import DeploymentView, as_view
-from .model import Heartbeat, ImageReport, ModelReport, Observation, PerfVerdict, Status
+from .model import Heartbeat, HostFacts, ImageReport, ModelReport, Observation, PerfVerdict, Status
 from .model.document import (
     BackendDoc,
     DeploymentDoc,
@@ -26,7 +26,9 @@ from .model.document import (
     EngineDoc,
     GpuDoc,
     HistoryDoc,
+    HostDoc,
     ImageDoc,
+    LinkDoc,
     LoadLimitsDoc,
     MemoryDoc,
     ModelDoc,
@@ -107,6 +109,8 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
                     if st.kv_cache is not None else None,
         "performance": perf(st.perf, mono_to_wall),
         "load_limits": cast(LoadLimitsDoc, dataclasses.asdict(st.load_limits)) if st.load_limits else None,
+        "transports": [{"rank": t.rank, "node": next((n.name for n in view.members if n.fabric_ip == t.ip), ""),
+                        "net": t.net, "detail": t.detail} for t in st.transports],
         "state_problems": list(state_problems),
         "progress": st.progress,
         "load_fraction": round(st.load_fraction, 3),
@@ -139,6 +143,10 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
                                    for c in o.containers if identity.labelled_for(c, dep)]
             entry["gpu"] = cast(GpuDoc, dataclasses.asdict(o.gpu)) if o.gpu else None
             entry["memory"] = cast(MemoryDoc, dataclasses.asdict(o.memory)) if o.memory else None
+        if n.name in {m.name for m in view.members}:
+            entry["gpu_lost"] = st.gpu_lost.get(n.name, "")
+            h = st.hosts.get(n.name)
+            entry["host"] = _host(n, h, st.boots.get(n.name, "")) if h is not None else None
         doc["nodes"][n.name] = entry
     if obs and obs.ray:
         doc["ray"] = {"reachable": obs.ray.reachable, "error": obs.ray.error, "via": obs.ray.via,
@@ -160,6 +168,15 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
                 "error": f.error} for node, f in obs.followers.items()}
         doc["serve"] = serve
     return doc
+
+
+def _host(node: Node, h: HostFacts, at_serving: str) -> HostDoc:
+    link = fabric.fabric_link(node, h)
+    return {"boot_id": h.boot_id, "boot_id_at_serving": at_serving, "machine_id": h.machine_id,
+            "link": cast(LinkDoc, dataclasses.asdict(link)) if link is not None else None,
+            "rdma": [{"device": p.device, "port": p.port, "state": p.state, "rate_gbps": p.rate_gbps,
+                      "firmware": p.firmware, "gid_index": p.roce_v2_index(node.fabric_ip)}
+                     for p in h.ports_on(node.fabric_interface, node.fabric_ip)]}
 
 
 def _image(image: ImageReport, uses_ray: bool) -> ImageDoc:

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the document's types only: `status` stays fast to start
-    from ..model.document import DeploymentDoc, EngineDoc, NodeDoc, PerfDoc, StatusDoc
+    from ..model.document import DeploymentDoc, EngineDoc, HostDoc, NodeDoc, PerfDoc, StatusDoc
 
 from .base import (
     ST_DEGRADED,
@@ -156,6 +156,7 @@ def _print_deployment(doc: DeploymentDoc) -> None:
         print(f"ray ({ray.get('via', 'dashboard')}): {'up' if ray['reachable'] else 'down'}, {ray['nodes_alive']} "
               f"nodes alive, {ray['gpus']} GPUs" + (f" ({ray['error']})" if ray.get("error") else ""))
     _print_serve(doc)
+    _print_transports(doc)
     load = doc.get("load")
     if load and load.get("timeline"):
         steps = ", ".join(f"{x['milestone']} {x['seconds']:.0f}s" if x.get("seconds") is not None else x["milestone"]
@@ -181,6 +182,14 @@ def _print_deployment(doc: DeploymentDoc) -> None:
     print("history:")
     for h in doc["history"][-8:]:
         print(f"  {h['at']} {h['phase']}" + (f": {h['reason']}" if h["reason"] else ""))
+
+def _print_transports(doc: DeploymentDoc) -> None:
+    """The network NCCL chose for each rank of the serve that runs."""
+    for t in doc.get("transports") or ():
+        rank = "rank ?" if t["rank"] is None else f"rank {t['rank']}"
+        print(f"  nccl {rank}{' on ' + t['node'] if t['node'] else ''}: NET/{t['net']}"
+              + (f" ({t['detail']})" if t["detail"] else ""))
+
 
 def _print_serve(doc: DeploymentDoc) -> None:
     """The serve's lines: its process, its ranks on other nodes, and its engine's heartbeat."""
@@ -223,6 +232,21 @@ def _engine(e: EngineDoc) -> str:
     return f"{load}; " + ("idle" if not e["running"] else f"working (last moved {e['still_s']:.0f}s ago)")
 
 
+def _fabric(h: HostDoc) -> str:
+    """A member's fabric in words: its interface, its RDMA ports, its boot."""
+    link = h["link"]
+    parts = [f"{link['name']} {link['operstate'] or '?'} mtu {link['mtu'] or '?'}"
+             + (f" {link['speed_mbps'] / 1000:g} Gb/s" if link["speed_mbps"] else "") if link else "interface ?"]
+    for p in h["rdma"]:
+        rate = f" {p['rate_gbps']:g} Gb/s" if p["rate_gbps"] is not None else ""
+        gid = f"GID index {p['gid_index']}" if p["gid_index"] is not None else "no RoCE v2 GID for its IP"
+        parts.append(f"{p['device']}/{p['port']} {p['state'] or '?'}{rate}, {gid}, fw {p['firmware'] or '?'}")
+    boot = h["boot_id"][:8] or "?"
+    if h["boot_id_at_serving"] and h["boot_id_at_serving"] != h["boot_id"]:
+        boot += f" (was {h['boot_id_at_serving'][:8]} at SERVING: REBOOTED)"
+    return "; ".join(parts) + f"; boot {boot}"
+
+
 def _print_node(name: str, n: NodeDoc) -> None:
     """One node's lines of a deployment's status: its engine, GPU, memory and containers, then its checks."""
     gpu, mem = n.get("gpu"), n.get("memory")
@@ -237,6 +261,11 @@ def _print_node(name: str, n: NodeDoc) -> None:
              f"docker {n.get('docker_version') or '?'}, {gpu_name or 'GPU ?'} "
              f"driver {driver or '?'}, memory MiB: free {free}, cached {cached}, available {available} of "
              f"{total}, owned: {cs}"))
+    if n.get("gpu_lost"):
+        print(f"  GPU ACCESS LOST: {n['gpu_lost']}")
+    h = n.get("host")
+    if h:
+        print(f"  fabric: {_fabric(h)}")
     if n.get("image"):
         print(f"  image {n['image']['image']}: {n['image']['summary']}")
     if n.get("model"):

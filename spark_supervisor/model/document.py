@@ -189,6 +189,37 @@ class ContainerDoc(TypedDict):
     image: str
 
 
+class LinkDoc(TypedDict):  # model.Link
+    name: str
+    operstate: str
+    mtu: int | None
+    speed_mbps: int | None
+
+
+class RdmaPortDoc(TypedDict):  # model.RdmaPort, its GID table summed up
+    device: str
+    port: int
+    state: str
+    rate_gbps: float | None
+    firmware: str
+    gid_index: int | None  # the index holding the node's fabric IPv4 as a RoCE v2 GID (None: none)
+
+
+class HostDoc(TypedDict):  # model.HostFacts, for the node's fabric
+    boot_id: str
+    boot_id_at_serving: str  # "" none recorded
+    machine_id: str
+    link: LinkDoc | None  # its fabric interface (None: not known)
+    rdma: list[RdmaPortDoc]  # the RDMA ports of its fabric
+
+
+class TransportDoc(TypedDict):  # model.Transport: one NCCL rank's network
+    rank: int | None
+    node: str  # the member on its address ("" none)
+    net: str
+    detail: str
+
+
 class NodeDoc(TypedDict):
     fabric_ip: str
     role: str
@@ -202,6 +233,8 @@ class NodeDoc(TypedDict):
     containers: NotRequired[list[ContainerDoc]]
     gpu: NotRequired[GpuDoc | None]
     memory: NotRequired[MemoryDoc | None]
+    gpu_lost: NotRequired[str]  # nvidia-smi's words when it lost the GPU ("" not lost)
+    host: NotRequired[HostDoc | None]  # a member's, from the last full observation that read it (None: unknown)
 
 
 class RayNodeDoc(TypedDict):  # model.RayNode
@@ -292,6 +325,7 @@ class DeploymentDoc(TypedDict):
     kv_cache: KvCacheDoc | None
     performance: NotRequired[PerfDoc | None]  # older daemons did not write it
     load_limits: NotRequired[LoadLimitsDoc | None]  # None: no load seen yet (older daemons did not write it)
+    transports: NotRequired[list[TransportDoc]]  # the NCCL network of each rank of the serve that runs
     state_problems: list[str]
     progress: str
     load_fraction: float

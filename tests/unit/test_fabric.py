@@ -292,3 +292,26 @@ def test_boot_ids_are_recorded_at_serving() -> None:
     below, st = Below(structlog.get_logger()), status(Phase.VERIFYING, hosts=hosts())
     below.served(st)
     assert st.boots == {n: h.boot_id for n, h in hosts().items()}
+
+
+# ------------------------------------------------------------------------------------------- what status shows
+def test_status_shows_each_members_fabric_the_ranks_transport_and_a_lost_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    from spark_supervisor import statusdoc
+    from spark_supervisor.cli.status import _print_deployment
+    ts = logscan.transports(NCCL_IB + NCCL_SOCKET)
+    boots = {n: h.boot_id for n, h in hosts().items()}
+    st = serving(hosts=hosts(spark_2={"boot": "0f0f0f0f-new", "gid_at": 4}), boots=boots, transports=ts,
+                 transports_of="x", gpu_lost={"spark-1": NVML_LOST})
+    doc = statusdoc.document(st, obs(C, deployed=True), C, "/etc/x.toml", "abc", time.time(), 0.0)
+    assert doc["transports"][1] == {"rank": 1, "node": "spark-2", "net": "Socket",
+                                    "detail": f"NET/Socket : Using [0]{IF}:192.168.200.13<0>"}
+    h2 = doc["nodes"]["spark-2"]["host"]
+    assert h2 is not None and h2["rdma"][0]["gid_index"] == 4 and h2["link"] == Link(IF, "up", 9000, 200000).__dict__
+    _print_deployment(doc)
+    out = capsys.readouterr().out
+    assert f"  nccl rank 1 on spark-2: NET/Socket (NET/Socket : Using [0]{IF}:192.168.200.13<0>)" in out
+    assert (f"  fabric: {IF} up mtu 9000 200 Gb/s; roceP2p1s0f1/1 ACTIVE 200 Gb/s, GID index 4, fw 28.45.1200; "
+            "boot 0f0f0f0f (was boot-spa at SERVING: REBOOTED)") in out
+    assert f"  GPU ACCESS LOST: {NVML_LOST}" in out
