@@ -6,11 +6,11 @@ from __future__ import annotations
 import concurrent.futures as cf
 from dataclasses import dataclass
 
-from . import commands, identity, redaction
+from . import commands, fabric, identity, redaction
 from .adapters import AdapterError
 from .adapters.shell import run_local
-from .model import ProbeResult
-from .observe import NodeAdapters, World
+from .model import HostFacts, ProbeResult
+from .observe import NodeAdapters, World, _host
 from .probes import health_result
 
 HINTS = {
@@ -94,7 +94,33 @@ def diagnose(world: World) -> list[NodeDiagnosis]:
         return [NodeDiagnosis(name, tuple(f.result(timeout=timeout * 6))) for name, f in futures.items()]
 
 
-def render(diags: list[NodeDiagnosis], world: World) -> str:
+def _host_facts(a: NodeAdapters) -> HostFacts | str:
+    try:
+        return _host(a.shell.run(commands.host_facts(a.node)))
+    except AdapterError as e:
+        return str(e)
+
+
+def below(world: World) -> list[str]:
+    """Below vLLM, as the members' hosts say now: the fabric's problems (fabric.problems), nodes that share one
+    machine-id, and the nodes whose facts could not be read (unknown: said, not judged)."""
+    timeout = world.cfg.supervisor.io_timeout
+    with cf.ThreadPoolExecutor(max_workers=len(world.nodes)) as pool:
+        futures = {name: pool.submit(_host_facts, a) for name, a in world.nodes.items()}
+        got = {}
+        for name, f in futures.items():
+            try:
+                got[name] = f.result(timeout=timeout * 2)
+            except cf.TimeoutError:
+                got[name] = "no answer"
+    facts = {n: h for n, h in got.items() if isinstance(h, HostFacts)}
+    out = [f"warning: {w}" for w in fabric.machine_id_twins(facts)]
+    out += [f"fabric: {r}" for r in fabric.problems(world.view, facts)]
+    out += [f"fabric: {n}: unknown ({h})" for n, h in got.items() if isinstance(h, str)]
+    return out
+
+
+def render(diags: list[NodeDiagnosis], world: World, notes: list[str] | None = None) -> str:
     lines = []
     dep = world.view.dep
     for d in diags:
@@ -109,4 +135,5 @@ def render(diags: list[NodeDiagnosis], world: World) -> str:
             lines.append(f"  hint: {hint}")
         for lay in d.layers:
             lines.append(f"  {'ok ' if lay.ok else 'BAD'} {lay.name:<14} {lay.detail}")
+    lines += notes or []
     return "\n".join(lines)

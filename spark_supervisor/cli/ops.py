@@ -41,6 +41,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _preflight(view: DeploymentView, prefix: str) -> int:
     """One deployment's preflight, printed; returns the number of problems."""
+    from .. import fabric
     from ..observe import Observer, World
     from ..preflight import preflight
     world = World(view)
@@ -50,11 +51,16 @@ def _preflight(view: DeploymentView, prefix: str) -> int:
         world.close()
     problems = [f"{o.name}: unreachable: {o.error}" for o in obs.nodes.values() if o.error]
     problems += preflight(view, obs)
+    hosts = {o.name: o.host for o in obs.nodes.values() if o.host is not None}
+    for w in fabric.machine_id_twins(hosts):  # a warning: serving works, other tools confuse the nodes
+        print(f"warning: {prefix}{w}", file=sys.stderr)
+    below = fabric.below(view, hosts, (), {o.name: o.gpu_lost for o in obs.nodes.values() if o.gpu_lost})
+    problems += [str(below)] if below is not None else []
     problems += _check_images(view, [n for n in view.members if not obs.nodes[n.name].error])
     if obs.ray is not None and obs.ray.reachable:
-        fabric = {n.fabric_ip for n in view.members}
+        ips = {n.fabric_ip for n in view.members}
         problems += [f"Ray node {n.node_id[:12]} registered with {n.ip}, not a fabric IP"
-                     for n in obs.ray.alive if n.ip not in fabric]
+                     for n in obs.ray.alive if n.ip not in ips]
     for p in problems:
         print(f"preflight: {prefix}{p}")
     return len(problems)
@@ -91,7 +97,7 @@ def _check_images(view: DeploymentView, nodes: list[Any]) -> list[str]:
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from ..deployment import views
-    from ..diagnose import diagnose, render
+    from ..diagnose import below, diagnose, render
     from ..observe import World
     whole = _load(args.config)
     ok = True
@@ -101,7 +107,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
             diags = diagnose(world)
             if len(whole.deployments) > 1:
                 print(f"== {name}")
-            print(render(diags, world))
+            print(render(diags, world, below(world)))
         finally:
             world.close()
         ok = ok and all(d.first_failing is None for d in diags)
