@@ -88,6 +88,12 @@ def test_rules_cover_the_issue_and_say_what_and_where() -> None:
         if "spark_supervisor_" in r["expr"] and "state_write_errors" not in r["expr"]:  # per deployment
             assert "$labels.deployment" in r["annotations"]["summary"], name
     assert "$labels.node" in by_name["SparkSupervisorNodeLost"]["annotations"]["summary"]
+    # Below vLLM: the fabric, the GPU, a peer's reboot.
+    for name in ("SparkFabricLinkDown", "SparkFabricMtuMismatch", "SparkGidIndexMoved", "SparkFabricFallback",
+                 "SparkFabricDegraded", "SparkGpuAccessLost", "SparkPeerRebooted"):
+        assert name in by_name
+    for name in ("SparkFabricLinkDown", "SparkGpuAccessLost"):
+        assert "$labels.node" in by_name[name]["annotations"]["summary"], name
 
 
 # ------------------------------------------------------------------------- metric names in the queries
