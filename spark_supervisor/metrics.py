@@ -15,11 +15,12 @@ import threading
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
 
+from . import fabric
 from .deployment import DeploymentView, as_view
-from .model import Kind, Observation, PerfVerdict, Phase, Status, Verdict
+from .model import HostFacts, Kind, Observation, PerfVerdict, Phase, Status, Verdict
 
 if TYPE_CHECKING:
-    from .config import Config
+    from .config import Config, Node
 
 
 def serve(app: Any, host: str, port: int) -> tuple[Any, threading.Thread]:
@@ -142,6 +143,7 @@ class Metrics:
                                              registry=reg)
         self.alerts = pc.Counter(f"{p}alerts", "alerts sent ([alerts]), by event, channel and result",
                                  [*d, "event", "via", "result"], registry=reg)
+        self.below = BelowVllm(pc, reg, p, d)
         self._unknown_seen: dict[str, set[str]] = {}  # deployment -> every `what` given a series
         self._nodes_seen: dict[str, set[str]] = {}  # deployment -> its nodes given a series
         self.server, self.thread = serve(pc.make_wsgi_app(reg), host, port)
@@ -152,7 +154,7 @@ class Metrics:
     def update(self, dep: str, st: Status, obs: Observation | None, now: float,
                on: DeploymentView | Config | None = None) -> None:
         """After each tick. ``now`` is the clock of ``st``; ``on`` (the deployment's view, or a one-deployment
-        config) adds the limits."""
+        config) adds the limits, and the series below vLLM (BelowVllm: they need its members)."""
         for phase in Phase:
             self.phase.labels(dep, phase.value).set(1 if phase == st.phase else 0)
         self.reason.labels(dep).info({"phase": st.phase.value, "reason": st.why.kind})
@@ -189,6 +191,7 @@ class Metrics:
             else:  # mp (or reloaded onto it): no Ray to expect
                 with contextlib.suppress(KeyError):
                     self.ray_expected.remove(dep)
+            self.below.update(dep, st, view)
         nodes = self._nodes_seen.setdefault(dep, set())
         for gone in nodes - members if members is not None else ():  # reloaded without it: no stale alert
             self.node_up.remove(dep, gone)
@@ -250,6 +253,96 @@ class Metrics:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class BelowVllm:
+    """The series of what lies below vLLM (fabric.py), per member: its fabric link and RDMA port as the last
+    full observation read them, GPU access, the fabric problems found and NCCL's transport per rank. A member
+    whose reading failed has no series (unknown is neither up nor down); an "unknown" operstate, as on links
+    whose driver does not say, is not down, so up (as Link.down and fabric.problems judge it)."""
+
+    def __init__(self, pc: Any, reg: Any, p: str, d: list[str]):
+        per_node, per_link, per_port = [*d, "node"], [*d, "node", "interface"], [*d, "node", "device", "port"]
+        self.link_up = pc.Gauge(f"{p}fabric_link_up", "1 when the member's fabric interface is not down (its "
+                                "operstate; \"unknown\" is not down), 0 when it is; absent when not read", per_link,
+                                registry=reg)
+        self.link_mtu = pc.Gauge(f"{p}fabric_mtu_bytes", "MTU of the member's fabric interface", per_link,
+                                 registry=reg)
+        self.link_speed = pc.Gauge(f"{p}fabric_speed_gbps", "link speed of the member's fabric interface (Gb/s; "
+                                   "absent when its driver does not say)", per_link, registry=reg)
+        self.port_active = pc.Gauge(f"{p}rdma_port_active", "1 when the fabric's RDMA port is ACTIVE, 0 when it is "
+                                    "not (DOWN, INIT, ...)", per_port, registry=reg)
+        self.port_rate = pc.Gauge(f"{p}rdma_port_rate_gbps", "rate of the fabric's RDMA port (Gb/s)", per_port,
+                                  registry=reg)
+        self.gid_index = pc.Gauge(f"{p}rdma_gid_index", "the GID index holding the member's fabric IPv4 as RoCE v2 "
+                                  "(what NCCL_IB_GID_INDEX must name); -1: none", per_port, registry=reg)
+        self.gpu_lost = pc.Gauge(f"{p}gpu_access_lost", "1 when nvidia-smi on the member lost its GPU (NVML "
+                                 "\"Unknown Error\"), else 0", per_node, registry=reg)
+        self.fabric_problem = pc.Gauge(f"{p}fabric_problem", "1 for each kind of fabric problem found between the "
+                                       "members now (FabricLinkDown, FabricMtuMismatch, GidIndexMoved, "
+                                       "FabricDegraded, FabricFallback); absent: none found", [*d, "kind"],
+                                       registry=reg)
+        self.nccl_transport = pc.Gauge(f"{p}nccl_transport", "1 per NCCL rank of the serve that runs: the network it "
+                                       "uses between nodes (IB: RDMA, Socket: TCP) and the member it runs on "
+                                       "(\"\": no member has its IP; rank \"?\": not said yet)",
+                                       [*d, "rank", "node", "transport"], registry=reg)
+        self._gauges = (self.link_up, self.link_mtu, self.link_speed, self.port_active, self.port_rate,
+                       self.gid_index, self.gpu_lost, self.fabric_problem, self.nccl_transport)
+        # deployment -> what its series were computed from, and its series (gauge -> labels -> value)
+        self._of: dict[str, tuple[DeploymentView, tuple[Any, ...]]] = {}
+        self._set: dict[str, dict[Any, dict[tuple[str, ...], float]]] = {}
+
+    def update(self, dep: str, st: Status, view: DeploymentView) -> None:
+        """The fabric, GPU access and NCCL transport series, from the status's facts (fabric.py's judgments).
+        Recomputed only when those facts (or the view) differ from last time, the same objects compared at once
+        (`is` before ==): every tick is cheap.
+        Series no longer given (a member not read, gone from the view, a problem gone, a rank gone) are
+        removed, so none stays at a stale value."""
+        facts = (tuple(st.hosts.items()), st.transports, tuple(st.gpu_lost.items()))
+        last = self._of.get(dep)
+        if last is not None and (last[0] is view or last[0] == view) and last[1] == facts:
+            return
+        self._of[dep] = (view, facts)
+        want: dict[Any, dict[tuple[str, ...], float]] = {g: {} for g in self._gauges}
+        for node in view.members:
+            want[self.gpu_lost][dep, node.name] = 1 if st.gpu_lost.get(node.name) else 0
+            host = st.hosts.get(node.name)
+            if host is not None:  # not read: unknown, so no series at all (least of all one that says up)
+                self._host_series(want, dep, node, host)
+        fell_back = fabric.fallback(view, st.transports, st.hosts)
+        for r in [*fabric.problems(view, st.hosts), *([fell_back] if fell_back else [])]:
+            want[self.fabric_problem][dep, r.kind] = 1
+        by_ip = {n.fabric_ip: n.name for n in view.members}
+        for t in st.transports:
+            want[self.nccl_transport][dep, "?" if t.rank is None else str(t.rank), by_ip.get(t.ip, ""), t.net] = 1
+        had = self._set.get(dep, {})
+        for gauge, series in want.items():
+            for labels in had.get(gauge, {}).keys() - series.keys():
+                gauge.remove(*labels)
+            for labels, value in series.items():
+                gauge.labels(*labels).set(value)
+        self._set[dep] = want
+
+    def _host_series(self, want: dict[Any, dict[tuple[str, ...], float]], dep: str, node: Node,
+                     host: HostFacts) -> None:
+        """One member's fabric link and RDMA ports, each figure only where it was read."""
+        link = fabric.fabric_link(node, host)
+        if link is not None:
+            on_link = (dep, node.name, link.name)
+            if link.operstate:
+                want[self.link_up][on_link] = 0 if link.down else 1
+            if link.mtu is not None:
+                want[self.link_mtu][on_link] = link.mtu
+            if link.speed_mbps is not None:
+                want[self.link_speed][on_link] = link.speed_mbps / 1000
+        for p in host.ports_on(node.fabric_interface, node.fabric_ip):
+            at = (dep, node.name, p.device, str(p.port))
+            if p.state:
+                want[self.port_active][at] = 1 if p.active else 0
+            if p.rate_gbps is not None:
+                want[self.port_rate][at] = p.rate_gbps
+            index = p.roce_v2_index(node.fabric_ip)
+            want[self.gid_index][at] = -1 if index is None else index
 
 
 class DeploymentMetrics:

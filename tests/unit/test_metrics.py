@@ -3,13 +3,28 @@ import inspect
 import math
 import socket
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 import spark_supervisor
+from spark_supervisor.config import Config
+from spark_supervisor.deployment import as_view
 from spark_supervisor.metrics import Metrics, NoMetrics
-from spark_supervisor.model import NodeObservation, Phase, RayObservation, Reason, Status, Verdict
+from spark_supervisor.model import (
+    Gid,
+    HostFacts,
+    Link,
+    NodeObservation,
+    Phase,
+    RayObservation,
+    RdmaPort,
+    Reason,
+    Status,
+    Transport,
+    Verdict,
+)
 from tests.fakes import make
 from tests.helpers import cfg, data, node_obs, obs, ray_container
 
@@ -134,6 +149,187 @@ def test_metrics_off_refuses_what_metrics_on_would_refuse() -> None:
         off.bound("x").repaired("gang")  # the reason's kind missing
     with pytest.raises(TypeError):
         off.bound("x").ready_after(seconds=1.0, late=True)
+
+
+# ------------------------------------------------------------------------------------- below vLLM
+FABRIC_IF = "enp1s0f1np1"  # the helpers' nodes[].fabric_interface
+
+
+def host(ip: str, *, operstate: str = "up", mtu: int | None = 9000, speed: int | None = 200_000,
+         state: str = "ACTIVE", rate: float | None = 200.0, roce_v2_at: int | None = 3) -> HostFacts:
+    """A member's reading: its fabric link, one RDMA port whose GID table holds ``ip`` (as RoCE v2 at
+    ``roce_v2_at``, or as RoCE v1 only when None), and a link and port that are not the fabric's."""
+    gids: tuple[Gid, ...] = (Gid(2, "fe80", "", "RoCE v2", FABRIC_IF), Gid(1, "v1", ip, "IB/RoCE v1", FABRIC_IF))
+    if roce_v2_at is not None:
+        gids += (Gid(roce_v2_at, "v2", ip, "RoCE v2", FABRIC_IF),)
+    return HostFacts("boot", "machine", (Link("lo", "unknown", 65536), Link(FABRIC_IF, operstate, mtu, speed),
+                                         Link("enP7s7", "down", 1500, None)),
+                     (RdmaPort("rocep1s0f1", 1, state, rate, "28.45", gids),
+                      RdmaPort("roceP2p1s0f0", 1, "DOWN", 200.0, "28.45", (Gid(0, "x", "10.0.0.9", "RoCE v2", "enP2"),))))
+
+
+def fabric_cfg(nodes: tuple[str, ...] = ("spark-1", "spark-2")) -> Config:
+    return cfg(data(deployments=[{"name": "qwen", "nodes": list(nodes),
+                                  "serve": {"model": "m", "tensor_parallel_size": len(nodes)},
+                                  "ray": {"env": {"NCCL_IB_GID_INDEX": "3"}}, "fabric": {"min_rate_gbps": 100}}]))
+
+
+def samples(m: Metrics, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Every series of one gauge: its labels (sorted) -> its value."""
+    family = next(f for f in m.registry.collect() if f.name == name)
+    return {tuple(sorted(s.labels.items())): s.value for s in family.samples}
+
+
+def series(**labels: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({"deployment": "qwen", **labels}.items()))
+
+
+IP1, IP2 = "192.168.200.12", "192.168.200.13"  # the helpers' nodes[].fabric_ip
+
+
+def test_fabric_gpu_and_nccl_series_per_member_and_rank() -> None:
+    """Each member's fabric link and RDMA port (not the other links and ports of the host), the GID index of
+    its fabric IPv4 as RoCE v2 (-1: none), GPU access, the fabric problems found, and NCCL's transport per rank."""
+    m = Metrics("127.0.0.1", 0)
+    try:
+        c = fabric_cfg()
+        st = Status()
+        st.hosts = {"spark-1": host(IP1),
+                    "spark-2": host(IP2, mtu=1500, speed=25_000, state="DOWN", rate=25.0, roce_v2_at=None)}
+        st.gpu_lost = {"spark-2": "Unable to determine the device handle for GPU0: Unknown Error"}
+        st.transports = (Transport(0, IP1, "IB", "NET/IB : Using [0]rocep1s0f1:1/RoCE [RO]"),
+                         Transport(1, IP1, "Socket", "NET/Socket : Using [0]enp1s0f1np1:192.168.200.12<0>"),
+                         Transport(None, "10.9.9.9", "Socket"))
+        m.bound("qwen").update(st, obs(c, deployed=True), 100.0, c)
+        port = m.server.server_address[1]
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        link1, link2 = {"node": "spark-1", "interface": FABRIC_IF}, {"node": "spark-2", "interface": FABRIC_IF}
+        port1 = {"node": "spark-1", "device": "rocep1s0f1", "port": "1"}
+        port2 = {"node": "spark-2", "device": "rocep1s0f1", "port": "1"}
+        assert samples(m, "spark_supervisor_fabric_link_up") == {series(**link1): 1, series(**link2): 1}
+        assert samples(m, "spark_supervisor_fabric_mtu_bytes") == {series(**link1): 9000, series(**link2): 1500}
+        assert samples(m, "spark_supervisor_fabric_speed_gbps") == {series(**link1): 200, series(**link2): 25}
+        assert samples(m, "spark_supervisor_rdma_port_active") == {series(**port1): 1, series(**port2): 0}
+        assert samples(m, "spark_supervisor_rdma_port_rate_gbps") == {series(**port1): 200, series(**port2): 25}
+        assert samples(m, "spark_supervisor_rdma_gid_index") == {series(**port1): 3, series(**port2): -1}
+        assert samples(m, "spark_supervisor_gpu_access_lost") == {series(node="spark-1"): 0,
+                                                                  series(node="spark-2"): 1}
+        assert samples(m, "spark_supervisor_fabric_problem") == {
+            series(kind=k): 1 for k in ("FabricLinkDown", "FabricMtuMismatch", "GidIndexMoved", "FabricDegraded",
+                                        "FabricFallback")}
+        assert samples(m, "spark_supervisor_nccl_transport") == {
+            series(rank="0", node="spark-1", transport="IB"): 1, series(rank="1", node="spark-1", transport="Socket"): 1,
+            series(rank="?", node="", transport="Socket"): 1}
+        assert ('spark_supervisor_fabric_link_up{deployment="qwen",interface="enp1s0f1np1",node="spark-2"} 1.0'
+                in text)  # as Prometheus scrapes it
+    finally:
+        m.close()
+
+
+def test_operstate_unknown_is_up_and_what_was_not_read_has_no_series() -> None:
+    """"unknown" (a driver that does not say) is not down, so up; an operstate, speed or rate not read gives no
+    series (unknown is not up, nor 0 Gb/s)."""
+    m = Metrics("127.0.0.1", 0)
+    try:
+        c = fabric_cfg()
+        st = Status()
+        st.hosts = {"spark-1": host(IP1, operstate="unknown"),
+                    "spark-2": host(IP2, operstate="", speed=None, state="", rate=None, mtu=None)}
+        m.bound("qwen").update(st, None, 100.0, c)
+        assert samples(m, "spark_supervisor_fabric_link_up") == {series(node="spark-1", interface=FABRIC_IF): 1}
+        assert samples(m, "spark_supervisor_fabric_speed_gbps") == {series(node="spark-1", interface=FABRIC_IF): 200}
+        assert samples(m, "spark_supervisor_fabric_mtu_bytes") == {series(node="spark-1", interface=FABRIC_IF): 9000}
+        one = {"node": "spark-1", "device": "rocep1s0f1", "port": "1"}
+        assert samples(m, "spark_supervisor_rdma_port_active") == {series(**one): 1}
+        assert samples(m, "spark_supervisor_rdma_port_rate_gbps") == {series(**one): 200}
+        assert samples(m, "spark_supervisor_fabric_problem") == {}
+    finally:
+        m.close()
+
+
+def test_stale_fabric_series_go_a_member_not_read_leaves_none_and_a_reload_drops_a_node() -> None:
+    m = Metrics("127.0.0.1", 0)
+    try:
+        c = fabric_cfg()
+        st = Status()
+        st.hosts = {"spark-1": host(IP1), "spark-2": host(IP2, mtu=1500)}
+        st.gpu_lost = {"spark-2": "Unknown Error"}
+        st.transports = (Transport(0, IP1, "IB"), Transport(1, IP2, "IB"))
+        q = m.bound("qwen")
+        q.update(st, None, 100.0, c)
+        m.bound("embed").update(Status(hosts={"spark-1": host(IP1)}), None, 100.0, cfg())  # its own series
+        assert samples(m, "spark_supervisor_fabric_problem") == {series(kind="FabricMtuMismatch"): 1}
+        assert len(samples(m, "spark_supervisor_fabric_link_up")) == 3
+
+        # spark-2's reading failed (absent from hosts): its series go, none stays saying up; its GPU is still
+        # a member's; with one member read, no mismatch is known; a new serve's ranks replace the old.
+        st.hosts = {"spark-1": host(IP1)}
+        st.gpu_lost = {}
+        st.transports = (Transport(0, IP1, "Socket"),)
+        q.update(st, None, 110.0, c)
+        mine = {k: v for k, v in samples(m, "spark_supervisor_fabric_link_up").items() if ("deployment", "qwen") in k}
+        assert mine == {series(node="spark-1", interface=FABRIC_IF): 1}
+        for name in ("spark_supervisor_fabric_mtu_bytes", "spark_supervisor_fabric_speed_gbps",
+                     "spark_supervisor_rdma_port_active", "spark_supervisor_rdma_port_rate_gbps",
+                     "spark_supervisor_rdma_gid_index"):
+            assert not [k for k in samples(m, name) if ("node", "spark-2") in k], name
+        assert samples(m, "spark_supervisor_gpu_access_lost")[series(node="spark-2")] == 0
+        assert samples(m, "spark_supervisor_fabric_problem") == {series(kind="FabricFallback"): 1}
+        assert samples(m, "spark_supervisor_nccl_transport") == {series(rank="0", node="spark-1", transport="Socket"): 1}
+
+        # Nothing known of the hosts or the ranks any more: no problem, no rank, no link left.
+        q.update(Status(), None, 120.0, c)
+        assert samples(m, "spark_supervisor_fabric_problem") == {}
+        assert samples(m, "spark_supervisor_nccl_transport") == {}
+        assert [k for k in samples(m, "spark_supervisor_fabric_link_up") if ("deployment", "qwen") in k] == []
+
+        # Reloaded onto spark-1 alone: spark-2 is no member, so not even its GPU has a series.
+        q.update(st, None, 130.0, fabric_cfg(("spark-1",)))
+        assert [k for k in samples(m, "spark_supervisor_gpu_access_lost") if ("deployment", "qwen") in k] == [
+            series(node="spark-1")]
+        assert samples(m, "spark_supervisor_fabric_problem") == {}  # one member: no fabric between members
+        assert ("embed" in str(samples(m, "spark_supervisor_fabric_link_up")))  # the other deployment's stay
+    finally:
+        m.close()
+
+
+def test_fabric_series_are_recomputed_only_when_the_facts_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every tick calls update: the same facts (the same objects, or equal ones) cost no judgment."""
+    from spark_supervisor import fabric
+    judged: list[int] = []
+    real = fabric.problems
+
+    def problems(*a: Any) -> list[Reason]:
+        judged.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(fabric, "problems", problems)
+    m = Metrics("127.0.0.1", 0)
+    try:
+        c = fabric_cfg()
+        view = as_view(c)
+        st = Status(hosts={"spark-1": host(IP1), "spark-2": host(IP2)})
+        q = m.bound("qwen")
+        for t in range(5):
+            q.update(st, None, 100.0 + t, view)
+        assert len(judged) == 1
+        st.hosts = dict(st.hosts)  # another dict of the same facts
+        q.update(st, None, 106.0, view)
+        assert len(judged) == 1
+        st.hosts = {**st.hosts, "spark-2": host(IP2, operstate="down")}
+        q.update(st, None, 107.0, view)
+        assert len(judged) == 2
+        assert samples(m, "spark_supervisor_fabric_link_up")[series(node="spark-2", interface=FABRIC_IF)] == 0
+        st.transports = (Transport(0, IP1, "IB"),)
+        q.update(st, None, 108.0, view)
+        assert len(judged) == 3
+        q.update(st, None, 109.0, fabric_cfg())  # an equal view (another object): the same
+        assert len(judged) == 3
+        q.update(st, None, 110.0, fabric_cfg(("spark-1",)))  # the same facts, another view: judged again
+        assert len(judged) == 4
+        assert [k for k in samples(m, "spark_supervisor_fabric_link_up")] == [series(node="spark-1", interface=FABRIC_IF)]
+    finally:
+        m.close()
 
 
 def metrics_calls() -> list[tuple[str, int, ast.Call]]:

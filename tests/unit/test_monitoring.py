@@ -15,7 +15,18 @@ import pytest
 import yaml
 
 from spark_supervisor.metrics import Metrics
-from spark_supervisor.model import PerfVerdict, Phase, Reason, Status, Verdict
+from spark_supervisor.model import (
+    Gid,
+    HostFacts,
+    Link,
+    PerfVerdict,
+    Phase,
+    RdmaPort,
+    Reason,
+    Status,
+    Transport,
+    Verdict,
+)
 from tests.helpers import cfg, obs
 
 MONITORING = Path(__file__).resolve().parents[2] / "monitoring"
@@ -77,6 +88,12 @@ def test_rules_cover_the_issue_and_say_what_and_where() -> None:
         if "spark_supervisor_" in r["expr"] and "state_write_errors" not in r["expr"]:  # per deployment
             assert "$labels.deployment" in r["annotations"]["summary"], name
     assert "$labels.node" in by_name["SparkSupervisorNodeLost"]["annotations"]["summary"]
+    # Below vLLM: the fabric, the GPU, a peer's reboot.
+    for name in ("SparkFabricLinkDown", "SparkFabricMtuMismatch", "SparkGidIndexMoved", "SparkFabricFallback",
+                 "SparkFabricDegraded", "SparkGpuAccessLost", "SparkPeerRebooted"):
+        assert name in by_name
+    for name in ("SparkFabricLinkDown", "SparkGpuAccessLost"):
+        assert "$labels.node" in by_name[name]["annotations"]["summary"], name
 
 
 # ------------------------------------------------------------------------- metric names in the queries
@@ -148,6 +165,12 @@ def exported() -> set[str]:
         st.advance(Phase.LOADING, Reason("LoadingModel"), 10.0, 1.0)
         st.load_fraction, st.eta_s, st.load_progress_at = 0.4, 300.0, 20.0
         st.unknown_since = {"ray dashboard": 30.0}
+        st.hosts = {n.name: HostFacts("boot", "machine", (Link(n.fabric_interface, "up", mtu, 200_000),),
+                                      (RdmaPort("rocep1s0f1", 1, "ACTIVE", 200.0, "28.45", (
+                                          Gid(3, "g", n.fabric_ip, "RoCE v2", n.fabric_interface),)),))
+                    for n, mtu in zip(c.nodes, (9000, 1500), strict=True)}  # unequal MTUs: a fabric problem
+        st.gpu_lost = {"spark-2": "Unknown Error"}
+        st.transports = (Transport(0, c.nodes[0].fabric_ip, "IB"),)
         q = m.bound("qwen")
         q.update(st, obs(c, deployed=True), 70.0, c)
         q.repaired("gang", "RayNodeLost")
