@@ -424,7 +424,9 @@ def demo(timeout: float = DEMO_TIMEOUT) -> int:
 
 
 def up(count: int = 2) -> None:
-    """The first `count` nodes up (idempotent); nodes beyond them that are already up stay up."""
+    """The first `count` nodes up (idempotent); nodes beyond them that are already up stay up. Each node gets
+    its stand-in host tree (hosttree.ensure: made if missing, never reset)."""
+    from . import hosttree
     DIR.mkdir(parents=True, exist_ok=True)
     for node in nodes(count):
         start_dockerd(node)
@@ -432,6 +434,7 @@ def up(count: int = 2) -> None:
         _import(node, BUSYBOX, _busybox)
         if not (DIR / node / "gpu.json").exists():
             write_gpu(node)
+        hosttree.ensure(node)
         fake_model(node)
         if node != "spark-1":
             start_sshd(node)
