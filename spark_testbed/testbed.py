@@ -291,6 +291,19 @@ def write_gpu(node: str, processes: list[dict[str, object]] | None = None,
     tmp.replace(path)
 
 
+def gpu_access_lost(node: str, lost: bool = True) -> None:
+    """The node's containers lost their GPU devices (a host `systemctl daemon-reload` without NVIDIA's CDI
+    refresh): its nvidia-smi prints NVML's "Unknown Error" and exits 255 (nvidia_smi.NVML_LOST), its meminfo
+    still reads. lost=False gives the GPU back. The rest of the node's state is kept."""
+    path = DIR / node / "gpu.json"
+    state = nvidia_smi.read_state(str(path))
+    if lost:
+        state["nvml_lost"] = True
+    else:
+        state.pop("nvml_lost", None)
+    nvidia_smi._write_atomic(str(path), state)
+
+
 def _meminfo(total_mib: int, used_mib: int, cached_mib: int) -> dict[str, int]:
     if not 0 <= cached_mib <= total_mib - used_mib:
         raise ValueError(f"cached_mib {cached_mib} does not fit in {total_mib} MiB with {used_mib} MiB used")
