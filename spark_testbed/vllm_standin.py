@@ -118,8 +118,11 @@ _dying = threading.Lock()  # one death report, even when several ranks go at onc
 def fault() -> str:
     """A fault switched on while running, by the tests (see STANDIN_FAULT_FILE)."""
     path = os.environ.get("STANDIN_FAULT_FILE", "")
+    if not path:
+        return ""
     try:
-        return open(path).read().strip() if path else ""
+        with open(path) as f:
+            return f.read().strip()
     except OSError:
         return ""
 
@@ -921,7 +924,12 @@ class Engine:
                 self.kv += 1
                 r.made += 1
             yield i
-            due += 1 / max(fault_seconds("slow", TOKENS_PER_S) * self.net_speed, 1e-3)
+            due += self.interval()
+
+    def interval(self) -> float:
+        """Seconds between two tokens: the decode speed (a "slow N" fault's N, else STANDIN_TOKENS_PER_S) times
+        the network's share (SOCKET_SPEED when NCCL is on sockets)."""
+        return 1 / max(fault_seconds("slow", TOKENS_PER_S) * self.net_speed, 1e-3)
 
     def metrics(self, served: str) -> str:
         """/metrics: the real 0.32 server's families for the engine, with its HELP, TYPE, labels and `_created`."""
