@@ -42,13 +42,14 @@ def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 
 def more_nodes(d: dict[str, Any], count: int) -> dict[str, Any]:
     """etc/testbed.toml's cluster grown to `count` nodes: spark-3.. like spark-2, each on its own engine
-    reached over its own sshd (testbed.up(count) starts them)."""
+    reached over its own sshd and with its own host tree (testbed.up(count) starts them)."""
     worker = next(n for n in d["nodes"] if n["name"] == "spark-2")
     for name, ip in list(testbed.nodes(count).items())[len(d["nodes"]):]:
         text = json.dumps(worker).replace("spark-2", name).replace("127.0.0.3", ip)
         d["nodes"].append(json.loads(text.replace(f":{testbed.SSH_PORT}", f":{testbed.ssh_port(name)}")))
     env = d["deployments"][0]["serve"]["env"]
     env["STANDIN_GPU_STATES"] = ",".join(f"{testbed.DIR}/{n}/gpu.json" for n in testbed.nodes(count))
+    env["STANDIN_HOST_ROOTS"] = ",".join(f"{testbed.DIR}/{n}/host" for n in testbed.nodes(count))
     return d
 
 
@@ -62,7 +63,8 @@ def single_node(d: dict[str, Any], name: str, node: str, port: int, **deployment
     dep["serve"].update(distributed_executor_backend="mp", tensor_parallel_size=1, port=port, served_model_name=name,
                         gpu_memory_utilization=0.2)
     dep["serve"]["env"] = {**dep["serve"]["env"], "STANDIN_FAULT_FILE": str(fault_file(name)),
-                           "STANDIN_GPU_STATES": f"{testbed.DIR}/{node}/gpu.json"}
+                           "STANDIN_GPU_STATES": f"{testbed.DIR}/{node}/gpu.json",
+                           "STANDIN_HOST_ROOTS": f"{testbed.DIR}/{node}/host"}
     dep["readiness"]["endpoint"] = f"http://{ip}:{port}"
     for kind in ("embeddings", "rerank"):
         if name.startswith(kind[:5]):

@@ -12,6 +12,11 @@ Each node's memory is its own: ``meminfo`` is the node's /proc/meminfo in MiB (t
 file, is a node with DEFAULT_MEMINFO. The host's real /proc/meminfo is read only when the state says
 ``"meminfo": "host"``, and then never dropped.
 
+``"nvml_lost": true`` (testbed.gpu_access_lost) is a container that lost its GPU devices (the host ran
+`systemctl daemon-reload` without NVIDIA's CDI refresh): every query prints NVML_LOST on stdout and exits 255,
+as the real nvidia-smi does (wire-formats.md §8.3); ``--meminfo`` and ``--drop-caches`` read and change the
+node's /proc, not NVML, and still work.
+
 ``--meminfo`` prints the node's /proc/meminfo. ``--drop-caches`` does to the state what
 ``sync; echo 3 > /proc/sys/vm/drop_caches`` does to a node: the page cache shrinks to a small residue,
 MemFree grows by what left it, MemAvailable stays; the figures it leaves are what the next read reports.
@@ -63,6 +68,10 @@ XML_TAIL = """\t\t</processes>
 \t</gpu>
 </nvidia_smi_log>
 """
+
+
+NVML_LOST = "Failed to initialize NVML: Unknown Error"  # nvidia-smi's words, exit NVML_LOST_EXIT
+NVML_LOST_EXIT = 255
 
 
 class BadState(ValueError):
@@ -242,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if a.meminfo:
         sys.stdout.write(text)
+    elif state.get("nvml_lost") is True:
+        print(NVML_LOST)
+        return NVML_LOST_EXIT
     elif a.q and a.x:
         sys.stdout.write(xml(state))
     elif a.query_compute_apps:

@@ -291,6 +291,19 @@ def write_gpu(node: str, processes: list[dict[str, object]] | None = None,
     tmp.replace(path)
 
 
+def gpu_access_lost(node: str, lost: bool = True) -> None:
+    """The node's containers lost their GPU devices (a host `systemctl daemon-reload` without NVIDIA's CDI
+    refresh): its nvidia-smi prints NVML's "Unknown Error" and exits 255 (nvidia_smi.NVML_LOST), its meminfo
+    still reads. lost=False gives the GPU back. The rest of the node's state is kept."""
+    path = DIR / node / "gpu.json"
+    state = nvidia_smi.read_state(str(path))
+    if lost:
+        state["nvml_lost"] = True
+    else:
+        state.pop("nvml_lost", None)
+    nvidia_smi._write_atomic(str(path), state)
+
+
 def _meminfo(total_mib: int, used_mib: int, cached_mib: int) -> dict[str, int]:
     if not 0 <= cached_mib <= total_mib - used_mib:
         raise ValueError(f"cached_mib {cached_mib} does not fit in {total_mib} MiB with {used_mib} MiB used")
@@ -424,7 +437,9 @@ def demo(timeout: float = DEMO_TIMEOUT) -> int:
 
 
 def up(count: int = 2) -> None:
-    """The first `count` nodes up (idempotent); nodes beyond them that are already up stay up."""
+    """The first `count` nodes up (idempotent); nodes beyond them that are already up stay up. Each node gets
+    its stand-in host tree (hosttree.ensure: made if missing, never reset)."""
+    from . import hosttree
     DIR.mkdir(parents=True, exist_ok=True)
     for node in nodes(count):
         start_dockerd(node)
@@ -432,6 +447,7 @@ def up(count: int = 2) -> None:
         _import(node, BUSYBOX, _busybox)
         if not (DIR / node / "gpu.json").exists():
             write_gpu(node)
+        hosttree.ensure(node)
         fake_model(node)
         if node != "spark-1":
             start_sshd(node)

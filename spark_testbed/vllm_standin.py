@@ -39,7 +39,8 @@ STANDIN_FAULT_FILE     a file read on every request, one fault a line (they comb
                        tokens/s instead of STANDIN_TOKENS_PER_S, read before every token: it switches mid-stream),
                        "ttft S" (S seconds of prefill before the first token), "slow-health S" (/health and /ping
                        answer only after S seconds, completions and /metrics as usual: the "30-40 s slow /health
-                       under load" reports)
+                       under load" reports), "socket" (read once, at start-up: NCCL finds no RDMA device on any
+                       rank and every rank uses sockets, see NCCL below)
 STANDIN_TOKENS_PER_S   decode speed of every stream, tokens per second (200: 32 tokens in about 0.2 s)
 STANDIN_TTFT_SECONDS   the prefill before a request's first token, in seconds (0.02)
 STANDIN_GPU_STATES     comma-separated paths of the nodes' gpu.json (spark_testbed/nvidia_smi.py). As real vLLM
@@ -50,6 +51,28 @@ STANDIN_GPU_STATES     comma-separated paths of the nodes' gpu.json (spark_testb
 STANDIN_KV_TOKENS      the KV cache the start reports, in tokens (409856); the GiB line scales with it
 STANDIN_FOLLOWER_TIMEOUT  mp multi-node: seconds rank 0 waits for the headless ranks to join, and a headless
                        rank keeps retrying to connect to rank 0 (60; torch's TCPStore timeout)
+STANDIN_HOST_ROOTS     comma-separated host trees of the nodes (their host_root, spark_testbed/hosttree.py), in the
+                       nodes' order like STANDIN_GPU_STATES; optional. A rank's tree is the one whose GIDs hold its
+                       fabric IP, else the one at its node's position (mp: --node-rank; Ray: its node among the
+                       placement group's, the driver's first). NCCL (below) reads it as real NCCL reads sysfs.
+
+NCCL, in a serve across nodes (tensor x pipeline parallel > 1, the ranks on more than one node: the Ray
+executor's placement group, or mp's --nnodes): each rank chooses its network as NCCL does. Sockets when the
+environment says NCCL_IB_DISABLE=1, when the fault file has a `socket` line, or when the rank's host tree
+offers no usable RDMA device: no port "ACTIVE", or the GID at NCCL_IB_GID_INDEX (any slot when unset: NCCL's
+own search) is not the rank's fabric IPv4 as "RoCE v2" (hosttree's link(up=False), move_gid()); RDMA (NET/IB
+on the tree's device, RoCE) otherwise, and on every rank whose tree is not known. With any rank on sockets
+the engine decodes at SOCKET_SPEED (half) of its speed (STANDIN_TOKENS_PER_S, or a "slow N" fault's N: they
+compose). With NCCL_DEBUG=INFO (or TRACE) the start prints, right after "vLLM is using nccl==" (the
+"workers" milestone), each rank's INFO lines of its communicator's init in the real format (wire-formats.md
+§8.1: "<host>:<pid>:<tid> [0] NCCL INFO Bootstrap : Using lo:<ip><0>", the version on rank 0, "NET/IB :
+Using [0]rocep1s0f1:1/RoCE [RO]; OOB ..." and "Using network IB", or "NET/IB : No device found." (or
+"NCCL_IB_DISABLE set by environment to 1"), "NET/Socket : Using [0]lo:<ip><0>" and "Using network Socket",
+the ring's "Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0" lines, then "comm 0x... rank R nranks N ...
+- Init COMPLETE"). Ray: every rank's lines in the head's log, each with Ray's actor prefix
+"(RayWorkerWrapper pid=P, ip=<its node's IP>) " (no ip on the driver's node), the node's IP and hostname
+from Ray; mp: each rank its own lines in its own log, on VLLM_HOST_IP (rank 0: --master-addr without it).
+The bootstrap interface is NCCL_SOCKET_IFNAME's (else the tree's GID netdev, else "lo").
 """
 
 from __future__ import annotations
@@ -67,6 +90,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -94,8 +118,11 @@ _dying = threading.Lock()  # one death report, even when several ranks go at onc
 def fault() -> str:
     """A fault switched on while running, by the tests (see STANDIN_FAULT_FILE)."""
     path = os.environ.get("STANDIN_FAULT_FILE", "")
+    if not path:
+        return ""
     try:
-        return open(path).read().strip() if path else ""
+        with open(path) as f:
+            return f.read().strip()
     except OSError:
         return ""
 
@@ -182,7 +209,8 @@ def wait_or_stop(event: threading.Event, timeout: float | None = None) -> bool:
     return got
 
 
-def join_ray(tp: int, strategy: str) -> tuple[Any, set[str]]:
+def join_ray(tp: int, strategy: str) -> tuple[Any, dict[int, str]]:
+    """The Ray module, joined, and the placement group's bundles: bundle index -> the node ID it is on."""
     import ray
     from ray.util.placement_group import placement_group, placement_group_table
 
@@ -211,8 +239,8 @@ def join_ray(tp: int, strategy: str) -> tuple[Any, set[str]]:
                  "`ray list nodes` to make sure the cluster has enough resources."])
         if _stop.is_set():
             _exit(0)
-    nodes = set(placement_group_table(pg)["bundles_to_node_id"].values())
-    return ray, nodes
+    bundles = {int(i): str(n) for i, n in placement_group_table(pg)["bundles_to_node_id"].items()}
+    return ray, bundles
 
 
 def watch_nodes(ray: Any, nodes: set[str]) -> None:
@@ -243,6 +271,212 @@ def free_memory_short(utilization: float) -> str:
                     f"than desired GPU memory utilization ({utilization}, {utilization * total:.2f} GiB). "
                     "Decrease GPU memory utilization or reduce GPU memory used by other processes.")
     return ""
+
+# --- NCCL below the serve (wire-formats.md §8.1): which network each rank gets, and its INFO lines. ---
+
+NCCL_VERSION = "2.27.7+cuda13.0"
+IB_DEVICE = "rocep1s0f1"  # a Spark's first ConnectX-7: the device named when a rank's host tree is not known
+SOCKET_SPEED = 0.5  # the decode speed on sockets, as a fraction of the speed on RDMA (an allreduce over TCP)
+_GID_SLOTS = 16
+
+
+@dataclass(frozen=True)
+class NcclRank:
+    """One NCCL rank as its INFO lines show it: where it runs and the network it chose."""
+
+    rank: int
+    host: str  # the hostname NCCL prints (<host>:<pid>:<tid>)
+    pid: int
+    ip: str  # the fabric address it bootstraps on
+    interface: str = "lo"  # NCCL_SOCKET_IFNAME's
+    net: str = "IB"  # "IB" (RDMA, RoCE) or "Socket"
+    why: str = ""  # on sockets: "disabled" (NCCL_IB_DISABLE=1) or "no-device" (no usable RDMA device)
+    device: str = IB_DEVICE
+    gid_index: str = ""  # NCCL_IB_GID_INDEX as set in the environment ("" unset)
+    prefix: str = ""  # a Ray worker's "(RayWorkerWrapper pid=N[, ip=A]) " in the head's log; "" its own log
+
+
+def _sysfs(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.readline().strip()
+    except OSError:  # an empty GID slot's type, a link's carrier while down: not readable
+        return ""
+
+
+def _gid_ipv4(gid: str) -> str:
+    import ipaddress
+    try:
+        mapped = ipaddress.IPv6Address(gid).ipv4_mapped
+    except ValueError:
+        return ""
+    return str(mapped) if mapped else ""
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def tree_ipv4s(root: str) -> set[str]:
+    """The IPv4 addresses a host tree's GID tables hold (whatever their slot and type)."""
+    ib = os.path.join(root, "sys/class/infiniband")
+    return {v4 for dev in _listdir(ib) for port in _listdir(f"{ib}/{dev}/ports")
+            for i in range(_GID_SLOTS) if (v4 := _gid_ipv4(_sysfs(f"{ib}/{dev}/ports/{port}/gids/{i}")))}
+
+
+def usable_device(root: str, ip: str | None, gid_index: str) -> str:
+    """The RDMA device NCCL would use under a host tree ("" none), as NCCL reads sysfs: a port ACTIVE whose
+    GID at NCCL_IB_GID_INDEX (any slot when it is unset: NCCL's own search) is the node's IPv4 (`ip`; None:
+    any IPv4) as a RoCE v2 GID."""
+    ib = os.path.join(root, "sys/class/infiniband")
+    slots = [int(gid_index)] if gid_index.strip().isdigit() else list(range(_GID_SLOTS))
+    for dev in _listdir(ib):
+        for port in _listdir(f"{ib}/{dev}/ports"):
+            base = f"{ib}/{dev}/ports/{port}"
+            if _sysfs(f"{base}/state").partition(":")[2].strip() != "ACTIVE":
+                continue
+            for i in slots:
+                v4 = _gid_ipv4(_sysfs(f"{base}/gids/{i}"))
+                if v4 and (ip is None or v4 == ip) and _sysfs(f"{base}/gid_attrs/types/{i}") == "RoCE v2":
+                    return dev
+    return ""
+
+
+def host_roots() -> list[str]:
+    """STANDIN_HOST_ROOTS: each node's host tree, in the nodes' order."""
+    return [x.strip() for x in os.environ.get("STANDIN_HOST_ROOTS", "").split(",") if x.strip()]
+
+
+def root_of(roots: list[str], ip: str | None, position: int) -> str | None:
+    """A rank's node's host tree: the one whose GIDs hold its IP, else the one at its node's position; None:
+    not known (no tree given for it)."""
+    if ip is not None:
+        for root in roots:
+            if ip in tree_ipv4s(root):
+                return root
+    return roots[position] if 0 <= position < len(roots) else None
+
+
+def nccl_transport(env: dict[str, str], root: str | None, ip: str | None, socket_fault: bool) -> tuple[str, str, str]:
+    """(net, why, device) of a rank: sockets when NCCL_IB_DISABLE=1 ("disabled"), when the fault file says
+    `socket` or its host tree offers no usable RDMA device ("no-device"); else IB on the tree's device (or
+    IB_DEVICE when its tree is not known)."""
+    if env.get("NCCL_IB_DISABLE", "").strip() == "1":
+        return "Socket", "disabled", ""
+    if socket_fault:
+        return "Socket", "no-device", ""
+    if root is None:
+        return "IB", "", IB_DEVICE
+    device = usable_device(root, ip, env.get("NCCL_IB_GID_INDEX", ""))
+    return ("IB", "", device) if device else ("Socket", "no-device", "")
+
+
+def nccl_interface(env: dict[str, str], root: str | None) -> str:
+    """The interface NCCL bootstraps on: NCCL_SOCKET_IFNAME's first (not an exclusion), else the netdev of the
+    tree's GIDs, else the testbed's "lo"."""
+    named = env.get("NCCL_SOCKET_IFNAME", "").strip().lstrip("=").split(",")[0].strip()
+    if named and not named.startswith("^"):
+        return named
+    if root:
+        ib = os.path.join(root, "sys/class/infiniband")
+        for dev in _listdir(ib):
+            for port in _listdir(f"{ib}/{dev}/ports"):
+                for i in range(_GID_SLOTS):
+                    if nd := _sysfs(f"{ib}/{dev}/ports/{port}/gid_attrs/ndevs/{i}"):
+                        return nd
+    return "lo"
+
+
+def nccl_rank(rank: int, ip: str, env: dict[str, str], roots: list[str], *, host: str, pid: int, position: int,
+              prefix: str = "", socket_fault: bool = False) -> NcclRank:
+    """A rank on the node at `position` (of STANDIN_HOST_ROOTS) with fabric address `ip`, its network chosen."""
+    root = root_of(roots, ip, position)
+    net, why, device = nccl_transport(env, root, ip, socket_fault)
+    return NcclRank(rank, host, pid, ip, nccl_interface(env, root), net, why, device or IB_DEVICE,
+                    env.get("NCCL_IB_GID_INDEX", "").strip(), prefix)
+
+
+def ray_prefix(pid: int, ip: str, local: bool) -> str:
+    """Ray's prefix of an actor's output in the driver's log: the node's IP for an actor on another node."""
+    return f"(RayWorkerWrapper pid={pid}) " if local else f"(RayWorkerWrapper pid={pid}, ip={ip}) "
+
+
+def nccl_lines(r: NcclRank, nranks: int, comm_id: int) -> list[str]:
+    """The rank's INFO lines of its communicator's init (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET), in the
+    real format: bootstrap, the version (rank 0), the network, the ring's channels, Init COMPLETE."""
+    head = f"{r.prefix}{r.host}:{r.pid}:{r.pid + 47} [0] NCCL INFO "
+    oob = f"{r.interface}:{r.ip}<0>"
+    said = [f"Bootstrap : Using {oob}"]
+    if r.rank == 0:
+        said.append(f"NCCL version {NCCL_VERSION}")
+    if r.net == "IB":
+        if r.gid_index:
+            said.append(f"NCCL_IB_GID_INDEX set by environment to {r.gid_index}")
+        said += [f"NET/IB : Using [0]{r.device}:1/RoCE [RO]; OOB {oob}", "Using network IB"]
+    else:
+        if r.why == "disabled":
+            said.append("NCCL_IB_DISABLE set by environment to 1")
+        else:
+            if r.gid_index:
+                said.append(f"NCCL_IB_GID_INDEX set by environment to {r.gid_index}")
+            said.append("NET/IB : No device found.")
+        said += [f"NET/Socket : Using [0]{oob}", "Using network Socket"]
+    nxt, prv = (r.rank + 1) % nranks, (r.rank - 1) % nranks
+    for ch in range(2):
+        said += [f"Channel {ch:02d}/0 : {r.rank}[0] -> {nxt}[0] [send] via NET/{r.net}/0",
+                 f"Channel {ch:02d}/0 : {prv}[0] -> {r.rank}[0] [receive] via NET/{r.net}/0"]
+    comm = 0x55D4C3A00000 + (r.pid & 0xFFFF) * 0x1000 + r.rank * 0x40
+    said.append(f"comm 0x{comm:x} rank {r.rank} nranks {nranks} cudaDev 0 nvmlDev 0 busId f01000 commId "
+                f"0x{comm_id:x} - Init COMPLETE")
+    return [head + x for x in said]
+
+
+def nccl_info() -> bool:
+    """NCCL prints its INFO lines (NCCL_DEBUG=INFO or TRACE, any case)."""
+    return os.environ.get("NCCL_DEBUG", "").strip().upper() in ("INFO", "TRACE")
+
+
+def socket_fault() -> bool:
+    """The fault file's `socket` line (read at start-up): NCCL finds no RDMA device on any rank."""
+    return "socket" in faults()
+
+
+def ray_nccl(ray: Any, bundles: dict[int, str]) -> list[NcclRank]:
+    """The Ray executor's ranks, one a bundle, in vLLM's order (the driver's node first, then by IP), each with
+    its node's address and hostname, a worker PID of its own and the network its node's tree allows."""
+    nodes = {n["NodeID"]: (str(n.get("NodeManagerAddress", "")), str(n.get("NodeManagerHostname", "")))
+             for n in ray.nodes()}
+    driver = os.environ.get("VLLM_HOST_IP") or ray.util.get_node_ip_address()
+    where = [nodes.get(bundles[i], ("", "")) for i in sorted(bundles)]
+    where.sort(key=lambda w: (w[0] != driver, w[0]))
+    ips = list(dict.fromkeys(ip for ip, _ in where))
+    env, roots, fault = dict(os.environ), host_roots(), socket_fault()
+    out = []
+    for rank, (ip, host) in enumerate(where):
+        pid = PID + 101 + rank  # each RayWorkerWrapper is a process of its own
+        out.append(nccl_rank(rank, ip, env, roots, host=host or socket.gethostname(), pid=pid,
+                             position=ips.index(ip), prefix=ray_prefix(pid, ip, ip == driver), socket_fault=fault))
+    return out
+
+
+def mp_nccl(a: argparse.Namespace, world: int) -> tuple[NcclRank, bool]:
+    """mp across nodes: this node's rank (its own lines), and whether any rank is on sockets (rank 0 reads
+    every node's tree: the collective goes at the pace of the slowest link)."""
+    env, roots, fault = dict(os.environ), host_roots(), socket_fault()
+    ip = env.get("VLLM_HOST_IP") or (a.master_addr if a.node_rank == 0 else "") or "127.0.0.1"
+    me = nccl_rank(a.node_rank, ip, env, roots, host=socket.gethostname(), pid=PID, position=a.node_rank,
+                   socket_fault=fault)
+    others = [nccl_transport(env, root_of(roots, None, n), None, fault)[0] for n in range(world) if n != a.node_rank]
+    return me, me.net == "Socket" or "Socket" in others
+
+
+def comm_id(seed: str) -> int:
+    """The communicator's ID: the same for every rank of one (here: from what they share)."""
+    return int(uuid.uuid5(uuid.NAMESPACE_URL, seed).hex[:16], 16)
+
 
 # --- mp multi-node (`--nnodes N`): rank 0 is torch's TCPStore server, the headless ranks its clients. ---
 # The stand-in's wire: a follower sends "rank R\n"; rank 0 answers "go\n" once all N-1 have joined (the
@@ -531,6 +765,9 @@ def serve_headless(a: argparse.Namespace, world: int) -> int:
     threading.Thread(target=follow_head, args=(sock, go, host, port, me), daemon=True).start()
     wait_or_stop(go)  # the process group completes when every rank has joined
     log("vLLM is using nccl==2.27.7", proc=me, src="pynccl.py:70")
+    if world > 1 and nccl_info():  # its own lines, in its own log (C++ output: no vLLM prefix)
+        for line in nccl_lines(mp_nccl(a, world)[0], world, comm_id(f"{host}:{port}")):
+            raw(line)
     log(f"Starting to load model {a.model}...", proc=me, src="gpu_model_runner.py:2900")
     # vLLM's shard bar is rank 0's alone (tqdm only where the torch rank is 0; the real follower prints none)
     interruptible(SHARDS * SHARD_S)
@@ -634,6 +871,7 @@ class Engine:
         self.success = dict.fromkeys(FINISHED_REASONS, 0)
         self.ttft, self.e2e = Histogram(TTFT_BUCKETS), Histogram(E2E_BUCKETS)
         self.created = time.time()
+        self.net_speed = 1.0  # SOCKET_SPEED when a rank's NCCL is on sockets (set at start-up)
 
     def admit(self, prompt: int) -> Request:
         """A request arrives: it waits for a running slot (--max-num-seqs), then runs."""
@@ -686,7 +924,12 @@ class Engine:
                 self.kv += 1
                 r.made += 1
             yield i
-            due += 1 / max(fault_seconds("slow", TOKENS_PER_S), 1e-3)
+            due += self.interval()
+
+    def interval(self) -> float:
+        """Seconds between two tokens: the decode speed (a "slow N" fault's N, else STANDIN_TOKENS_PER_S) times
+        the network's share (SOCKET_SPEED when NCCL is on sockets)."""
+        return 1 / max(fault_seconds("slow", TOKENS_PER_S) * self.net_speed, 1e-3)
 
     def metrics(self, served: str) -> str:
         """/metrics: the real 0.32 server's families for the engine, with its HELP, TYPE, labels and `_created`."""
@@ -1013,11 +1256,19 @@ def main(argv: list[str] | None = None) -> int:
              "If this is intentional and you are using: - ray, set '--distributed-executor-backend ray'."])
     log(f"Initializing a V1 LLM engine (v{VERSION}) with config: model='{a.model}', "
         f"tensor_parallel_size={a.tensor_parallel_size}", proc="EngineCore_DP0", src="core.py:77")
+    ranks: list[NcclRank] = []  # the ranks whose NCCL lines this log shows (a serve across nodes)
     if a.distributed_executor_backend == "ray":
         strategy = json.loads(os.environ.get("VLLM_DISTRIBUTED_EXECUTOR_CONFIG", "{}") or "{}").get(
             "placement_group_options", {}).get("strategy", "PACK")
-        ray, nodes = join_ray(world, strategy)
-        threading.Thread(target=watch_nodes, args=(ray, nodes), daemon=True).start()
+        ray, bundles = join_ray(world, strategy)
+        threading.Thread(target=watch_nodes, args=(ray, set(bundles.values())), daemon=True).start()
+        if world > 1 and len(set(bundles.values())) > 1:
+            ranks = ray_nccl(ray, bundles)
+            ENGINE.net_speed = SOCKET_SPEED if any(r.net == "Socket" for r in ranks) else 1.0
+    elif a.nnodes > 1 and world > 1:
+        me, on_sockets = mp_nccl(a, world)
+        ranks = [me]
+        ENGINE.net_speed = SOCKET_SPEED if on_sockets else 1.0
     if FAIL == "free-memory":
         die(["ValueError: Free memory on device cuda:0 (20.13/119.70 GiB) on startup is less than desired "
              f"GPU memory utilization ({a.gpu_memory_utilization}, 101.75 GiB). Decrease GPU memory "
@@ -1030,6 +1281,11 @@ def main(argv: list[str] | None = None) -> int:
     if rendezvous:
         rendezvous.wait()
     log("vLLM is using nccl==2.27.7", proc="RayWorkerProc", src="pynccl.py:70")
+    if ranks and nccl_info():
+        cid = comm_id(f"{a.master_addr}:{a.master_port}" if a.nnodes > 1 else f"ray {PID}")
+        for r in ranks:
+            for line in nccl_lines(r, world, cid):
+                raw(line)
     log(f"Starting to load model {a.model}...", proc="RayWorkerProc", src="gpu_model_runner.py:2900")
     desc = "Loading safetensors checkpoint shards"
     bar(desc, 0, SHARDS, SHARD_S, "\r")

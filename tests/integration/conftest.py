@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from spark_testbed import faults, testbed
+from spark_testbed import faults, hosttree, testbed
 from spark_testbed.harness import Supervisor, verify_serving, write_config
 
 pytestmark = pytest.mark.testbed
@@ -35,6 +35,7 @@ def reset_testbed() -> None:
     testbed.clean_containers()
     for node in testbed.NODES:
         testbed.write_gpu(node)
+        hosttree.reset(node)  # a healthy fabric again, the boot ID kept (a test that rebooted one keeps it)
 
 
 @pytest.fixture(scope="session")
