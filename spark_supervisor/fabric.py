@@ -23,8 +23,10 @@ _HINTS = {
 
 
 def _env(view: DeploymentView, node: Node) -> dict[str, str]:
+    """What NCCL on the node sees, as the containers and the serve are given it (commands)."""
     dep = view.dep
-    return {**dep.ray.env, **node.env, **dep.serve.env}
+    head = dep.ray.head_env if node.name == view.serve_node.name else {}
+    return {**dep.ray.env, **head, **node.env, **dep.serve.env}
 
 
 def fabric_link(node: Node, host: HostFacts) -> Link | None:
@@ -57,11 +59,13 @@ def problems(view: DeploymentView, hosts: dict[str, HostFacts]) -> list[Reason]:
         if link is not None and link.mtu is not None:
             mtus.append(f"{node.name} {link.name} {link.mtu}")
             seen_mtus.add(link.mtu)
-        if floor and link is not None and link.speed_mbps is not None and link.speed_mbps < floor * 1000:
+        ports = _ports(node, host)
+        if (floor and not ports and link is not None and link.speed_mbps is not None  # the port's rate says it
+                and link.speed_mbps < floor * 1000):
             found.append(Reason(Kind.FABRIC_DEGRADED, f"{node.name} {link.name} at {link.speed_mbps / 1000:g} Gb/s, "
                                 f"below the floor of {floor:g} Gb/s"))
         want = _env(view, node).get("NCCL_IB_GID_INDEX", "").strip()
-        for p in _ports(node, host):
+        for p in ports:
             if p.state and not p.active:
                 found.append(Reason(Kind.FABRIC_LINK_DOWN, f"{node.name} {p.device} port {p.port} is {p.state}"))
             if floor and p.rate_gbps is not None and p.rate_gbps < floor:
