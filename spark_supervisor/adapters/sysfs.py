@@ -7,6 +7,7 @@ import re
 from collections import defaultdict
 
 from ..model import Gid, HostFacts, Link, RdmaPort
+from ..model.host import NONE
 from . import AdapterError
 
 MARK = "host-facts"  # the first line of a whole answer
@@ -15,6 +16,10 @@ _DEV = re.compile(r"sys/class/infiniband/([^/]+)/fw_ver$")
 _PORT = re.compile(r"sys/class/infiniband/([^/]+)/ports/(\d+)/(state|rate|gids/(\d+)|gid_attrs/types/(\d+)|"
                    r"gid_attrs/ndevs/(\d+))$")
 _RATE = re.compile(r"([\d.]+)\s*Gb/sec")
+# The identity lines (not sysfs): the script's own, and the release files' KEY=value lines it picked.
+_SAID = {"uname_r": "kernel", "hostname": "hostname", "proc/sys/kernel/random/boot_id": "boot_id",
+         "etc/machine-id": "machine_id"}
+_RELEASE = ("etc/os-release", "usr/lib/os-release", "etc/dgx-release")
 
 
 def _int(v: str) -> int | None:
@@ -41,15 +46,20 @@ def parse_host_facts(out: str) -> HostFacts:
     firmware: dict[str, str] = {}
     ports: dict[tuple[str, int], dict[str, str]] = defaultdict(dict)
     gids: dict[tuple[str, int], dict[int, dict[str, str]]] = defaultdict(lambda: defaultdict(dict))
+    release: dict[str, str] = {}
+    absent: set[str] = set()
     for line in body.splitlines():
         path, sep, value = line.partition(":")
         if not sep:
             continue
         value = value.strip()
-        if path == "proc/sys/kernel/random/boot_id":
-            facts["boot_id"] = value
-        elif path == "etc/machine-id":
-            facts["machine_id"] = value
+        if path in _SAID:
+            facts[_SAID[path]] = value
+        elif path == "absent":
+            absent.add(value)
+        elif path in _RELEASE:
+            name, _, said = value.partition("=")
+            release.setdefault(name, said.strip().strip("'\""))
         elif m := _NET.fullmatch(path):
             links[m.group(1)][m.group(2)] = value
         elif m := _DEV.fullmatch(path):
@@ -66,6 +76,10 @@ def parse_host_facts(out: str) -> HostFacts:
                 ports[key]  # noqa: B018  (a port known by its GIDs alone still is one)
     return HostFacts(
         boot_id=facts.get("boot_id", ""), machine_id=facts.get("machine_id", ""),
+        kernel=facts.get("kernel", ""), hostname=facts.get("hostname", ""),
+        os=NONE if "etc/os-release" in absent else release.get("PRETTY_NAME", ""),
+        os_version=NONE if "etc/os-release" in absent else release.get("VERSION_ID", ""),
+        dgx=NONE if "etc/dgx-release" in absent else _dgx(release),
         links=tuple(Link(name, v.get("operstate", ""), _int(v.get("mtu", "")),
                          s if (s := _int(v.get("speed", ""))) is not None and s >= 0 else None)
                     for name, v in sorted(links.items())),
@@ -73,6 +87,13 @@ def parse_host_facts(out: str) -> HostFacts:
                             tuple(Gid(i, g["gid"], gid_ipv4(g["gid"]), g.get("type", ""), g.get("netdev", ""))
                                   for i, g in sorted(gids[(dev, port)].items()) if g.get("gid")))
                    for (dev, port), v in sorted(ports.items())))
+
+
+def _dgx(release: dict[str, str]) -> str:
+    """/etc/dgx-release in a few words: its name and the DGX OS (or software build) version ("": not read)."""
+    name = release.get("DGX_PRETTY_NAME") or release.get("DGX_NAME", "")
+    version = release.get("DGX_OS_VERSION") or release.get("DGX_SWBUILD_VERSION", "")
+    return " ".join(x for x in (name, version) if x)
 
 
 def _state(v: str) -> str:

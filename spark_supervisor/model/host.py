@@ -57,6 +57,9 @@ class RdmaPort:
         return next((g.index for g in self.gids if g.ipv4 == ipv4 and g.type == ROCE_V2), None)
 
 
+NONE = "none"  # a host fact positively absent (no /etc/dgx-release), as against "" (not read: unknown)
+
+
 @dataclass(frozen=True)
 class HostFacts:
     """One node's reading (scripts/host-facts.sh under its host_root)."""
@@ -65,6 +68,11 @@ class HostFacts:
     machine_id: str = ""
     links: tuple[Link, ...] = ()
     rdma: tuple[RdmaPort, ...] = ()
+    kernel: str = ""  # `uname -r` of the machine the script ran on ("": not read)
+    hostname: str = ""  # `uname -n`
+    os: str = ""  # /etc/os-release's PRETTY_NAME (NONE: no os-release; "": not read)
+    os_version: str = ""  # its VERSION_ID
+    dgx: str = ""  # /etc/dgx-release: its name and version (NONE: not DGX OS; "": not read)
 
     def link(self, name: str) -> Link | None:
         return next((x for x in self.links if x.name == name), None)
