@@ -162,25 +162,21 @@ class Actor:
         dep, node = self.world.view.dep, a.node.name
         spec = self._pinned(node, commands.image_probe(cfg, dep, a.node))
         self._ensure_image(a, spec.image)
-        image_id, key = a.docker.image_id(spec.image), self.world.view.ray_hash
+        (image_id, digests), key = a.docker.image_ref(spec.image), self.world.view.ray_hash
         state_dir = cfg.supervisor.state_dir
         kept = statefile.read_json(state_dir, self.IMAGES).get(node)
         if isinstance(kept, dict) and kept.get("image_id") == image_id and kept.get("key") == key:
-            try:
-                report = ImageReport(**kept["report"])
-                if not all(isinstance(getattr(report, f.name), type(f.default)) for f in dataclasses.fields(report)
-                           if isinstance(f.default, str | int)):
-                    raise TypeError("a field of another type")
+            report = _kept_report(kept.get("report"), image_id, digests)
+            if report is not None:
                 summary = report.summary(dep.uses_ray)
                 self.log.info("image.checked", node=node, image=spec.image, kept=True, summary=summary)
                 return report
-            except (TypeError, KeyError, ValueError, AttributeError):
-                pass  # another shape (an older version, a damaged file): check again
         code, out = a.docker.run_once(spec)
         if code != 0:  # the probe itself always exits 0: the image could not even run sh
             raise ActionFailed(Kind.IMAGE_CHECK_FAILED, f"{node}: {spec.image} exited {code}: {self._redact(out.strip()[-200:])}",
                                deterministic=code in (126, 127))  # the image cannot run sh: the case decides
-        report = parse_image_probe(node, spec.image, key, out)
+        report = dataclasses.replace(parse_image_probe(node, spec.image, key, out), image_id=image_id,
+                                     repo_digests=digests)
         self.log.info("image.checked", node=node, image=spec.image, ray=report.ray_version or None,
                       ray_present=bool(report.ray_path), dashboard=report.dashboard,
                       vllm=report.vllm_version or None, vllm_present=bool(report.vllm_path),
@@ -297,6 +293,21 @@ class Actor:
                               done_mib=done >> 20, total_mib=total >> 20)
         a.docker.pull(image, timeout=timeout, heartbeat=self.heartbeat, progress=progress)
         self.log.info("image.pulled", node=a.node.name, image=image)
+
+
+def _kept_report(kept: Any, image_id: str, digests: tuple[str, ...]) -> ImageReport | None:
+    """An image check kept in images.json, with the ID and digests inspected now; None for one of another
+    shape (an earlier version's, without what the check reads now; a damaged file): the image is checked again."""
+    try:
+        if {f.name for f in dataclasses.fields(ImageReport)} - set(kept):
+            return None
+        report = dataclasses.replace(ImageReport(**kept), image_id=image_id, repo_digests=digests)
+    except (TypeError, KeyError, ValueError, AttributeError):
+        return None
+    if not all(isinstance(getattr(report, f.name), type(f.default)) for f in dataclasses.fields(report)
+               if isinstance(f.default, str | int)):
+        return None  # a field of another type
+    return report
 
 
 def free_gib(df: str) -> float | None:

@@ -159,8 +159,10 @@ def judge(node: str, model: str, check_key: str, facts: dict[str, Any]) -> Model
                 missing += ([_size_problem(n, s) for n, s in sorted(weights.items())]
                             or ["model.safetensors (no weights index, no weight files)"])
             files, nbytes = len(good), sum(good.values())
+    revision = posixpath.basename(path) if source == "hub" and "/snapshots/" in path else ""
     return ModelReport(node, model, check_key, path=path, source=source, cache=str(facts.get("cache", "")),
-                       missing=tuple(m for m in missing if m), files=files, bytes=nbytes)
+                       missing=tuple(m for m in missing if m), files=files, bytes=nbytes, revision=revision,
+                       config_sha256=str(facts.get("config_sha256") or ""))
 
 
 def parse_progress(out: str) -> dict[str, Any]:

@@ -76,10 +76,13 @@ def parse_image_probe(node: str, image: str, key: str, out: str) -> ImageReport:
     return ImageReport(node, image, key, ray_path=got.get("ray_path", ""), ray_version=got.get("ray_version", ""),
                        ray_python=got.get("ray_python", ""), dashboard=dash == "yes",
                        dashboard_detail=dash.removeprefix("no ").strip() if dash != "yes" else "",
-                       vllm_path=got.get("vllm_path", ""), vllm_version=vllm_version[-1] if vllm_version else "", vllm_python=got.get("vllm_python", ""))
+                       vllm_path=got.get("vllm_path", ""), vllm_version=vllm_version[-1] if vllm_version else "", vllm_python=got.get("vllm_python", ""),
+                       torch_version=got.get("torch_version", ""), transformers_version=got.get("transformers_version", ""),
+                       nccl_version=got.get("nccl_version", ""))
 
 
-_PROBE_KEYS = {"ray_path", "ray_version", "ray_python", "ray_dashboard", "vllm_path", "vllm_version", "vllm_python"}
+_PROBE_KEYS = {"ray_path", "ray_version", "ray_python", "ray_dashboard", "vllm_path", "vllm_version", "vllm_python",
+               "torch_version", "transformers_version", "nccl_version"}
 
 
 def image_problem(cfg: Config, dep: Deployment, reports: dict[str, ImageReport]) -> tuple[str, str] | None:

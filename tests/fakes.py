@@ -203,6 +203,11 @@ class ActorEngine(FakeEngine):
         self._call("image_id")
         return "sha256:" + "f" * 64 if self.images is None or image in self.images else ""
 
+    def image_ref(self, image: str) -> tuple[str, tuple[str, ...]]:
+        self._call("image_ref")
+        found = self.images is None or image in self.images
+        return ("sha256:" + "f" * 64, (f"{image.rpartition(':')[0]}@sha256:{'e' * 64}",)) if found else ("", ())
+
     def root_dir(self) -> str:
         self._call("root_dir")
         return "/var/lib/docker"

@@ -164,10 +164,17 @@ class DockerEngine:
 
     def image_id(self, image: str) -> str:
         """The local image's ID ("" when it is not on this engine): a re-pulled tag has a new one."""
+        return self.image_ref(image)[0]
+
+    def image_ref(self, image: str) -> tuple[str, tuple[str, ...]]:
+        """The local image's ID and its repo digests (repo@sha256:..., what a registry knows it by; none for an
+        image built or imported here), in one inspect; ("", ()) when it is not on this engine."""
         try:
-            return str(self._call(lambda: self.client().api.inspect_image(image)).get("Id", "?"))
+            found = self._call(lambda: self.client().api.inspect_image(image))
         except NotFoundError:
-            return ""
+            return "", ()
+        digests = found.get("RepoDigests") or []
+        return str(found.get("Id", "?")), tuple(str(d) for d in digests if isinstance(d, str))[:8]
 
     def pull(self, image: str, *, timeout: float, heartbeat: Any = None,
              progress: Any = None) -> None:

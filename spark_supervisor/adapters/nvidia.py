@@ -33,7 +33,7 @@ def parse_smi_xml(text: str) -> Gpu:
                driver=(root.findtext("driver_version") or "").strip(),
                total_mib=_mib(gpu.findtext("fb_memory_usage/total")),
                used_mib=_mib(gpu.findtext("fb_memory_usage/used")),
-               processes=tuple(procs))
+               processes=tuple(procs), cuda=(root.findtext("cuda_version") or "").strip())
 
 
 def parse_meminfo(text: str) -> Memory:

@@ -142,6 +142,8 @@ class ModelDoc(TypedDict):  # model.ModelReport, and its summary
     files_total: int
     bytes_done: int
     bytes_total: int
+    revision: str
+    config_sha256: str
     summary: str
 
 
@@ -159,6 +161,11 @@ class ImageDoc(TypedDict):  # model.ImageReport, and its summary
     vllm_version: str
     vllm_python: str
     model: NotRequired[None]  # null when the model was not checked; a check is the node's "model", not here
+    torch_version: str
+    transformers_version: str
+    nccl_version: str
+    image_id: str
+    repo_digests: Sequence[str]
     summary: str
 
 
@@ -174,6 +181,7 @@ class GpuDoc(TypedDict):  # model.Gpu
     total_mib: int | None
     used_mib: int | None
     processes: Sequence[GpuProcessDoc]
+    cuda: str
 
 
 class MemoryDoc(TypedDict):  # model.Memory

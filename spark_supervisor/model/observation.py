@@ -68,6 +68,7 @@ class Gpu:
     total_mib: int | None = None  # None: N/A (GB10 unified memory)
     used_mib: int | None = None
     processes: tuple[GpuProcess, ...] = ()
+    cuda: str = ""  # the CUDA version the driver supports (nvidia-smi's cuda_version; "": not said)
 
 
 @dataclass(frozen=True)

