@@ -18,7 +18,7 @@ from typing import cast
 from . import fabric, identity, logscan
 from .config import Config, Node
 from .deployment import DeploymentView, as_view
-from .model import Heartbeat, HostFacts, ImageReport, ModelReport, Observation, PerfVerdict, Status
+from .model import Heartbeat, HostFacts, ImageReport, ModelReport, Observation, PerfVerdict, Phase, Status
 from .model.document import (
     BackendDoc,
     DeploymentDoc,
@@ -92,6 +92,7 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
         "phase": st.phase.value,
         "reason": st.reason,
         "reason_kind": st.why.kind,
+        "changed": st.changed if st.phase in (Phase.FAILED, Phase.DEGRADED) else "",
         "since": iso(st.since_wall),
         "history": [{"phase": t.phase.value, "reason": t.reason, "kind": t.kind, "at": iso(t.wall)}
                     for t in st.history],

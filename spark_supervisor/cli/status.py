@@ -135,7 +135,8 @@ def _print_status(doc: StatusDoc) -> None:
 
 def _print_deployment(doc: DeploymentDoc) -> None:
     dep = doc["deployment"]
-    print(f"{doc['phase']} for {_ago(doc['since'])}" + (f": {doc['reason']}" if doc["reason"] else ""))
+    print(f"{doc['phase']} for {_ago(doc['since'])}" + (f": {doc['reason']}" if doc["reason"] else "")
+          + (f"\n  {doc['changed']}" if doc.get("changed") else ""))  # what differs from the last good record
     if doc.get("progress"):
         print(f"  load: {doc['progress']}")
     lim = doc.get("load_limits")

@@ -38,6 +38,7 @@ from ..plan import Seen, derive, plan
 from ..preflight import preflight
 from ..retry import backoff_delay
 from .deadlines import LoadClock
+from .recording import Recorder
 from .tracking import Below, Liveness, LoadProgress, QuickWatch, RepairBudget, StartProgress
 
 # Phases during which a full observation (units, nvidia-smi, meminfo) is needed every tick.
@@ -65,8 +66,7 @@ class Reconciler:
         self.start = StartProgress(clock)
         self.load = LoadProgress(log)
         self.loads = LoadClock(log, wall)  # the load's limits, learned from its key's good loads (loop.deadlines)
-        self.liveness = Liveness(log)
-        self.below = Below(log)
+        self.liveness, self.below, self.recorder = Liveness(log), Below(log), Recorder()  # recorder: loop.recording
         self._look_closer = False
         self._eager = 0  # consecutive ticks run at once after acting
         self.watch = QuickWatch(log)
@@ -233,6 +233,7 @@ class Reconciler:
                     self.metrics.ready_after(now - self.start.bringup_at)
                 if phase == Phase.SERVING and before != Phase.DEGRADED:
                     self.below.served(st)
+                self.recorder.entered(self)
                 self._alert_phase(before, phase, why)
             else:
                 self.log.info("phase.progress", phase=phase.value, reason=str(why), reason_kind=why.kind)
@@ -245,7 +246,7 @@ class Reconciler:
             return
         self._trouble = event != "recovered"
         self.alert(self.name, event, phase=phase.value, reason=str(why), reason_kind=why.kind,
-                   previous_phase=before.value)
+                   previous_phase=before.value, changed=self.status.changed)  # since the last good record
 
     def phase_line(self) -> str:
         return _phase_line(self.status, self.view, self.clock())

@@ -86,4 +86,5 @@ class Rollbacks:
         backend.pin(pinned)  # the way back is the very images that served, not what their tags name now
         r.status.pinned = pinned
         r.reconfigure(view, backend, "rollback")
+        r.recorder.note("rollback", str(why), r.wall())
         alerter.emit(name, "rolled_back", phase=r.status.phase.value, reason=str(why), reason_kind=why.kind)

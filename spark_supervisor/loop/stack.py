@@ -121,6 +121,7 @@ class Stack:
             r.due_at = self._due(wait)
             if r.status.phase == Phase.SERVING and before != Phase.SERVING:
                 pin_what_serves(r)
+            r.recorder.after_tick(r)  # what its record takes in after the fact: a verdict, a page-cache drop
             self.rollbacks.roll_back_if_due(name, r, self.backend_factory, self.alerter)
             if r.status.phase in _ANSWERS and before not in _ANSWERS:
                 for other in self.reconcilers.values():  # those waiting for it look again at once

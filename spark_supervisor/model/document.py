@@ -321,6 +321,7 @@ class DeploymentDoc(TypedDict):
     phase: str
     reason: str
     reason_kind: str
+    changed: NotRequired[str]  # FAILED or DEGRADED: what differs from the last good record ("": nothing said)
     since: str
     history: list[HistoryDoc]
     failures: int

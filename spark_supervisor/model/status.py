@@ -166,6 +166,9 @@ class Status:
     boots: dict[str, str] = field(default_factory=dict)
     transports: tuple[Transport, ...] = ()
     transports_of: str = ""  # the serve instance they are of
+    # What differs from the last good record, said on entering FAILED or DEGRADED (loop.recording): shown with
+    # the reason and sent with the alert ("": nothing to say, or not in either phase)
+    changed: str = ""
 
     @property
     def reason(self) -> str:

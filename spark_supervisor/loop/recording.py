@@ -1,0 +1,147 @@
+"""The record in the loop (spark_supervisor.record): made from what the reconciler already holds, with no
+round trip of its own -- each member's host facts (Status.hosts), the last full observation's GPUs, the
+node containers' image IDs, this start's image and model checks, the serve's log, the load's figures, the
+performance verdict, the transports, and the decisions since the record before.
+
+Each time a deployment reaches SERVING with a serve not recorded yet, its record is added to its history;
+a performance verdict measured later is added to that record (a regression makes it not good). Each time it
+goes FAILED or DEGRADED, the facts as they are then are compared with the last good record: what changed is
+kept on the status (shown by `status`, sent with the alert) and the facts in ``record-bad.json``. A record
+that cannot be written is logged, never a crash of the loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .. import logscan, statefile, statusdoc
+from ..deployment import DeploymentView
+from ..identity import node_container_name
+from ..model import Observation, Phase, Status
+from ..record import UNKNOWN, Decided, Sources, build, store, what_changed
+from ..record.build import performance
+
+BAD = (Phase.FAILED, Phase.DEGRADED)
+NOTES_KEPT = 50  # decisions noted between two records, at most
+
+
+class Recordable(Protocol):
+    """What the recorder reads of a deployment's reconciler (loop.reconciler.Reconciler)."""
+
+    view: DeploymentView
+    status: Status
+    last_obs: Observation | None
+    last_full: Observation | None
+    wall: Callable[[], float]
+    log: Any
+
+    @property
+    def repairs(self) -> statefile.RepairLog: ...
+
+
+class Recorder:
+    """One deployment's records; the decisions noted since its last record (page-cache drops, rollbacks: the
+    repairs are read from the repair log)."""
+
+    def __init__(self) -> None:
+        self.notes: list[Decided] = []
+        self._dropped: frozenset[str] = frozenset()  # Status.page_cache_dropped at the last tick
+        self._serve = ""  # the serve of the newest record, while its performance verdict is still to come
+
+    def note(self, what: str, reason: str, at: float) -> None:
+        self.notes = [*self.notes[-(NOTES_KEPT - 1):], Decided(at, what, reason)]
+
+    def after_tick(self, r: Recordable) -> None:
+        """After each tick: the page cache dropped on more nodes (with the tick's reason: why), and the
+        performance verdict of the newest record's serve when it came in."""
+        st = r.status
+        dropped, self._dropped = st.page_cache_dropped - self._dropped, st.page_cache_dropped
+        if dropped:
+            self.note("page-cache drop", f"{', '.join(sorted(dropped))}: {st.reason}", r.wall())
+        if self._serve and st.perf is not None and st.perf.serve == self._serve:
+            self._serve = ""
+            self.measured(r)
+
+    def entered(self, r: Recordable) -> None:
+        """The phase changed: a record at SERVING, what changed at FAILED or DEGRADED."""
+        st = r.status
+        st.changed = ""
+        if st.phase == Phase.SERVING:
+            self._served(r)
+        elif st.phase in BAD:
+            st.changed = self._went_bad(r)
+
+    def measured(self, r: Recordable) -> None:
+        """A performance verdict came in: the record of its serve gets it, if that record has none yet."""
+        v, view = r.status.perf, r.view
+        rec = store.read(view.state_dir, view.name).newest
+        if v is None or rec is None or rec.get("serve_id") != v.serve:
+            return
+        kept = rec.get("results")
+        results: dict[str, Any] = kept if isinstance(kept, dict) else {}
+        said = results.get("performance")
+        if isinstance(said, dict) and said.get("verdict") not in (None, "unknown"):
+            return
+        results = {**results, "performance": performance(v)}
+        self._try(r, "amend", lambda: store.amend(view.state_dir, view.name, v.serve, {
+            "results": results, "good": bool(rec.get("good")) and not v.regression}, r.wall()))
+
+    def _served(self, r: Recordable) -> None:
+        view = r.view
+        h = store.read(view.state_dir, view.name)
+        src = self.sources(r, h)
+        rec = build(src)
+        self._serve = src.serve_id if rec["results"]["performance"]["verdict"] == UNKNOWN else ""
+        if h.newest is not None and src.serve_id and h.newest.get("serve_id") == src.serve_id:
+            return  # the same serve again (DEGRADED and back, a daemon restarted beside it): recorded already
+        if self._try(r, "append", lambda: store.append(view.state_dir, rec, src.at)):
+            self.notes = []
+            r.log.info("record.written", serve=src.serve_id, problems=h.problems or None)
+
+    def _went_bad(self, r: Recordable) -> str:
+        view, st = r.view, r.status
+        h = store.read(view.state_dir, view.name)
+        src = self.sources(r, h)
+        good = h.good()  # a serve's own record when it is still good (DEGRADED on the fabric since), else the one
+        rec = build(src)  # before it (a throughput regression made its own not good)
+        rec["changed"] = changed = what_changed(good[0] if good else None, rec)
+        self._try(r, "write bad", lambda: store.write_bad(view.state_dir, rec))
+        if changed:
+            r.log.warning("record.changed", phase=st.phase.value, changed=changed)
+        return changed
+
+    def sources(self, r: Recordable, h: store.History) -> Sources:
+        """What the record is made of, from what the reconciler holds; the decisions since ``h``'s newest."""
+        st, view, obs, full = r.status, r.view, r.last_obs, r.last_full
+        serve = obs.serve if obs is not None and obs.serve is not None and obs.serve.present else None
+        serve_id = serve.identity if serve is not None else ""
+        since = float((h.newest or {}).get("wall") or 0.0)
+        repairs = [Decided(float(e["at"]), f"repair {e.get('kind', '')}".strip(), str(e.get("reason", "")))
+                   for e in r.repairs.entries if float(e["at"]) > since]
+        return Sources(
+            view, r.wall(), st.phase.value, reason=st.reason if st.phase in BAD else "", serve_id=serve_id,
+            hosts=dict(st.hosts), gpus={n: o.gpu for n, o in (full.nodes.items() if full else ()) if o.gpu},
+            running=running(view, obs), images=dict(st.images), bringup=statusdoc.bringup(st),
+            steps=tuple(logscan.timeline(serve.log_tail)) if serve is not None else (),
+            kv_tokens=st.kv_cache.tokens if st.kv_cache is not None and st.kv_cache.serve == serve_id else 0,
+            perf=st.perf, transports=st.transports if st.transports_of == serve_id else (),
+            decisions=tuple(repairs + [d for d in self.notes if d.at > since]))
+
+    @staticmethod
+    def _try(r: Recordable, what: str, write: Callable[[], object]) -> bool:
+        try:
+            write()
+            return True
+        except (OSError, ValueError) as e:  # the record is lost, not the loop
+            r.log.error("record.write_failed", what=what, error=str(e)[:300])
+            return False
+
+
+def running(view: DeploymentView, obs: Observation | None) -> dict[str, str]:
+    """node -> the image ID its node container runs, as listed (none where it is not listed)."""
+    if obs is None:
+        return {}
+    dep = view.dep
+    return {n.name: c.image_id for n in view.members if n.name in obs.nodes and not obs.nodes[n.name].error
+            for c in obs.nodes[n.name].containers
+            if c.name == node_container_name(dep, n) and c.image_id and c.running}
