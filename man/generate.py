@@ -34,7 +34,8 @@ def render() -> str:
     page.add_section("files", "=", "\n".join([
         f".TP\n.I {roff(cli.SYSTEM_CONFIG)}\nthe config (TOML); `spark\\-supervisor schema` prints its JSON Schema",
         ".TP\n.I /var/lib/spark\\-supervisor\nthe state directory (supervisor.state_dir): status.json, the lock, "
-        "the control socket, the repair log"]))
+        "the control socket, the repair log; each deployment's under deployments/<name>/ (its records: records.jsonl, "
+        "record\\-bad.json); the support bundles of `spark\\-supervisor report` under reports/"]))
     page.add_section("see also", "=", "systemctl(1), journalctl(1), systemd.service(5)")
     return str(page)
 

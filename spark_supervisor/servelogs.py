@@ -189,6 +189,37 @@ def show(cfg: Config, dep: Deployment, node: Node, *, previous: bool, follow: bo
     return _stream(argv, dep.api_key.get_secret_value(), timeout=max(cfg.supervisor.io_timeout, 300), hold_stdin=False)
 
 
+def tail(cfg: Config, dep: Deployment, node: Node, lines: int, limit: int = 1 << 18) -> bytes:
+    """The last ``lines`` lines (at most ``limit`` bytes) of the current launch's log on ``node``, read as
+    `logs -n` reads them (the API key redacted): for the support bundle. Problem when there is none to read."""
+    from .adapters import AdapterError
+    from .commands import serve_log_dir
+    directory = serve_log_dir(dep, node)
+    if not directory:
+        raise Problem(f"{dep.name}: log_host_dir is \"\": the serve's log is kept in the container only")
+    shell = _shell(cfg, node)
+    names = _list(shell, directory, node.name)
+    launch = pick(launches(names, node.name))
+    if launch is None:
+        raise Problem(f"{dep.name}: no launch of the serve logged on {node.name} in {directory}")
+    chosen = parts(launch, names)
+    try:
+        if shell.target:
+            r = shell.run(["sh", "-c", READ, "spark-logs", directory, str(lines), *chosen])
+            if r.rc != 0:
+                raise Problem(f"{node.name}: cannot read {directory}: {(r.err.strip() or f'exit {r.rc}')[-200:]}")
+            data = r.out.encode()
+        else:
+            dirfd = _open_dir(directory)
+            try:
+                data = b"".join(last_lines((_lines(dirfd, f) for f in chosen), lines))
+            finally:
+                os.close(dirfd)
+    except (AdapterError, OSError) as e:
+        raise Problem(f"{node.name}: cannot read {directory}: {e}") from None
+    return redact(data[-limit:], dep.api_key.get_secret_value())
+
+
 def _open_dir(directory: str) -> int:
     """The node's log directory, itself not a link (its parent is the container's to write in)."""
     try:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import logs, maintenance, ops, status, tools
+from . import logs, maintenance, ops, record, status, tools
 from .base import DEFAULT_CONFIG, ENVIRONMENT, EXIT_NOTE, SYSTEM_CONFIG, _status_epilog, _wrapped
 
 
@@ -92,6 +92,12 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument("deployment", nargs="?", default="", help="only this deployment (default: every one)")
     rs.add_argument("--serve-only", action="store_true", help="relaunch the serve alone; the containers stay")
     logs.add_arguments(add("logs", logs.cmd_logs, "the serve's log of the current launch (or the previous) on a node"))
+    record.add_arguments(add("record", record.cmd_record, "what a deployment ran on when it last reached SERVING "
+                             "(or when it last failed), or what changed since the last good serve (--diff)", json=True))
+    add("report", record.cmd_report, "a support bundle (tar.gz): records, status, transitions, the serve logs' "
+        "tails, the config, secrets removed").add_argument(
+        "--out", "-o", default="", metavar="FILE",
+        help="where to write it (default: <state_dir>/reports/spark-supervisor-report-<UTC time>.tar.gz)")
     ls = add("logscan", tools.cmd_logscan, "read a vLLM serve log: phase reached, timings, failure and hint",
              config=False, json=True)
     ls.add_argument("file", help="the log file, or - for standard input")
