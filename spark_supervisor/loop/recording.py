@@ -54,6 +54,9 @@ class Recorder:
     def after_tick(self, r: Recordable) -> None:
         """After each tick: the page cache dropped on more nodes (with the tick's reason: why), and the
         performance verdict of the newest record's serve when it came in."""
+        _guarded(r, self._after_tick)
+
+    def _after_tick(self, r: Recordable) -> None:
         st = r.status
         dropped, self._dropped = st.page_cache_dropped - self._dropped, st.page_cache_dropped
         if dropped:
@@ -64,6 +67,9 @@ class Recorder:
 
     def entered(self, r: Recordable) -> None:
         """The phase changed: a record at SERVING, what changed at FAILED or DEGRADED."""
+        _guarded(r, self._entered)
+
+    def _entered(self, r: Recordable) -> None:
         st = r.status
         st.changed = ""
         if st.phase == Phase.SERVING:
@@ -135,6 +141,14 @@ class Recorder:
         except (OSError, ValueError) as e:  # the record is lost, not the loop
             r.log.error("record.write_failed", what=what, error=str(e)[:300])
             return False
+
+
+def _guarded(r: Recordable, step: Callable[[Recordable], None]) -> None:
+    """A bug in the record must not end the tick it is part of (nor keep its alert from going out)."""
+    try:
+        step(r)
+    except Exception as e:  # logged with its traceback; the loop goes on without this record
+        r.log.exception("record.crashed", error=f"{type(e).__name__}: {e}"[:300])
 
 
 def running(view: DeploymentView, obs: Observation | None) -> dict[str, str]:

@@ -271,3 +271,21 @@ def test_the_perf_key_is_unchanged_by_the_record(tmp_path: Path) -> None:
     be.next = seen(daemon)
     until(daemon, Phase.SERVING, clock)
     assert not (tmp_path / "state" / "deployments" / "qwen" / perf.FILE).exists()
+
+
+def test_a_record_that_cannot_be_made_or_written_never_stops_the_tick_or_its_alert(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    daemon, be, clock, _ = started(tmp_path)
+    r = daemon.stack.first
+    sent: list[str] = []
+    r.alert = lambda _name, event, **_kw: sent.append(event)
+    def full(*_: object, **__: object) -> None:
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(store, "_write", full)  # the disk is full: the record is lost, the serve is not
+    be.next = seen(daemon)
+    until(daemon, Phase.SERVING, clock)
+    assert records(tmp_path) == []
+    monkeypatch.setattr("spark_supervisor.loop.recording.build", lambda _src: 1 / 0)  # a bug
+    be.next = seen(daemon, gpu_lost="Failed to initialize NVML: Unknown Error")
+    until(daemon, Phase.DEGRADED, clock)
+    assert sent == ["degraded"] and daemon.status.changed == ""
