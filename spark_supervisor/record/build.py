@@ -179,8 +179,9 @@ def results(src: Sources, perf: PerfVerdict | None) -> dict[str, Any]:
         "load_s": {s.milestone: s.seconds if s.seconds is not None else UNKNOWN for s in src.steps},
         "kv_cache_tokens": src.kv_tokens or UNKNOWN,
         "performance": performance(perf),
+        # none seen (NCCL's INFO lines off, not logged yet) is not "no transport": unknown
         "transports": {(str(t.rank) if t.rank is not None else f"? {t.ip}"): f"{t.net} on {by_ip.get(t.ip, t.ip or '?')}"
-                       for t in src.transports},
+                       for t in src.transports} or UNKNOWN,
     }
 
 
@@ -190,4 +191,4 @@ def performance(v: PerfVerdict | None) -> dict[str, Any]:
     if v.error:
         return {"verdict": "unmeasured", "detail": v.error}
     return {"verdict": "regression" if v.regression else "ok", "decode_tps": v.decode_tps, "ttft_s": v.ttft_s,
-            "reference": v.reference or NONE, "detail": v.regression}
+            "reference": v.reference or NONE, **({"detail": v.regression} if v.regression else {})}

@@ -94,6 +94,7 @@ def test_a_host_without_dgx_release_or_rdma_devices_says_none_and_one_not_read_u
     assert set(r["nodes"]["spark-2"]["host"].values()) == {"unknown"}  # not read: unknown, never "none"
     assert r["nodes"]["spark-2"]["fabric"]["rdma"] == r["nodes"]["spark-2"]["fabric"]["mtu"] == "unknown"
     assert r["nodes"]["spark-1"]["gpu"]["driver"] == "unknown"
+    assert build(sources(transports=()))["results"]["transports"] == "unknown"  # none seen yet is not "none"
 
 
 def test_the_image_facts_of_a_check_of_another_image_than_the_one_running_are_unknown() -> None:
