@@ -166,7 +166,7 @@ class Actor:
         state_dir = cfg.supervisor.state_dir
         kept = statefile.read_json(state_dir, self.IMAGES).get(node)
         if isinstance(kept, dict) and kept.get("image_id") == image_id and kept.get("key") == key:
-            report = _kept_report(kept.get("report"), image_id, digests)
+            report = kept_report(kept.get("report"), image_id, digests)
             if report is not None:
                 summary = report.summary(dep.uses_ray)
                 self.log.info("image.checked", node=node, image=spec.image, kept=True, summary=summary)
@@ -295,13 +295,19 @@ class Actor:
         self.log.info("image.pulled", node=a.node.name, image=image)
 
 
-def _kept_report(kept: Any, image_id: str, digests: tuple[str, ...]) -> ImageReport | None:
-    """An image check kept in images.json, with the ID and digests inspected now; None for one of another
-    shape (an earlier version's, without what the check reads now; a damaged file): the image is checked again."""
+def kept_report(kept: Any, image_id: str, digests: tuple[str, ...] | None = None) -> ImageReport | None:
+    """An image check kept in images.json, with the ID (and digests: None, those kept) inspected now; None for
+    one of another shape (an earlier version's, without what the check reads now; a damaged file): the image
+    is checked again."""
     try:
         if {f.name for f in dataclasses.fields(ImageReport)} - set(kept):
             return None
-        report = dataclasses.replace(ImageReport(**kept), image_id=image_id, repo_digests=digests)
+        report = ImageReport(**kept)
+        if not isinstance(report.repo_digests, list | tuple):
+            raise TypeError("repo_digests")
+        digests = tuple(map(str, report.repo_digests)) if digests is None else digests
+        # the model is checked on every start, never kept with the image
+        report = dataclasses.replace(report, image_id=image_id, repo_digests=digests, model=None)
     except (TypeError, KeyError, ValueError, AttributeError):
         return None
     if not all(isinstance(getattr(report, f.name), type(f.default)) for f in dataclasses.fields(report)

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .. import logscan, statefile, statusdoc
+from ..act import Actor, kept_report
 from ..deployment import DeploymentView
 from ..identity import node_container_name
-from ..model import Observation, Phase, Status
+from ..model import ImageReport, Observation, Phase, Status
 from ..record import UNKNOWN, Decided, Sources, build, store, what_changed
 from ..record.build import performance
 
@@ -127,7 +128,7 @@ class Recorder:
         return Sources(
             view, r.wall(), st.phase.value, reason=st.reason if st.phase in BAD else "", serve_id=serve_id,
             hosts=dict(st.hosts), gpus={n: o.gpu for n, o in (full.nodes.items() if full else ()) if o.gpu},
-            running=running(view, obs), images=dict(st.images), bringup=statusdoc.bringup(st),
+            running=(ids := running(view, obs)), images=checks(view, st, ids), bringup=statusdoc.bringup(st),
             steps=tuple(logscan.timeline(serve.log_tail)) if serve is not None else (),
             kv_tokens=st.kv_cache.tokens if st.kv_cache is not None and st.kv_cache.serve == serve_id else 0,
             perf=st.perf, transports=st.transports if st.transports_of == serve_id else (),
@@ -149,6 +150,20 @@ def _guarded(r: Recordable, step: Callable[[Recordable], None]) -> None:
         step(r)
     except Exception as e:  # logged with its traceback; the loop goes on without this record
         r.log.exception("record.crashed", error=f"{type(e).__name__}: {e}"[:300])
+
+
+def checks(view: DeploymentView, st: Status, ids: dict[str, str]) -> dict[str, ImageReport]:
+    """This start's image checks; for a member not checked in this run (a deployment adopted after the daemon
+    restarted) the check kept of the very image its container runs (images.json, by image ID), if any."""
+    found = dict(st.images)
+    missing = [n for n in ids if n not in found]
+    kept = statefile.read_json(view.state_dir, Actor.IMAGES) if missing else {}
+    for node in missing:
+        entry = kept.get(node)
+        if isinstance(entry, dict) and entry.get("image_id") == ids[node]:
+            if (r := kept_report(entry.get("report"), ids[node])) is not None:
+                found[node] = r
+    return found
 
 
 def running(view: DeploymentView, obs: Observation | None) -> dict[str, str]:

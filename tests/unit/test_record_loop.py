@@ -289,3 +289,21 @@ def test_a_record_that_cannot_be_made_or_written_never_stops_the_tick_or_its_ale
     be.next = seen(daemon, gpu_lost="Failed to initialize NVML: Unknown Error")
     until(daemon, Phase.DEGRADED, clock)
     assert sent == ["degraded"] and daemon.status.changed == ""
+
+
+def test_a_deployment_adopted_after_a_restart_of_the_daemon_is_recorded_with_the_check_kept_of_its_image(
+        tmp_path: Path) -> None:
+    daemon, be, clock, _, _ = make(tmp_path)
+    c = daemon.cfg
+    daemon.status.images = be.reports = {}  # this run has checked nothing: it found the deployment serving
+    kept = dataclasses.replace(checked(c)["spark-2"], model=None)  # as the image check keeps it
+    statefile.write_json(str(tmp_path / "state" / "deployments" / "qwen"), "images.json", {
+        "spark-2": {"image_id": A, "key": kept.key, "report": dataclasses.asdict(kept)},
+        "spark-1": {"image_id": B, "key": kept.key, "report": dataclasses.asdict(kept)}})  # of another image
+    be.next = seen(daemon)
+    until(daemon, Phase.SERVING, clock)
+    (rec,) = records(tmp_path)
+    assert rec["nodes"]["spark-2"]["image"]["vllm"] == "0.33.0"
+    assert rec["nodes"]["spark-2"]["image"]["digest"] == "vllm/vllm-openai@sha256:" + "d" * 64
+    assert rec["nodes"]["spark-1"]["image"] == {**rec["nodes"]["spark-2"]["image"], **dict.fromkeys(
+        ("digest", "vllm", "torch", "transformers", "ray", "nccl", "python"), "unknown")}  # not what it runs
