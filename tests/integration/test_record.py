@@ -186,6 +186,7 @@ def test_an_image_retagged_to_other_content_shows_in_the_diff_and_in_the_failure
         FAULT.unlink(missing_ok=True)
         if again is not None:
             again.stop(signal.SIGKILL)
-        for node in testbed.NODES:  # the tag back where it was
+        for node in testbed.NODES:  # the failed deployment's containers gone, the tag back where it was
+            testbed.docker(node, "rm", "-f", OWNED[node], check=False)
             testbed.docker(node, "tag", ran[node], testbed.HOSTFS, check=False)
             testbed.docker(node, "rmi", OTHER, check=False)
