@@ -18,8 +18,8 @@ from .build import UNKNOWN
 
 # Not compared: the record's own bookkeeping, the decisions that led to it, the timings and measured figures.
 _NOT_COMPARED = ("schema", "deployment", "at", "wall", "verdict", "good", "reason", "changed", "serve_id",
-                 "decisions", "results.bringup_s", "results.load_s", "results.performance.")
-_COMPARED = ("results.performance.verdict",)
+                 "decisions", "results.bringup_s", "results.load_s", "results.performance")
+_COMPARED = ("results.performance.verdict",)  # but for the verdict itself (ok, regression)
 # What a bad verdict names first, in this order, by the path under a member (or at the top): label, pattern.
 HINTED = (("kernel", "host.kernel"), ("driver", "gpu.driver"), ("firmware", "fabric.rdma.*.firmware"),
           ("image", "image.id"), ("vLLM", "image.vllm"), ("MTU", "fabric.mtu"), ("GID index", "fabric.rdma.*.gid_index"),
@@ -56,8 +56,8 @@ def flatten(rec: dict[str, Any]) -> dict[str, str]:
 
 
 def compared(path: str) -> bool:
-    return path.startswith(_COMPARED) or not any(path == p or path.startswith(p if p.endswith(".") else p + ".")
-                                                  for p in _NOT_COMPARED)
+    """Whether a field is of what the serve ran on or came up with (not of the record's bookkeeping)."""
+    return path in _COMPARED or not any(path == p or path.startswith(p + ".") for p in _NOT_COMPARED)
 
 
 def diff(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[Change], int]:

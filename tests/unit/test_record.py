@@ -237,3 +237,11 @@ def test_a_measured_verdict_is_added_to_its_serves_record_only(tmp_path: Path) -
     assert not store.amend(d, "qwen", "s0", {"good": False}, 2.0)
     assert store.amend(d, "qwen", "s1", {"good": False}, 2.0)
     assert store.read(d, "qwen").newest["good"] is False  # type: ignore[index]
+
+
+def test_the_performance_is_compared_by_its_verdict_not_its_figures() -> None:
+    ok = build(sources(perf=PerfVerdict("serve-1", 1.0, 0.2, 27.4)))
+    faster = build(sources(perf=PerfVerdict("serve-1", 1.0, 0.1, 29.0), bringup={"LOADING": 380.0}))
+    slow = build(sources(perf=PerfVerdict("serve-1", 1.0, 0.9, 13.1, regression="13.1 tok/s, best 27.4")))
+    assert diff(ok, faster) == ([], 0)  # figures and timings move every time: not a change of what ran
+    assert [str(c) for c in diff(ok, slow)[0]] == ["results.performance.verdict: ok → regression"]
