@@ -1,8 +1,9 @@
 """The record, on the testbed (issue 25): what a deployment ran on when it reached SERVING -- this machine's
-real kernel (every node's host facts are read here), the node containers' image IDs, the vLLM version the
-image check found in the image (the stand-in's `--version`: STANDIN_VLLM_VERSION) --, a support bundle that
-holds none of the secrets planted in the config, the environment and the serve's log, and an image re-tagged
-to other content between two starts, shown by `record --diff` and in the failure that follows.
+real kernel (every node's host facts are read here; its fabric from its host tree), the node containers'
+image IDs, the vLLM version the image check found in the image (the stand-in's `--version`:
+STANDIN_VLLM_VERSION) --, a support bundle that holds none of the secrets planted in the config, the
+environment and the serve's log, and an image re-tagged to other content between two starts, shown by
+`record --diff` and in the failure that follows.
 
 One bring-up, shared; the re-tag is last in the module (it leaves a FAILED daemon behind) and puts the tag
 back where it was, whatever happens."""
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from spark_testbed import testbed
+from spark_testbed import hosttree, testbed
 from spark_testbed.harness import BIN, OWNED, Supervisor, fault_file, verify_serving, write_config
 from tests.integration.conftest import reset_testbed
 
@@ -105,8 +106,10 @@ def test_the_record_names_this_machines_kernel_the_images_ids_and_the_vllm_insid
         assert facts["image"]["vllm"] == st["nodes"][node]["image"]["vllm_version"] == VLLM, facts["image"]
         assert facts["image"]["digest"] == "none"  # imported here, never pulled: no repo digest
         assert facts["gpu"]["cuda"] == "13.0" and facts["host"]["boot_id"] == st["nodes"][node]["host"]["boot_id"]
-        if not Path("/etc/dgx-release").exists():  # the testbed's hosts are not DGX OS: "none", not "unknown"
-            assert facts["host"]["dgx"] == "none"
+        assert facts["host"]["dgx"] == "none"  # its host tree has no /etc/dgx-release: "none", not "unknown"
+        port = facts["fabric"]["rdma"][f"{hosttree.DEVICE}/{hosttree.PORT}"]  # read from its host tree
+        assert (port["firmware"], port["gid_index"], facts["fabric"]["mtu"]) == (
+            hosttree.FIRMWARE, hosttree.GID_INDEX, hosttree.MTU), facts["fabric"]
     assert rec["serve_id"] and rec["results"]["kv_cache_tokens"] == 409856
     assert rec["model"]["name"] == st["deployment"]["model"] and "--api-key" not in rec["serve"]["argv"]
     assert {"HF_TOKEN", "VLLM_API_KEY"} <= set(rec["serve"]["env"])  # by name only
