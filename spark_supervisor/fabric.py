@@ -99,10 +99,9 @@ def fallback(view: DeploymentView, transports: tuple[Transport, ...], hosts: dic
     members = list(view.members)
     if not view.dep.fabric.check or len(members) < 2:
         return None
-    by_ip = {n.fabric_ip: n for n in members}
     found: list[str] = []
     for t in transports:
-        node = by_ip.get(t.ip)
+        node = member(view, t)
         host = hosts.get(node.name) if node is not None else None
         if not t.socket or node is None or host is None or not any(p.active for p in _ports(node, host)):
             continue
@@ -113,6 +112,13 @@ def fallback(view: DeploymentView, transports: tuple[Transport, ...], hosts: dic
         return None
     return Reason(Kind.FABRIC_FALLBACK, "; ".join(found) + ": NCCL found no usable RDMA device: check the GID index "
                   "(NCCL_IB_GID_INDEX), the MTU on both ends, NCCL_IB_HCA and NCCL_IB_DISABLE")
+
+
+def member(view: DeploymentView, t: Transport) -> Node | None:
+    """The member a rank runs on: by its address, else by the hostname NCCL printed (a rank that bootstrapped
+    on another interface than the fabric's)."""
+    return (next((n for n in view.members if n.fabric_ip == t.ip), None)
+            or next((n for n in view.members if n.name == t.host), None))
 
 
 def rebooted(view: DeploymentView, boots: dict[str, str], hosts: dict[str, HostFacts]) -> list[str]:

@@ -303,7 +303,9 @@ _NCCL = re.compile(r"(?:\((?:\w+) pid=\d+(?:, ip=([\d.]+))?\)\s*)?([\w.-]+):(\d+
 _NCCL_IP = re.compile(r"(?:Bootstrap : Using|OOB) [\w.-]+:([\d.]+)<")
 _NCCL_NET = re.compile(r"^(NET/(IB|Socket) : Using .*)")
 _NCCL_USING = re.compile(r"^Using network (IB|Socket)\b")
-_NCCL_RANK = re.compile(r"^comm \S+ rank (\d+) nranks (\d+)")
+# "comm 0x… rank 0 nranks 2 … Init COMPLETE" (2.1x), "ncclCommInitRank comm 0x… rank 0 nranks 2 …" (2.18+)
+_NCCL_RANK = re.compile(r"^(?:\w+ )?comm \S+ rank (\d{1,6}) n[Rr]anks (\d{1,6})")
+_NCCL_LINE_MAX = 2048  # NCCL's lines are short; a long line (a logged prompt) is not searched whole
 _NCCL_CHANNEL = re.compile(r"^Channel \S+ : .* via NET/(IB|Socket)/")
 
 
@@ -313,13 +315,13 @@ def transports(text: str) -> tuple[Transport, ...]:
     channels' "via NET/..."), with its rank (the first communicator of more than one rank) and address."""
     procs: dict[tuple[str, str], dict[str, str]] = {}
     for line in lines(text):
-        m = _NCCL.search(line)
+        m = _NCCL.search(line[:_NCCL_LINE_MAX]) if "NCCL INFO" in line else None
         if not m:
             continue
-        p = procs.setdefault((m.group(2), m.group(3)), {})
+        p = procs.setdefault((m.group(2), m.group(3)), {"host": m.group(2)})
         said = m.group(4).strip()
-        if m.group(1):
-            p.setdefault("ip", m.group(1))
+        if m.group(1):  # vLLM's own word for the worker's node: the fabric IP Ray knows it by
+            p["prefix_ip"] = m.group(1)
         if (ip := _NCCL_IP.search(said)) is not None:
             p["ip"] = ip.group(1)
         if (net := _NCCL_NET.search(said)) is not None:
@@ -335,6 +337,6 @@ def transports(text: str) -> tuple[Transport, ...]:
     for p in procs.values():
         chosen = p.get("net") or p.get("channel")
         if chosen:
-            out.append(Transport(int(p["rank"]) if "rank" in p else None, p.get("ip", ""), chosen, p.get("detail", ""),
-                                 p.get("line") or p.get("channel_line", "")))
+            out.append(Transport(int(p["rank"]) if "rank" in p else None, p.get("prefix_ip") or p.get("ip", ""), chosen,
+                                 p.get("detail", ""), p.get("line") or p.get("channel_line", ""), p["host"]))
     return tuple(out)

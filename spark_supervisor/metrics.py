@@ -312,9 +312,9 @@ class BelowVllm:
         fell_back = fabric.fallback(view, st.transports, st.hosts)
         for r in [*fabric.problems(view, st.hosts), *([fell_back] if fell_back else [])]:
             want[self.fabric_problem][dep, r.kind] = 1
-        by_ip = {n.fabric_ip: n.name for n in view.members}
         for t in st.transports:
-            want[self.nccl_transport][dep, "?" if t.rank is None else str(t.rank), by_ip.get(t.ip, ""), t.net] = 1
+            m = fabric.member(view, t)
+            want[self.nccl_transport][dep, "?" if t.rank is None else str(t.rank), m.name if m else "", t.net] = 1
         had = self._set.get(dep, {})
         for gauge, series in want.items():
             for labels in had.get(gauge, {}).keys() - series.keys():

@@ -83,6 +83,18 @@ def argv(args: Sequence[str], secrets: Iterable[str] = ()) -> list[str]:
     return out
 
 
+def flag_values(args: Sequence[str]) -> list[str]:
+    """The values given to secret flags in an argv (`--hf-token T`, `--api-key=K`): secrets to redact
+    wherever they turn up (vLLM echoes its arguments)."""
+    out = []
+    for a, nxt in zip(args, [*args[1:], ""], strict=False):
+        if a.startswith("--") and _secret_flag(a):
+            value = a.split("=", 1)[1] if "=" in a else nxt
+            if value:
+                out.append(value)
+    return out
+
+
 def env(values: dict[str, str], secrets: Iterable[str] = ()) -> dict[str, str]:
     """An environment fit for a log line: secret names' values replaced, known secrets replaced."""
     return {k: MARK if secret_env(k) and v else text(v, secrets) for k, v in values.items()}

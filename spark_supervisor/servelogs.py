@@ -192,8 +192,10 @@ def show(cfg: Config, dep: Deployment, node: Node, *, previous: bool, follow: bo
 def tail(cfg: Config, dep: Deployment, node: Node, lines: int, limit: int = 1 << 18) -> bytes:
     """The last ``lines`` lines (at most ``limit`` bytes) of the current launch's log on ``node``, read as
     `logs -n` reads them (the API key redacted): for the support bundle. Problem when there is none to read."""
+    from . import redaction
     from .adapters import AdapterError
     from .commands import serve_log_dir
+    from .config import deployment_secrets
     directory = serve_log_dir(dep, node)
     if not directory:
         raise Problem(f"{dep.name}: log_host_dir is \"\": the serve's log is kept in the container only")
@@ -211,13 +213,18 @@ def tail(cfg: Config, dep: Deployment, node: Node, lines: int, limit: int = 1 <<
             data = r.out.encode()
         else:
             dirfd = _open_dir(directory)
-            try:
-                data = b"".join(last_lines((_lines(dirfd, f) for f in chosen), lines))
+            try:  # each line kept to its last 4 KiB: the lines held stay bounded, whatever a line's length
+                data = b"".join(last_lines(((ln[-4096:] for ln in _lines(dirfd, f)) for f in chosen), lines))
             finally:
                 os.close(dirfd)
     except (AdapterError, OSError) as e:
         raise Problem(f"{node.name}: cannot read {directory}: {e}") from None
-    return redact(data[-limit:], dep.api_key.get_secret_value())
+    # Redacted whole, then cut at a line's start: a cut never leaves part of a secret behind.
+    data = redaction.text(data.decode(errors="replace"), deployment_secrets(cfg, dep)).encode()
+    if len(data) > limit:
+        data = data[-limit:]
+        data = data[data.find(b"\n") + 1:]
+    return data
 
 
 def _open_dir(directory: str) -> int:

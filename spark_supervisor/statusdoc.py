@@ -110,7 +110,7 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
                     if st.kv_cache is not None else None,
         "performance": perf(st.perf, mono_to_wall),
         "load_limits": cast(LoadLimitsDoc, dataclasses.asdict(st.load_limits)) if st.load_limits else None,
-        "transports": [{"rank": t.rank, "node": next((n.name for n in view.members if n.fabric_ip == t.ip), ""),
+        "transports": [{"rank": t.rank, "node": m.name if (m := fabric.member(view, t)) else "",
                         "net": t.net, "detail": t.detail} for t in st.transports],
         "state_problems": list(state_problems),
         "progress": st.progress,

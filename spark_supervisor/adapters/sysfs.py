@@ -13,9 +13,9 @@ from . import AdapterError
 MARK = "host-facts"  # the first line of a whole answer
 _NET = re.compile(r"sys/class/net/([^/]+)/(operstate|mtu|speed)$")
 _DEV = re.compile(r"sys/class/infiniband/([^/]+)/fw_ver$")
-_PORT = re.compile(r"sys/class/infiniband/([^/]+)/ports/(\d+)/(state|rate|gids/(\d+)|gid_attrs/types/(\d+)|"
-                   r"gid_attrs/ndevs/(\d+))$")
-_RATE = re.compile(r"([\d.]+)\s*Gb/sec")
+_PORT = re.compile(r"sys/class/infiniband/([^/]+)/ports/(\d{1,4})/(state|rate|gids/(\d{1,4})|gid_attrs/types/(\d{1,4})|"
+                   r"gid_attrs/ndevs/(\d{1,4}))$")
+_RATE = re.compile(r"(\d{1,7}(?:\.\d{1,3})?)\s*Gb/sec")  # bounded: a crafted tree is no crash
 # The identity lines (not sysfs): the script's own, and the release files' KEY=value lines it picked.
 _SAID = {"uname_r": "kernel", "hostname": "hostname", "proc/sys/kernel/random/boot_id": "boot_id",
          "etc/machine-id": "machine_id"}
@@ -23,7 +23,7 @@ _RELEASE = ("etc/os-release", "usr/lib/os-release", "etc/dgx-release")
 
 
 def _int(v: str) -> int | None:
-    return int(v) if re.fullmatch(r"-?\d+", v) else None
+    return int(v) if re.fullmatch(r"-?\d{1,12}", v) else None
 
 
 def gid_ipv4(gid: str) -> str:

@@ -7,7 +7,7 @@ import os
 
 from pydantic import PrivateAttr, model_validator
 
-from ..redaction import secret_env
+from ..redaction import flag_values, secret_env
 from .checks import RULES
 from .fields import _raise, _Strict
 from .schema import Deployment, Node, Stale
@@ -19,10 +19,12 @@ def deployment_dir(state_dir: str, name: str) -> str:
 
 
 def deployment_secrets(cfg: Config, dep: Deployment) -> list[str]:
-    """What never goes into a log line or status: the API key, and every secret-named variable's value the
-    deployment's containers get."""
+    """What never goes into a log line or status: the API key, every secret-named variable's value the
+    deployment's containers get, and the values of secret flags in its extra_args."""
     envs = [dep.serve.env, dep.ray.env, dep.ray.head_env, *(n.env for n in cfg.members(dep))]
-    return [x for x in (dep.api_key.get_secret_value(), *(v for e in envs for k, v in e.items() if secret_env(k))) if x]
+    flags = flag_values([*dep.serve.extra_args, *dep.ray.extra_args])  # `--hf-token T` in extra_args
+    return [x for x in (dep.api_key.get_secret_value(), *(v for e in envs for k, v in e.items() if secret_env(k)),
+                        *flags) if x]
 
 
 class Config(_Strict):

@@ -231,8 +231,6 @@ class Reconciler:
                 log("phase.changed", **{"from": before.value}, to=phase.value, reason=str(why), reason_kind=why.kind)
                 if phase == Phase.SERVING:
                     self.metrics.ready_after(now - self.start.bringup_at)
-                if phase == Phase.SERVING and before != Phase.DEGRADED:
-                    self.below.served(st)
                 self.recorder.entered(self)
                 self._alert_phase(before, phase, why)
             else:

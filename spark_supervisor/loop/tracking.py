@@ -152,13 +152,21 @@ class Below:
         if obs.full:
             self._hosts(st, obs, view)
         self._transports(st, obs)
-        if st.phase in (Phase.SERVING, Phase.DEGRADED):  # a boot ID first read while serving is recorded then
-            st.boots.update({n: h.boot_id for n, h in st.hosts.items() if h.boot_id and n not in st.boots})
+        self._boots(st, obs)
 
-    def served(self, st: Status) -> None:
-        """The deployment entered SERVING: the members' boot IDs now are the ones it runs on."""
-        st.boots = {n: h.boot_id for n, h in st.hosts.items() if h.boot_id}
-        self.log.info("host.boot_ids", boot_ids=st.boots)
+    def _boots(self, st: Status, obs: Observation) -> None:
+        """The members' boot IDs a serve runs on: recorded once per serve instance, the first tick it is seen
+        SERVING or DEGRADED (a new serve after a repair is recorded afresh, even one that never is SERVING:
+        else a reboot already repaired would be repaired again); one first read later is added."""
+        s = obs.serve
+        if st.phase not in (Phase.SERVING, Phase.DEGRADED) or s is None or not s.present or s.error:
+            return
+        known = {n: h.boot_id for n, h in st.hosts.items() if h.boot_id}
+        if st.boots_of != s.identity:
+            st.boots, st.boots_of = known, s.identity
+            self.log.info("host.boot_ids", boot_ids=st.boots)
+        else:
+            st.boots.update({n: b for n, b in known.items() if n not in st.boots})
 
     def _hosts(self, st: Status, obs: Observation, view: DeploymentView) -> None:
         for node in view.members:
@@ -170,11 +178,11 @@ class Below:
                 if was is not None and was.boot_id and o.host.boot_id and was.boot_id != o.host.boot_id:
                     self.log.warning("host.rebooted", node=node.name, boot_id=o.host.boot_id, was=was.boot_id)
                 st.hosts[node.name] = o.host
-            if o is not None and o.gpu_lost and st.gpu_lost.get(node.name) != o.gpu_lost:
-                self.log.error("gpu.access_lost", node=node.name, said=o.gpu_lost)
+            if o is not None and o.gpu_lost:
+                if st.gpu_lost.get(node.name) != o.gpu_lost:
+                    self.log.error("gpu.access_lost", node=node.name, said=o.gpu_lost)
                 st.gpu_lost[node.name] = o.gpu_lost
-            elif o is not None and o.gpu is not None and node.name in st.gpu_lost:  # read again: regained
-                del st.gpu_lost[node.name]
+            elif st.gpu_lost.pop(node.name, "") and o is not None and o.gpu is not None:  # not read: unknown
                 self.log.info("gpu.access_regained", node=node.name)
 
     def _transports(self, st: Status, obs: Observation) -> None:

@@ -91,10 +91,11 @@ class Transport:
     """The network one NCCL rank uses between nodes, as its own INFO lines say (logscan.transports)."""
 
     rank: int | None  # None: its "Init COMPLETE" line not seen (yet)
-    ip: str  # the address it bootstrapped on ("" not said)
+    ip: str  # vLLM's Ray worker prefix's address, else the one NCCL bootstrapped on ("" not said)
     net: str  # "IB" (RDMA: InfiniBand or RoCE) or "Socket"
     detail: str = ""  # e.g. "NET/IB : Using [0]rocep1s0f1:1/RoCE [RO]" or "NET/Socket : Using [0]enp1s0f1np1:..."
     line: str = ""  # the line that says which network
+    host: str = ""  # the hostname NCCL printed ("<host>:<pid>:<tid>")
 
     @property
     def socket(self) -> bool:

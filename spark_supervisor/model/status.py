@@ -160,10 +160,11 @@ class Status:
     waiting_for: str = ""  # the deployments it starts after that do not answer yet (set by the daemon)
     # Below vLLM (fabric.py): each member's host facts at the last full observation that read them (a node
     # whose reading failed is left out: unknown), what nvidia-smi said where it lost the GPU, the boot IDs
-    # when the deployment last reached SERVING, and the NCCL transport of each rank of the serve that runs.
+    # the serve that runs was started on, and the NCCL transport of each rank of the serve that runs.
     hosts: dict[str, HostFacts] = field(default_factory=dict)
     gpu_lost: dict[str, str] = field(default_factory=dict)
     boots: dict[str, str] = field(default_factory=dict)
+    boots_of: str = ""  # the serve instance they were recorded for
     transports: tuple[Transport, ...] = ()
     transports_of: str = ""  # the serve instance they are of
     # What differs from the last good record, said on entering FAILED or DEGRADED (loop.recording): shown with

@@ -61,7 +61,14 @@ def serve(f: Facts) -> Decision | None:
         return Decision(Phase.FAILED, Reason(Kind.SERVE_FAILED, f"{fail.reason}: {fail.hint} ({fail.line})"),
                         (StopServe("failed"),), fatal=True)
     why = _failed(fail) if fail else Reason(Kind.SERVE_EXITED, f"exit code {s.exit_code}")
-    return f.repair("serve", why, (StopServe("exited"),))
+    return _repair(f, why, "exited")
+
+
+def _repair(f: Facts, why: Reason, stop: str) -> Decision:
+    """A serve repair; but a lost GPU comes back only with new containers (their devices): a gang repair."""
+    if why.kind == Kind.GPU_ACCESS_LOST:
+        return f.repair("gang", why, f.teardown("gpu access lost"))
+    return f.repair("serve", why, (StopServe(stop),))
 
 
 def _failed(fail: logscan.Failure, on: str = "") -> Reason:
@@ -94,7 +101,7 @@ def ranks(f: Facts) -> Decision | None:
                                 f"({fail.line})"), (StopServe("failed"),), fatal=True)
             why = (_failed(fail, f"{node} (rank {rank}): ") if fail
                    else Reason(Kind.SERVE_RANK_EXITED, f"{node} (rank {rank}): exit code {x.exit_code}"))
-            return f.repair("serve", why, (StopServe("rank exited"),))
+            return _repair(f, why, "rank exited")
     return None
 
 

@@ -173,14 +173,13 @@ def serve(view: DeploymentView) -> dict[str, Any]:
 
 def results(src: Sources, perf: PerfVerdict | None) -> dict[str, Any]:
     """How the bring-up went and what it came up with."""
-    by_ip = {n.fabric_ip: n.name for n in src.view.members}
     return {
         "bringup_s": dict(src.bringup),
         "load_s": {s.milestone: s.seconds if s.seconds is not None else UNKNOWN for s in src.steps},
         "kv_cache_tokens": src.kv_tokens or UNKNOWN,
         "performance": performance(perf),
         # none seen (NCCL's INFO lines off, not logged yet) is not "no transport": unknown
-        "transports": {(str(t.rank) if t.rank is not None else f"? {t.ip}"): f"{t.net} on {by_ip.get(t.ip, t.ip or '?')}"
+        "transports": {(str(t.rank) if t.rank is not None else f"? {t.ip}"): f"{t.net} on {_on(src.view, t)}"
                        for t in src.transports} or UNKNOWN,
     }
 
@@ -192,3 +191,8 @@ def performance(v: PerfVerdict | None) -> dict[str, Any]:
         return {"verdict": "unmeasured", "detail": v.error}
     return {"verdict": "regression" if v.regression else "ok", "decode_tps": v.decode_tps, "ttft_s": v.ttft_s,
             "reference": v.reference or NONE, **({"detail": v.regression} if v.regression else {})}
+
+
+def _on(view: DeploymentView, t: Transport) -> str:
+    m = fabric.member(view, t)
+    return m.name if m is not None else t.ip or "?"

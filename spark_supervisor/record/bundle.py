@@ -15,6 +15,7 @@ import io
 import json
 import os
 import secrets as tokens
+import shlex
 import tarfile
 import tomllib
 from datetime import UTC, datetime
@@ -53,10 +54,17 @@ def redacted_config(raw: Any, key: str = "") -> Any:
         return {k: redacted_config(v, str(k)) for k, v in raw.items()}
     if key == "command" and isinstance(raw, list):
         return [str(a) if i == 0 or (str(a).startswith("-") and "=" not in str(a)) else MARK for i, a in enumerate(raw)]
+    if isinstance(raw, list) and all(isinstance(v, str) for v in raw):  # an argv: a secret flag's value too
+        return [redacted_config(v) for v in redaction.argv(raw)]
     if isinstance(raw, list):
         return [redacted_config(v) for v in raw]
     if not isinstance(raw, str) or not raw:
         return raw
+    if key == "extra_args":  # a string, split as the loader splits it: its secret flags' values hidden
+        try:
+            return shlex.join(redaction.argv(shlex.split(raw)))
+        except ValueError:
+            return MARK
     if key == "webhook":
         return f"{redaction.url_origin(raw)}/{MARK}"
     if redaction.secret_env(key) and not key.endswith(("_file", "_env")):

@@ -34,7 +34,7 @@ from spark_supervisor.model import (
 )
 from spark_supervisor.observe import NVML_LOST, _nvidia
 from spark_supervisor.plan import plan
-from tests.helpers import cfg, data, images, node_obs, obs, serve_running
+from tests.helpers import cfg, data, images, node_obs, obs, ray_container, serve_running
 
 C = cfg()
 VIEW = as_view(C)
@@ -143,6 +143,25 @@ def test_channels_alone_tell_the_network_and_a_log_without_nccl_lines_tells_noth
     (t,) = logscan.transports(only)
     assert t.net == "Socket" and t.rank is None
     assert logscan.transports("INFO 12-04 10:00:00 [core.py:90] Model loading took 1 GiB and 2 seconds\n") == ()
+
+
+def test_newer_nccls_rank_lines_and_a_rank_bootstrapped_off_the_fabric_are_placed() -> None:
+    lan = ("(RayWorkerWrapper pid=7, ip=192.168.200.13) spark-2:7:9 [0] NCCL INFO Bootstrap : Using eno1:10.0.0.13<0>\n"
+           "(RayWorkerWrapper pid=7, ip=192.168.200.13) spark-2:7:9 [0] NCCL INFO Using network Socket\n"
+           "(RayWorkerWrapper pid=7, ip=192.168.200.13) spark-2:7:9 [0] NCCL INFO ncclCommInitRank comm 0x55d rank 1 "
+           "nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0\n"
+           "spark-2:8:8 [0] NCCL INFO Bootstrap : Using eno1:10.0.0.99<0>\n"
+           "spark-2:8:8 [0] NCCL INFO Using network Socket\n")
+    ray, mp = logscan.transports(lan)
+    assert (ray.rank, ray.ip, ray.host) == (1, "192.168.200.13", "spark-2")  # vLLM's word for its node first
+    assert (mp.ip, mp.host) == ("10.0.0.99", "spark-2")
+    assert [fabric.member(VIEW, t).name for t in (ray, mp)] == ["spark-2", "spark-2"]  # type: ignore[union-attr]
+    assert fabric.fallback(VIEW, (mp,), hosts()) is not None  # placed by its hostname: still a fallback
+
+
+def test_a_long_line_is_not_searched_whole() -> None:
+    long = "x" * 100_000 + " NCCL INFO Using network Socket\n"
+    assert logscan.transports(long + NCCL_IB)[0].net == "IB" and len(logscan.transports(long)) == 0
 
 
 def test_nvidia_smi_that_lost_nvml_is_read_as_gpu_access_lost() -> None:
@@ -267,7 +286,8 @@ def test_cuda_init_errors_in_the_serve_log_are_gpu_access_lost_with_the_hint() -
             "calling NumCudaDevices() that might have already set the error? Error 999: unknown error")
     dead = ServeObservation(True, 77, "id-spark-1", False, 1, serve_running(C).spec_hash, "t", line + "\n")
     d = plan(obs(C, deployed=True, serve=dead), serving(), C, 10)
-    assert d.repair == "serve" and d.why.kind == Kind.GPU_ACCESS_LOST and "CDI refresh" in d.why.detail
+    assert d.repair == "gang" and d.why.kind == Kind.GPU_ACCESS_LOST and "CDI refresh" in d.why.detail
+    assert {a.node for a in d.actions if isinstance(a, RemoveContainers)} == {"spark-1", "spark-2"}  # new devices
 
 
 # ------------------------------------------------------------------------------------------- kept between ticks
@@ -288,10 +308,29 @@ def test_below_keeps_each_members_last_reading_drops_the_unread_and_latches_tran
     assert len(st.transports) == 0  # another serve instance: its own, once it says
 
 
-def test_boot_ids_are_recorded_at_serving() -> None:
+def test_boot_ids_are_recorded_once_per_serve_even_one_that_is_degraded_from_the_start() -> None:
     below, st = Below(structlog.get_logger()), status(Phase.VERIFYING, hosts=hosts())
-    below.served(st)
-    assert st.boots == {n: h.boot_id for n, h in hosts().items()}
+    s = serve_running(C)
+    nodes = {n: node_obs(n, (ray_container(C, n),), host=host(n)) for n in IPS}
+    below.update(st, obs(C, nodes=nodes, serve=s), VIEW)
+    assert st.boots == {}  # not serving yet
+    st.advance(Phase.SERVING, Reason(), 1, 1)
+    below.update(st, obs(C, nodes=nodes, serve=s), VIEW)
+    assert st.boots == {n: h.boot_id for n, h in hosts().items()} and st.boots_of == s.identity
+    rebooted = {**nodes, "spark-2": node_obs("spark-2", (ray_container(C, "spark-2"),),
+                                              host=host("spark-2", boot="b2-new-boot"))}
+    below.update(st, obs(C, nodes=rebooted, serve=s), VIEW)
+    assert st.boots["spark-2"] != "b2-new-boot"  # the same serve: the change is the rule's evidence
+    d = plan(obs(C, deployed=True, nodes=rebooted, serve=s, endpoint=UP), st, C, 10)
+    assert d.why.kind == Kind.PEER_REBOOTED
+    # The repair's new serve comes up DEGRADED (sockets, say): recorded afresh, not repaired again.
+    again = replace(s, pid=99, started_at="later")
+    st.advance(Phase.DEGRADED, Reason(Kind.FABRIC_FALLBACK, "x"), 20, 20)
+    below.update(st, obs(C, nodes=rebooted, serve=again), VIEW)
+    assert st.boots["spark-2"] == "b2-new-boot" and st.boots_of == again.identity
+    st.verdict = Verdict(True, "ok", again.identity)
+    d = plan(obs(C, deployed=True, nodes=rebooted, serve=again, endpoint=UP), st, C, 30)
+    assert d.why.kind != Kind.PEER_REBOOTED and not d.repair
 
 
 # ------------------------------------------------------------------------------------------- what status shows
@@ -315,3 +354,10 @@ def test_status_shows_each_members_fabric_the_ranks_transport_and_a_lost_gpu(cap
     assert (f"  fabric: {IF} up mtu 9000 200 Gb/s; roceP2p1s0f1/1 ACTIVE 200 Gb/s, GID index 4, fw 28.45.1200; "
             "boot 0f0f0f0f (was boot-spa at SERVING: REBOOTED)") in out
     assert f"  GPU ACCESS LOST: {NVML_LOST}" in out
+
+
+def test_a_crafted_tree_is_read_bounded_never_a_crash() -> None:
+    odd = ("host-facts\nsys/class/infiniband/x/ports/1/rate:. Gb/sec\nsys/class/net/a/mtu:" + "9" * 5000
+           + "\nsys/class/infiniband/x/ports/99999/state:4: ACTIVE\nsys/class/infiniband/x/ports/1/gids/123456:zz\n")
+    h = parse_host_facts(odd)
+    assert h.link("a") == Link("a", "", None, None) and [(p.port, p.rate_gbps) for p in h.rdma] == [(1, None)]

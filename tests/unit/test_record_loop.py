@@ -198,7 +198,7 @@ def test_record_without_a_record_or_a_deployment_says_so(tmp_path: Path, capsys:
 SECRETS = {"api key": "sk-PLANTED-api-key-0123", "HF token": "hf_PLANTEDtokenABCDEF",
            "HF token from the environment": "hf_ENVPLANTEDtoken987", "webhook password": "s3cr3t-PLANTED",
            "webhook path": "XXXXPLANTEDhookXXXX", "alert token": "Bearer-PLANTED-alert",
-           "a token in the environment only": "envonly-PLANTED-tok"}
+           "a token in the environment only": "envonly-PLANTED-tok", "a flag's token": "hf_FLAGplanted4567"}
 
 
 def test_a_report_holds_the_record_status_logs_and_config_and_none_of_the_secrets(
@@ -216,6 +216,7 @@ def test_a_report_holds_the_record_status_logs_and_config_and_none_of_the_secret
     dep["readiness"] = {"api_key_file": str(key)}
     dep["serve"]["env"] = {"HF_TOKEN": SECRETS["HF token"], "HUGGING_FACE_HUB_TOKEN": "${HF_TOKEN}"}
     dep["serve"]["log_host_dir"] = str(tmp_path / "logs")
+    dep["serve"]["extra_args"] = ["--max-model-len", "8192", "--hf-token", SECRETS["a flag's token"]]
     path = tmp_path / "c.toml"
     path.write_text(tomli_w.dumps(d))
     # What the daemon would have written, each with a secret in it (a reason, a log line that quote one)
@@ -246,6 +247,7 @@ def test_a_report_holds_the_record_status_logs_and_config_and_none_of_the_secret
     assert config["alerts"]["command"] == ["/usr/bin/curl", "-H", "[redacted]"]
     assert config["deployments"][0]["serve"]["env"] == {"HF_TOKEN": "[redacted]", "HUGGING_FACE_HUB_TOKEN": "[redacted]"}
     assert config["deployments"][0]["readiness"]["api_key_file"] == str(key)  # where, never what
+    assert config["deployments"][0]["serve"]["extra_args"] == ["--max-model-len", "8192", "--hf-token", "[redacted]"]
     assert "ERROR boom" in members["qwen/logs/spark-1.log"] and "qwen: FAILED at" in members["qwen/record.txt"]
     assert "2026-01-01T00:00:00Z FAILED: " in members["transitions.txt"]
 
