@@ -144,6 +144,7 @@ class Reconciler:
             self._start_repair(decision, now)
         failure, fatal = self._act(decision)
         self._advance(decision, failure, fatal, now)
+        self.below.boots(st, obs)  # the tick it turned SERVING (or DEGRADED) too: what status says at once
         self.loads.note(st, obs, self.last_full, self.view, now)
         self.start.note(st, progress_before, now)
         self.watch.saw(obs, seen)

@@ -152,9 +152,9 @@ class Below:
         if obs.full:
             self._hosts(st, obs, view)
         self._transports(st, obs)
-        self._boots(st, obs)
+        self.boots(st, obs)
 
-    def _boots(self, st: Status, obs: Observation) -> None:
+    def boots(self, st: Status, obs: Observation) -> None:
         """The members' boot IDs a serve runs on: recorded once per serve instance, the first tick it is seen
         SERVING or DEGRADED (a new serve after a repair is recorded afresh, even one that never is SERVING:
         else a reboot already repaired would be repaired again); one first read later is added."""

@@ -129,8 +129,8 @@ def test_a_moved_gid_before_a_gang_repair_is_named_before_any_container_starts(h
 
 def test_a_worker_that_rebooted_is_a_gang_repair_even_with_its_containers_back(healthy: Supervisor) -> None:
     d = healthy
-    st = d.status()
-    assert st is not None
+    st = d.wait(lambda s: bool((s["nodes"]["spark-2"].get("host") or {}).get("boot_id_at_serving")), 30,
+                "spark-2's boot ID recorded for the serve")
     before = st["nodes"]["spark-2"]["host"]["boot_id"]
     assert before and st["nodes"]["spark-2"]["host"]["boot_id_at_serving"] == before
     t = time.time()
