@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from spark_testbed import hosttree, testbed
+from spark_testbed import faults, hosttree, testbed
 from spark_testbed.harness import (
+    BACKEND,
     BIN,
     OWNED,
     Supervisor,
@@ -139,11 +140,18 @@ def test_a_worker_that_rebooted_is_a_gang_repair_even_with_its_containers_back(h
         hosttree.reboot("spark-2")
         testbed.docker("spark-2", "restart", "-t", "1", OWNED["spark-2"])
         testbed.until(lambda: containers("spark-2")[OWNED["spark-2"]]["state"] == "running", 60, "its container back")
+        if BACKEND == "ray":  # back in Ray too: nothing but its boot ID says it went away
+            testbed.until(lambda: "127.0.0.3" in (faults.ray_alive_ips() or set()), 60, "spark-2 alive in Ray again")
     finally:
         os.kill(d.proc.pid, signal.SIGCONT)
     d.wait(lambda _: bool(d.repairs(t)), 120, "the repair")
     r = d.repairs(t)[0]
-    assert r["kind"] == "gang" and r["reason"].startswith("PeerRebooted: spark-2 (boot ID "), r
+    if BACKEND == "mp" and r["kind"] == "serve":
+        # mp: the restarted container took its rank with it. A tick the stop caught half-way may read that
+        # before the next full observation reads the boot ID: a repair of every rank, as legitimate.
+        assert r["reason"].startswith(("ServeRankExited: spark-2", "ServeRankMissing: no serve on spark-2")), r
+    else:
+        assert r["kind"] == "gang" and r["reason"].startswith("PeerRebooted: spark-2 (boot ID "), r
     st = d.wait(lambda s: s["phase"] == "SERVING" and since(s) > t, 240, "SERVING after the gang repair")
     after = st["nodes"]["spark-2"]["host"]
     assert after["boot_id"] != before and after["boot_id_at_serving"] == after["boot_id"]
