@@ -16,6 +16,7 @@ from .config import Node
 from .model import (
     Action,
     CheckImage,
+    CheckModel,
     DropPageCache,
     ImageReport,
     Kind,
@@ -75,9 +76,10 @@ class Actor:
                 for name, existed in zip(names, removed, strict=True):
                     if existed:
                         self.log.info("clean.container_removed", node=node, container=name, why=why)
-            case CheckImage(node=node):
-                report = self._check_image(w.nodes[node])
-                return dataclasses.replace(report, model=self._check_model(w.nodes[node])) if dep.model.check else report
+            case CheckImage(node=node, model_later=later):
+                return self._check(w.nodes[node], later)
+            case CheckModel(node=node):
+                return self._check_model(w.nodes[node])
             case PrefetchModel(node=node):
                 return self._prefetch_model(w.nodes[node])
             case StartContainer(node=node, dashboard=dashboard):
@@ -132,28 +134,22 @@ class Actor:
         pin = self.pins.get(node)
         return dataclasses.replace(spec, image=pin) if pin else spec
 
-    def _room_to_pull(self, a: Any, image: str) -> None:
-        """A pull only where the engine's disk has ray.pull_min_free_gib free; a free space that cannot be read
-        is no evidence either way (the pull goes on, and fails by itself if the disk fills)."""
-        need = self.world.cfg.deployment.ray.pull_min_free_gib
-        if not need:
-            return
-        try:
-            root = a.docker.root_dir()
-            free = free_gib(a.shell.run(["df", "-Pk", root]).out) if root else None
-        except AdapterError as e:
-            root, free = "", None
-            self.log.warning("image.disk_unread", node=a.node.name, error=str(e))
-        if free is not None and free < need:
-            raise ActionFailed(Kind.DISK_TOO_FULL, f"{image} not pulled on {a.node.name}: {free:.1f} GiB free in "
-                               f"{root}, under ray.pull_min_free_gib = {need:g} (free space, or lower it)",
-                               deterministic=True)
-
     def _redact(self, out: str) -> str:
         """A helper's output (the image could echo its environment) fit for a reason or a log line."""
         return redaction.text(out, self.world.view.secrets)
 
     IMAGES = "images.json"  # image checks by node, kept for as long as the image's ID and the spec stay the same
+
+    def _check(self, a: Any, model_later: bool) -> ImageReport:
+        """The image check, and the model check with it unless it may wait for the Ray join (``model_later``
+        and the model complete at the node's last check)."""
+        report = self._check_image(a)
+        if not self.world.view.dep.model.check:
+            return report
+        state_dir, key = self.world.cfg.supervisor.state_dir, modelcheck.key(self.world.cfg, self.world.view.dep)
+        if model_later and modelcheck.was_complete(state_dir, a.node.name, key):
+            return dataclasses.replace(report, model_later=True)
+        return dataclasses.replace(report, model=self._check_model(a))
 
     def _check_image(self, a: Any) -> ImageReport:
         """commands.IMAGE_PROBE in a short-lived container of the image on the node; a check already made
@@ -225,6 +221,10 @@ class Actor:
         except modelcheck.ProbeError as e:
             raise ActionFailed(Kind.MODEL_CHECK_FAILED, f"{node.name}: {e}") from None
         report = dataclasses.replace(report, prefetched=found is not None, detail=detail)
+        try:  # for the next start's CheckImage(model_later=True)
+            modelcheck.keep(cfg.supervisor.state_dir, node.name, key, not report.missing and not report.unchecked)
+        except OSError as e:  # only a saving lost: the next start checks before it starts
+            self.log.warning("state.write_failed", file=modelcheck.KEPT, error=str(e))
         (self.log.warning if report.missing or report.unchecked else self.log.info)(
             "model.checked", node=node.name, model=dep.serve.model, path=report.path, complete=not report.missing,
             missing=list(report.missing[:10]), missing_count=len(report.missing), files=report.files,
@@ -280,7 +280,7 @@ class Actor:
         if policy == "never":
             raise ActionFailed(Kind.IMAGE_MISSING, f"{image} is not on {a.node.name} and image_pull = \"never\" "
                                f"(load it with `docker load` or set image_pull = \"if-missing\")")
-        self._room_to_pull(a, image)
+        room_to_pull(self.world.cfg.deployment.ray.pull_min_free_gib, a, image, self.log)
         timeout = self.world.view.dep.ray.pull_timeout
         self.log.warning("image.pulling", node=a.node.name, image=image, timeout_s=timeout)
         last = [0.0]
@@ -314,6 +314,23 @@ def kept_report(kept: Any, image_id: str, digests: tuple[str, ...] | None = None
                if isinstance(f.default, str | int)):
         return None  # a field of another type
     return report
+
+
+def room_to_pull(need: float, a: Any, image: str, log: Any) -> None:
+    """A pull only where the engine's disk has ray.pull_min_free_gib (``need``) free; a free space that cannot
+    be read is no evidence either way (the pull goes on, and fails by itself if the disk fills)."""
+    if not need:
+        return
+    try:
+        root = a.docker.root_dir()
+        free = free_gib(a.shell.run(["df", "-Pk", root]).out) if root else None
+    except AdapterError as e:
+        root, free = "", None
+        log.warning("image.disk_unread", node=a.node.name, error=str(e))
+    if free is not None and free < need:
+        raise ActionFailed(Kind.DISK_TOO_FULL, f"{image} not pulled on {a.node.name}: {free:.1f} GiB free in "
+                           f"{root}, under ray.pull_min_free_gib = {need:g} (free space, or lower it)",
+                           deterministic=True)
 
 
 def free_gib(df: str) -> float | None:

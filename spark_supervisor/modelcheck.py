@@ -19,9 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import threading
+import time
 from typing import Any
 
-from . import redaction, script
+from . import redaction, script, statefile
 from .config import Config, Deployment, deployment_secrets, ray_hash
 from .model import Kind, ModelReport
 
@@ -60,6 +62,32 @@ def key(cfg: Config, dep: Deployment) -> str:
     spec = {"ray": ray_hash(cfg, dep), "model": s.model, "env": s.env, "command": s.command[0],
             "revision": s.revision, "download_dir": s.download_dir}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# ------------------------------------------------------------------------------------- what was found
+KEPT = "models.json"  # in the state directory: node -> {key: when its check last found the model complete}
+KEPT_KEYS = 8  # keys kept per node
+_kept_lock = threading.Lock()  # the nodes are checked at once
+
+
+def was_complete(state_dir: str, node: str, check_key: str) -> bool:
+    """The node's last model check for this key found the model complete."""
+    kept = statefile.read_json(state_dir, KEPT).get(node)
+    return isinstance(kept, dict) and check_key in kept
+
+
+def keep(state_dir: str, node: str, check_key: str, complete: bool) -> None:
+    """What a check found (complete or not), written only when that changed; OSError when it cannot be."""
+    with _kept_lock:
+        doc = statefile.read_json(state_dir, KEPT)
+        was = doc.get(node)
+        kept: dict[str, Any] = was if isinstance(was, dict) else {}
+        if complete == (check_key in kept):
+            return
+        kept = {k: v for k, v in kept.items() if k != check_key}
+        if complete:
+            kept = dict(list(kept.items())[-(KEPT_KEYS - 1):]) | {check_key: round(time.time())}
+        statefile.write_json(state_dir, KEPT, {**doc, node: kept})
 
 
 # ----------------------------------------------------------------------------------------------- parsing

@@ -18,10 +18,12 @@ from ..metrics import DeploymentMetrics, NoMetrics
 from ..model import (
     Action,
     CheckImage,
+    CheckModel,
     Decision,
     DropPageCache,
     ImageReport,
     Kind,
+    ModelReport,
     Observation,
     Outcome,
     Pause,
@@ -29,6 +31,7 @@ from ..model import (
     Reason,
     RemoveContainers,
     StartContainer,
+    StartServe,
     Status,
     Throughput,
     Verify,
@@ -143,6 +146,7 @@ class Reconciler:
         if decision.repair:
             self._start_repair(decision, now)
         failure, fatal = self._act(decision)
+        _admitted(st, obs, decision, failure)
         self._advance(decision, failure, fatal, now)
         self.below.boots(st, obs)  # the tick it turned SERVING (or DEGRADED) too: what status says at once
         self.loads.note(st, obs, self.last_full, self.view, now)
@@ -151,8 +155,8 @@ class Reconciler:
         self.metrics.update(st, obs, self.clock(), self.view)
         self.changed()
         if (again and decision.actions and not failure and st.phase != Phase.FAILED
-                and all(isinstance(a, CheckImage) for a in decision.actions)):
-            # Only looked at the images: decide on at once with the same (fresh) observation.
+                and all(isinstance(a, CheckImage | CheckModel) for a in decision.actions)):
+            # Only looked at the images (or the model): decide on at once with the same (fresh) observation.
             return self._reconcile(obs, seen, self.clock(), again=False)
         if (decision.actions or decision.look_closer) and not failure and st.phase not in (Phase.SERVING,
                                                                                              Phase.FAILED):
@@ -174,8 +178,8 @@ class Reconciler:
                 self.log.warning("action.failed", action=type(action).__name__, reason=result.reason)
                 failure, fatal = result.why, result.deterministic
                 break
-            if isinstance(result, ImageReport):
-                st.images[result.node] = dataclasses.replace(result, start=st.starts)
+            if isinstance(result, ImageReport | ModelReport):
+                _take_report(st, result)
                 continue
             if isinstance(result, Throughput):
                 perf.record(st, result, self.view, self.metrics, self.log, self.clock())
@@ -333,10 +337,28 @@ def _would(decision: Decision, paused_from: Phase) -> str:
         f" ({decision.reason})" if decision.reason else "")
 
 
+def _take_report(st: Status, result: ImageReport | ModelReport) -> None:
+    """An image or model check's report, kept in the status (a model check put off to the Ray join joins its
+    image's report)."""
+    if isinstance(result, ImageReport):
+        st.images[result.node] = dataclasses.replace(result, start=st.starts)
+    elif (kept := st.images.get(result.node)) is not None:
+        st.images[result.node] = dataclasses.replace(kept, model=result)
+
+
+def _admitted(st: Status, obs: Observation, decision: Decision, failure: Reason | None) -> None:
+    """The full reading on which this start's containers started (plan.serving.admitted_fresh): kept for its
+    launch, and for that launch only (a relaunch reads the memory again)."""
+    if any(isinstance(a, StartServe) for a in decision.actions):
+        st.admitted = None
+    elif obs.full and not failure and any(isinstance(a, StartContainer) for a in decision.actions):
+        st.admitted = (st.starts, obs.at)
+
+
 def _run(backend: Backend, actions: tuple[Action, ...], watchdog: Callable[[], None],
          log: Any) -> list[tuple[Action, Result]]:
-    """Run actions in order; consecutive removals or image checks (one per node) run at once. Stops at a
-    failure."""
+    """Run actions in order; consecutive removals, checks or container starts (one per node) run at once
+    (a Ray worker waits for its head by itself). Stops at a failure."""
     def run_one(action: Action) -> Result:
         try:
             return backend.run(action)
@@ -347,7 +369,7 @@ def _run(backend: Backend, actions: tuple[Action, ...], watchdog: Callable[[], N
     i = 0
     while i < len(actions):
         j = i + 1
-        while (isinstance(actions[i], RemoveContainers | CheckImage) and j < len(actions)
+        while (isinstance(actions[i], RemoveContainers | CheckImage | CheckModel | StartContainer) and j < len(actions)
                and type(actions[j]) is type(actions[i])):
             j += 1
         batch = actions[i:j]

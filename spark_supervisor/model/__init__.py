@@ -7,6 +7,7 @@ image check's findings), ``reason`` (Reason), ``action`` (the actions and the De
 from .action import (
     Action,
     CheckImage,
+    CheckModel,
     Decision,
     DropPageCache,
     Measure,
@@ -43,10 +44,10 @@ from .reports import ImageReport, ModelReport, Throughput
 from .status import Heartbeat, KvCache, LoadLimits, PerfVerdict, Status, Tracker, Transition, Verdict
 
 # What an action found: a completion's verdict, a node's image check, a throughput measurement (or nothing).
-Outcome = Verdict | ImageReport | Throughput | None
+Outcome = Verdict | ImageReport | ModelReport | Throughput | None
 
 __all__ = [
-    "Action", "CheckImage", "Gid", "HostFacts", "Link", "RdmaPort", "Transport", "Container", "Decision", "DropPageCache", "EndpointObservation", "EndpointState",
+    "Action", "CheckImage", "CheckModel", "Gid", "HostFacts", "Link", "RdmaPort", "Transport", "Container", "Decision", "DropPageCache", "EndpointObservation", "EndpointState",
     "EngineStats", "Gpu", "GpuProcess", "Heartbeat", "ImageReport", "Kind", "KvCache", "Listener", "LoadLimits", "Measure", "Memory",
     "ModelReport", "NodeObservation", "Observation", "Outcome", "Pause", "PerfVerdict", "Phase", "PrefetchModel", "ProbeResult", "RayNode",
     "RayObservation", "Reason", "RemoveContainers", "ServeObservation", "StartContainer", "StartServe", "Status",

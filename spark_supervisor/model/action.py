@@ -41,7 +41,18 @@ class DropPageCache:
 
 @dataclass(frozen=True)
 class CheckImage:
-    """Run the image check (commands.IMAGE_PROBE) on a node before the deployment's first start there."""
+    """Run the image check (commands.IMAGE_PROBE) on a node before the deployment's first start there, and
+    the model check with it. ``model_later``: a model found complete at the node's last check of the same
+    key is checked again while Ray joins (CheckModel) instead of before the start: off the start's path."""
+
+    node: str
+    model_later: bool = False
+
+
+@dataclass(frozen=True)
+class CheckModel:
+    """The model check alone (modelcheck.PROBE_PY) on a node whose image is checked: the one put off to the
+    Ray join by CheckImage(model_later=True)."""
 
     node: str
 
@@ -78,7 +89,7 @@ class Measure:
     serve: str = ""
 
 
-Action = (StopUnits | RemoveContainers | CheckImage | StartContainer | DropPageCache | StopServe | StartServe
+Action = (StopUnits | RemoveContainers | CheckImage | CheckModel | StartContainer | DropPageCache | StopServe | StartServe
           | Verify | PrefetchModel | Measure)
 
 

@@ -161,6 +161,7 @@ class ImageDoc(TypedDict):  # model.ImageReport, and its summary
     vllm_version: str
     vllm_python: str
     model: NotRequired[None]  # null when the model was not checked; a check is the node's "model", not here
+    model_later: bool  # the model check put off to the Ray join (complete at its last check), not made yet
     torch_version: str
     transformers_version: str
     nccl_version: str

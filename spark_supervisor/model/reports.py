@@ -73,6 +73,7 @@ class ImageReport:
     vllm_version: str = ""
     vllm_python: str = ""
     model: ModelReport | None = None  # the model as the image sees it on this node (None: not checked)
+    model_later: bool = False  # not checked yet: complete at its last check, checked again while Ray joins
     # What vLLM runs on, from its interpreter's package metadata ("": not installed as a package, or not read)
     torch_version: str = ""
     transformers_version: str = ""

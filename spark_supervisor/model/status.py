@@ -157,6 +157,9 @@ class Status:
     # very image, not whatever its tag names by then (a reload's new spec starts from the tag again)
     pinned: dict[str, str] = field(default_factory=dict)
     starts: int = 0  # times the deployment's containers were started (each start checks its images first)
+    # (start, when) of the full observation whose memory reading let that start's containers start: the
+    # launch of the same start trusts it while fresh rather than reading every member again
+    admitted: tuple[int, float] | None = None
     waiting_for: str = ""  # the deployments it starts after that do not answer yet (set by the daemon)
     # Below vLLM (fabric.py): each member's host facts at the last full observation that read them (a node
     # whose reading failed is left out: unknown), what nvidia-smi said where it lost the GPU, the boot IDs

@@ -190,7 +190,7 @@ def ray(f: Facts) -> Decision | None:
             return f.repair("gang", Reason(Kind.RAY_JOIN_TIMEOUT, f"Ray not reachable after {dep.ray.join_timeout:.0f}s ({why})"),
                             f.teardown("join timeout"))
         if st.phase == Phase.STARTING_RAY:
-            return Decision(Phase.STARTING_RAY, Reason(detail=f"0/{len(members)} nodes (dashboard not answering yet)"))
+            return joining(f, Reason(detail=f"0/{len(members)} nodes (dashboard not answering yet)"))
         return Decision(hold(st), Reason(Kind.OBSERVATION_UNKNOWN, f"ray {r.via if r else 'dashboard'}: "
                         f"{(r.error if r else '') or 'no answer'}"))
     view = ray_view(r, members)
@@ -231,4 +231,9 @@ def ray(f: Facts) -> Decision | None:
                             "per node"), f.teardown("wrong ip"), fatal=True)
         return f.repair("gang", Reason(Kind.RAY_JOIN_TIMEOUT, f"{status} after {dep.ray.join_timeout:.0f}s "
                         f"(waiting for {', '.join(missing or short)})"), f.teardown("join timeout"))
-    return Decision(Phase.STARTING_RAY, Reason(detail=status))
+    return joining(f, Reason(detail=status))
+
+
+def joining(f: Facts, why: Reason) -> Decision:
+    """While Ray joins (it takes seconds): the model check put off by the image gate, made meanwhile."""
+    return model_gate(f, Phase.STARTING_RAY, started=True) or Decision(Phase.STARTING_RAY, why)

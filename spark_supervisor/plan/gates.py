@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .. import fabric, modelcheck
 from ..deployment import DeploymentView
-from ..model import CheckImage, Decision, Kind, Phase, PrefetchModel, Reason, Status
+from ..model import CheckImage, CheckModel, Decision, Kind, Phase, PrefetchModel, Reason, Status
 from ..preflight import image_problem
 from .facts import Facts
 
@@ -20,27 +20,39 @@ def image_gate(st: Status, view: DeploymentView) -> Decision | None:
     if todo:  # part of getting ready to start: no phase of its own (CLEANING stays CLEANING)
         phase = st.phase if st.phase in (Phase.DETECTING, Phase.CLEANING) else Phase.DETECTING
         return Decision(phase, Reason(Kind.CHECKING_IMAGE, f"{dep.ray.image} on {', '.join(todo)}"),
-                        tuple(CheckImage(n) for n in todo))
+                        tuple(CheckImage(n, model_later=True) for n in todo))
     problem = image_problem(view.cfg, dep, st.images)
     if problem is not None:
         return Decision(Phase.FAILED, Reason(*problem), fatal=True)
     return None
 
 
-def model_gate(f: Facts, phase: Phase) -> Decision | None:
+def model_gate(f: Facts, phase: Phase, *, started: bool = False) -> Decision | None:
     """Before a start (and before a launch of another model): the model on every member, as the image sees
     it (the image check makes the model check too). Missing: fetched there when asked ([deployments.model]
     prefetch, once per start, its progress watched), else FAILED ModelMissing: the same again on any retry.
-    A report not made (the check off, could not run) is no evidence: the start goes on."""
+    A report not made (the check off, could not run) is no evidence: the start goes on.
+    A node whose model was complete at its last check of the same key is checked once the containers have
+    started (``started``: while Ray joins, and before the launch), off the start's path; found incomplete
+    there, the containers go and the start checks it again before it starts, as above."""
     dep, st = f.dep, f.st
     if not dep.model.check:
         return None
     key = modelcheck.key(f.cfg, dep)
-    reports = {n.name: r.model for n in f.members if (r := st.images.get(n.name)) is not None and r.model is not None}
+    images = {n.name: r for n in f.members if (r := st.images.get(n.name)) is not None}
+    reports = {n: r.model for n, r in images.items() if r.model is not None}
     stale = [n for n, m in reports.items() if m.key != key]
     if stale:
         return Decision(phase, Reason(Kind.CHECKING_MODEL, f"{dep.serve.model} on {', '.join(stale)}"),
                         tuple(CheckImage(n) for n in stale))
+    later = [n for n, r in images.items() if r.model_later and r.model is None]
+    if later and started:
+        return Decision(phase, Reason(Kind.CHECKING_MODEL, f"{dep.serve.model} on {', '.join(later)}"),
+                        tuple(CheckModel(n) for n in later))
+    gone = [n for n, m in reports.items() if images[n].model_later and m.missing]
+    if gone and started:
+        return Decision(Phase.CLEANING, Reason(Kind.MODEL_MISSING, f"{dep.serve.model} on {', '.join(gone)}, complete "
+                        "at its last check: checked again before a new start"), f.teardown("model missing"))
     source = dep.model.prefetch_from or "the hub"
     running = [n for n, m in reports.items() if m.prefetch == "running"]
     if running:

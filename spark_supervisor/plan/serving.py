@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import fabric, logscan
 from ..admission import admit, free_memory_failure, gpu_blockers
+from ..config import Config
 from ..model import (
     Action,
     Decision,
@@ -14,6 +15,7 @@ from ..model import (
     ProbeResult,
     Reason,
     StartServe,
+    Status,
     StopServe,
     Verify,
 )
@@ -35,7 +37,8 @@ def serve(f: Facts) -> Decision | None:
                             "before the launch"), (StopServe("ranks without their head"),))
         if st.preflight:  # a fabric mistake: found now instead of after a 15-minute load
             return Decision(Phase.FAILED, Reason(Kind.PREFLIGHT_FAILED, "; ".join(st.preflight)), fatal=True)
-        if not obs.full:  # admission reads every member's memory first, on the next tick, at once
+        if not obs.full and not admitted_fresh(st, f.now, cfg):  # admission reads every member's memory first,
+            # on the next tick, at once
             return Decision(Phase.STARTING_VLLM, Reason(detail="reading memory before the launch"), look_closer=True)
         held = gpu_blockers(obs, f.view)
         if held:
@@ -43,7 +46,7 @@ def serve(f: Facts) -> Decision | None:
                 return Decision(Phase.FAILED, Reason(Kind.GPU_MEMORY_HELD, f"still held after {cfg.stale.memory_free_timeout:.0f}s: "
                                 + "; ".join(held)), fatal=True)
             return Decision(Phase.STARTING_VLLM, Reason(Kind.WAITING_FOR_GPU_MEMORY, "; ".join(held)))
-        admitted = (admit(obs, st, f.view, Phase.STARTING_VLLM) or model_gate(f, Phase.STARTING_VLLM)
+        admitted = (admit(obs, st, f.view, Phase.STARTING_VLLM) or model_gate(f, Phase.STARTING_VLLM, started=True)
                     or below_gate(f, Phase.STARTING_VLLM))
         if admitted is not None:
             return admitted
@@ -62,6 +65,13 @@ def serve(f: Facts) -> Decision | None:
                         (StopServe("failed"),), fatal=True)
     why = _failed(fail) if fail else Reason(Kind.SERVE_EXITED, f"exit code {s.exit_code}")
     return _repair(f, why, "exited")
+
+
+def admitted_fresh(st: Status, now: float, cfg: Config) -> bool:
+    """This start's containers started on a full reading of every member's memory, taken at most
+    full_observe_interval ago: the launch goes on from it (what held the GPUs was seen gone, and Ray's join
+    takes none) instead of a tick spent reading them all again. A serve-only start reads them first."""
+    return st.admitted is not None and st.admitted[0] == st.starts and now - st.admitted[1] <= cfg.supervisor.full_observe_interval
 
 
 def _repair(f: Facts, why: Reason, stop: str) -> Decision:

@@ -24,7 +24,7 @@ from spark_supervisor.model import (
 )
 from spark_supervisor.retry import backoff_delay
 from tests.fakes import make
-from tests.helpers import data, images, obs, phase_now, serve_running
+from tests.helpers import data, images, obs, phase_now, ray_ok, serve_running
 
 
 def test_cold_start_to_serving_sends_ready_once(tmp_path: Path) -> None:
@@ -147,7 +147,7 @@ def test_a_deterministic_failure_is_failed_until_reset(tmp_path: Path) -> None:
     del be.fail[StartContainer]
     daemon.rearm("reset")
     daemon.tick()  # a reset checks the image again (it may have been fixed under the same name), then starts
-    assert be.ran[-4:-2] == [CheckImage("spark-1"), CheckImage("spark-2")]
+    assert be.ran[-4:-2] == [CheckImage("spark-1", model_later=True), CheckImage("spark-2", model_later=True)]
     assert phase_now(daemon.status) == Phase.STARTING_RAY
 
 
@@ -156,7 +156,7 @@ def test_the_image_is_checked_on_every_node_before_anything_starts(tmp_path: Pat
     daemon.status.images = {}
     be.next = obs(daemon.cfg)
     daemon.tick()  # the check, then (the same tick, the same observation) the start
-    assert be.ran == [CheckImage("spark-1"), CheckImage("spark-2"), StartContainer("spark-1"),
+    assert be.ran == [CheckImage("spark-1", model_later=True), CheckImage("spark-2", model_later=True), StartContainer("spark-1"),
                       StartContainer("spark-2")]
     assert daemon.status.images == be.reports
     assert [h.kind for h in daemon.status.history] == ["CheckingImage", ""]
@@ -362,6 +362,20 @@ def test_a_load_that_moved_on_the_tick_it_would_have_stalled_is_not_stalled(tmp_
     assert daemon.status.reason.startswith("LoadStalled")
 
 
+def test_the_launch_goes_on_from_the_reading_that_started_the_containers_and_a_relaunch_reads_again(
+        tmp_path: Path) -> None:
+    daemon, be, clock, notes, _ = make(tmp_path)
+    be.next = obs(daemon.cfg, at=clock.t)
+    daemon.tick()
+    assert be.ran == [StartContainer("spark-1"), StartContainer("spark-2")]
+    assert daemon.status.admitted == (1, clock.t)
+    be.ran.clear()
+    clock.t += 10
+    be.next = obs(daemon.cfg, deployed=True, ray=ray_ok(daemon.cfg), full=False, at=clock.t)
+    daemon.tick()  # Ray formed, seen by a quick look: launched on that tick, not after one spent reading memory
+    assert be.ran == [StartServe()] and daemon.status.admitted is None
+
+
 def test_every_start_checks_the_images_again(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     be.next = obs(daemon.cfg)
@@ -369,5 +383,5 @@ def test_every_start_checks_the_images_again(tmp_path: Path) -> None:
     assert be.ran == [StartContainer("spark-1"), StartContainer("spark-2")] and daemon.status.starts == 1
     be.ran.clear()
     daemon.tick()  # nothing came up (or it was torn down): the next start checks first (kept by image ID)
-    assert be.ran == [CheckImage("spark-1"), CheckImage("spark-2"), StartContainer("spark-1"),
+    assert be.ran == [CheckImage("spark-1", model_later=True), CheckImage("spark-2", model_later=True), StartContainer("spark-1"),
                       StartContainer("spark-2")]

@@ -18,10 +18,12 @@ from spark_supervisor import commands, config, modelcheck
 from spark_supervisor.config import OWNER_LABEL, ROLE_LABEL
 from spark_supervisor.model import (
     CheckImage,
+    CheckModel,
     Container,
     ModelReport,
     Phase,
     PrefetchModel,
+    RayObservation,
     Reason,
     StartContainer,
     StartServe,
@@ -262,6 +264,47 @@ def test_a_model_changed_under_running_containers_is_checked_before_the_launch()
     assert plan(obs(C, deployed=True, ray=ray_ok(C)), st, C, 100).actions == (StartServe(),)
 
 
+def later(**per_node: ModelReport) -> Status:
+    """Images checked with the model put off to the Ray join (complete at each node's last check); a node in
+    ``per_node`` has its put-off check made, with that report."""
+    return Status(images={n: dataclasses.replace(r, model_later=True, model=per_node.get(n))
+                          for n, r in images(C).items()})
+
+
+def forming(c: config.Config = C) -> RayObservation:
+    return RayObservation(True, nodes=ray_ok(c).nodes[:1])  # the head alive, the worker not yet
+
+
+def test_a_model_complete_at_its_last_check_is_checked_while_ray_joins_not_before_the_start() -> None:
+    st = later()
+    assert plan(obs(C), st, C, 100).actions == (StartContainer("spark-1"), StartContainer("spark-2"))
+    st.advance(Phase.STARTING_RAY, Reason(), 100, 100)
+    d = plan(obs(C, deployed=True, ray=forming(), full=False), st, C, 101)
+    assert d.actions == (CheckModel("spark-1"), CheckModel("spark-2")) and d.phase == Phase.STARTING_RAY
+    assert d.why.kind == "CheckingModel" and not d.repair
+    done = later(**{n: ModelReport(n, REPO, KEY, path="/p", files=1) for n in ("spark-1", "spark-2")})
+    done.advance(Phase.STARTING_RAY, Reason(), 100, 100)
+    d = plan(obs(C, deployed=True, ray=forming(), full=False), done, C, 102)
+    assert d.actions == () and d.phase == Phase.STARTING_RAY and d.why.detail.startswith("1/2 nodes")
+
+
+def test_a_put_off_check_not_made_when_ray_formed_is_made_before_the_launch() -> None:
+    st = later(**{"spark-1": ModelReport("spark-1", REPO, KEY, path="/p", files=1)})
+    st.advance(Phase.STARTING_VLLM, Reason(), 100, 100)
+    d = plan(obs(C, deployed=True, ray=ray_ok(C)), st, C, 101)
+    assert d.actions == (CheckModel("spark-2"),) and d.phase == Phase.STARTING_VLLM and d.why.kind == "CheckingModel"
+
+
+def test_a_model_gone_since_its_last_check_takes_the_containers_down_then_fails_before_a_start() -> None:
+    st = later(**{"spark-1": ModelReport("spark-1", REPO, KEY, path="/p", files=1), "spark-2": missing("spark-2")})
+    st.advance(Phase.STARTING_RAY, Reason(), 100, 100)
+    d = plan(obs(C, deployed=True, ray=forming(), full=False), st, C, 101)
+    assert d.phase == Phase.CLEANING and d.why.kind == "ModelMissing" and not d.repair and not d.fatal
+    assert {type(a).__name__ for a in d.actions} == {"RemoveContainers"}
+    d = plan(obs(C), st, C, 102)  # the containers gone: the report found is the evidence, as before any start
+    assert d.phase == Phase.FAILED and d.fatal and d.why.kind == "ModelMissing" and d.actions == ()
+
+
 def test_the_prefetch_container_is_ours_but_not_a_node_of_the_deployment() -> None:
     pre = Container("p1", commands.prefetch_name(P.deployment, P.nodes[1]), "img", "running",
                     {OWNER_LABEL: P.deployment.name, ROLE_LABEL: commands.PREFETCH_ROLE})
@@ -371,3 +414,56 @@ def test_a_prefetch_that_would_not_fit_on_the_disk_copies_nothing_and_says_why(t
     p = json.loads(progress.read_text())
     assert p["state"] == "failed" and p["error"].startswith("OSError: no room in ") and " free" in p["error"], p
     assert p["bytes_done"] == 0 and not [f for f in hub.rglob("*") if f.is_file() and f.name != "main"]
+
+
+# ---------------------------------------------------------------------------- what the last check found
+def test_the_last_checks_finding_is_kept_per_node_and_key_written_only_when_it_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_supervisor import statefile
+    writes: list[str] = []
+    real = statefile.write_json
+
+    def counted(d: str, n: str, doc: Any) -> None:
+        writes.append(n)
+        real(d, n, doc)
+    monkeypatch.setattr(statefile, "write_json", counted)
+    sd = str(tmp_path)
+    assert not modelcheck.was_complete(sd, "spark-1", "k1")
+    modelcheck.keep(sd, "spark-1", "k1", True)
+    modelcheck.keep(sd, "spark-1", "k1", True)  # the same finding again: not written
+    assert modelcheck.was_complete(sd, "spark-1", "k1") and len(writes) == 1
+    assert not modelcheck.was_complete(sd, "spark-2", "k1") and not modelcheck.was_complete(sd, "spark-1", "k2")
+    modelcheck.keep(sd, "spark-1", "k1", False)  # found incomplete since: the next start checks before it starts
+    assert not modelcheck.was_complete(sd, "spark-1", "k1") and len(writes) == 2
+    for i in range(20):
+        modelcheck.keep(sd, "spark-1", f"k{i}", True)
+    kept = json.loads((tmp_path / modelcheck.KEPT).read_text())["spark-1"]
+    assert len(kept) == modelcheck.KEPT_KEYS and "k19" in kept and "k0" not in kept
+    (tmp_path / modelcheck.KEPT).write_text("[not an object")  # damaged: no evidence, checked before the start
+    assert not modelcheck.was_complete(sd, "spark-1", "k19")
+
+
+def test_an_image_check_puts_the_model_check_off_only_when_asked_and_the_last_one_found_it_complete(
+        tmp_path: Path) -> None:
+    import structlog
+
+    from spark_supervisor.act import Actor
+    from spark_supervisor.observe import World
+    d = data()
+    d["supervisor"]["state_dir"] = str(tmp_path)
+    c = cfg(d)
+    actor = Actor(World(c), structlog.get_logger())
+    made: list[str] = []
+    actor._check_image = lambda a: images(c)[a.node.name]  # type: ignore[method-assign]
+
+    def check_model(a: Any) -> ModelReport:
+        made.append(a.node.name)
+        return ModelReport(a.node.name, "m", "k")
+    actor._check_model = check_model  # type: ignore[method-assign]
+    a = actor.world.nodes["spark-2"]
+    key = modelcheck.key(c, c.deployment)
+    assert actor._check(a, model_later=True).model is not None and made == ["spark-2"]  # no finding kept yet
+    modelcheck.keep(str(tmp_path), "spark-2", key, True)
+    r = actor._check(a, model_later=True)
+    assert r.model is None and r.model_later and made == ["spark-2"]
+    assert actor._check(a, model_later=False).model is not None and made == ["spark-2", "spark-2"]  # a proof's

@@ -112,3 +112,13 @@ def test_a_free_memory_refusal_seen_on_a_quick_tick_is_decided_on_the_next_full_
     d = plan(obs(C, nodes=nodes(FREE, deployed=True), ray=ray_ok(C), serve=_refused(), full=False),
              st(Phase.LOADING), C, 1)
     assert d.look_closer and not d.actions and not d.fatal
+
+
+def test_the_reading_that_started_the_containers_lets_their_launch_go_on_while_fresh_and_once() -> None:
+    quick = obs(C, nodes=nodes(FREE, deployed=True), ray=ray_ok(C), full=False)
+    s = st(Phase.STARTING_RAY, starts=1, admitted=(1, 90.0))
+    assert plan(quick, s, C, 100).actions == (StartServe(),)  # Ray formed: launched at once, no tick of reading
+    late = C.supervisor.full_observe_interval + 91
+    assert plan(quick, s, C, late).look_closer  # too old: every member read again first
+    assert plan(quick, st(Phase.STARTING_RAY, starts=2, admitted=(1, 90.0)), C, 100).look_closer  # another start's
+    assert plan(quick, st(Phase.STARTING_RAY, starts=1), C, 100).look_closer  # a serve-only start: read first

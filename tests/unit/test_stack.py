@@ -205,7 +205,7 @@ def test_a_reload_tears_down_only_the_deployment_removed_and_starts_the_one_adde
     assert qwen.status.phase == Phase.SERVING  # untouched: its view did not change
     be["rerank"].next = obs(daemon.reconcilers["rerank"].view.cfg)
     daemon.tick()
-    assert be["rerank"].ran == [CheckImage("spark-2"), StartContainer("spark-2")]  # a new deployment checks its image
+    assert be["rerank"].ran == [CheckImage("spark-2", model_later=True), StartContainer("spark-2")]  # a new deployment checks its image
     assert not any(isinstance(a, StopServe | StartServe | RemoveContainers) for a in qwen_backend.ran[-3:])
 
 
