@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .config import Node
 from .deployment import DeploymentView
-from .model import HostFacts, Kind, Link, RdmaPort, Reason, Transport
+from .model import BelowJudgement, HostFacts, Kind, Link, RdmaPort, Reason, Status, Transport
 
 GPU_LOST_HINT = ("the containers lost their GPU devices, as after a host `systemctl daemon-reload` without NVIDIA's "
                  "CDI refresh (enable nvidia-cdi-refresh, or use CDI device names): a restart of the containers "
@@ -136,12 +136,29 @@ def gpu_lost(view: DeploymentView, lost: dict[str, str]) -> Reason | None:
     return Reason(Kind.GPU_ACCESS_LOST, "; ".join(said) + f": {GPU_LOST_HINT}") if said else None
 
 
+def _held(view: DeploymentView, found: list[Reason], lost: dict[str, str]) -> Reason | None:
+    """What holds a start: GPU access lost, then the fabric's own problems (``found``) summed up."""
+    return gpu_lost(view, lost) or (summary(found) if found else None)
+
+
 def below(view: DeploymentView, st_hosts: dict[str, HostFacts], transports: tuple[Transport, ...],
           lost: dict[str, str]) -> Reason | None:
     """What is wrong below vLLM, for a decision: GPU access lost, then the fabric's own facts, then the
     transport NCCL chose. None: nothing known to be wrong."""
-    found = problems(view, st_hosts)
-    return gpu_lost(view, lost) or (summary(found) if found else None) or fallback(view, transports, st_hosts)
+    return _held(view, problems(view, st_hosts), lost) or fallback(view, transports, st_hosts)
+
+
+def judged(view: DeploymentView, st: Status) -> BelowJudgement:
+    """The judgement of the status's facts below vLLM: the one kept on it (loop.tracking.Below) while those facts
+    are the same (or equal) and the view the same object, else judged afresh. The planner and the metrics read
+    it every tick: judged once per change, not once per reader and tick."""
+    facts = (tuple(st.hosts.items()), st.transports, tuple(st.gpu_lost.items()))
+    kept = st.below
+    if kept is not None and kept.view is view and kept.facts == facts:
+        return kept
+    found = problems(view, st.hosts)
+    return BelowJudgement(view, facts, _held(view, found, st.gpu_lost), tuple(found),
+                          fallback(view, st.transports, st.hosts))
 
 
 def machine_id_twins(facts: dict[str, HostFacts]) -> list[str]:

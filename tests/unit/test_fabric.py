@@ -333,6 +333,36 @@ def test_boot_ids_are_recorded_once_per_serve_even_one_that_is_degraded_from_the
     assert d.why.kind != Kind.PEER_REBOOTED and not d.repair
 
 
+def test_the_judgement_below_vllm_is_kept_until_its_facts_or_the_view_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner reads it every tick: judged once per change of the facts or of the view, not per tick."""
+    judged: list[int] = []
+    real = fabric.problems
+
+    def problems(*a: Any) -> list[Reason]:
+        judged.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(fabric, "problems", problems)
+
+    def seen(mtu: int) -> Any:  # each full observation reads its host facts afresh: other objects
+        nodes = {n: node_obs(n, (ray_container(C, n),), host=host(n, mtu=mtu if n == "spark-2" else 9000))
+                 for n in IPS}
+        return obs(C, deployed=True, nodes=nodes, serve=serve_running(C), endpoint=UP)
+
+    below, st = Below(structlog.get_logger()), serving()
+    for t in range(3):
+        o = seen(1500)
+        below.update(st, o, VIEW)
+        assert plan(o, st, VIEW, 10 + t).why.kind == Kind.FABRIC_MTU_MISMATCH
+    assert len(judged) == 1
+    reloaded = as_view(C)  # an equal view, another object: judged again on it
+    below.update(st, o, reloaded)
+    assert plan(o, st, reloaded, 20).why.kind == Kind.FABRIC_MTU_MISMATCH and len(judged) == 2
+    o = seen(9000)  # fixed
+    below.update(st, o, reloaded)
+    assert plan(o, st, reloaded, 21).phase == Phase.SERVING and len(judged) == 3
+
+
 # ------------------------------------------------------------------------------------------- what status shows
 def test_status_shows_each_members_fabric_the_ranks_transport_and_a_lost_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     import time
