@@ -102,8 +102,8 @@ def _host_facts(a: NodeAdapters) -> HostFacts | str:
 
 
 def below(world: World) -> list[str]:
-    """Below vLLM, as the members' hosts say now: the fabric's problems (fabric.problems), nodes that share one
-    machine-id, and the nodes whose facts could not be read (unknown: said, not judged)."""
+    """Below vLLM, as the members' hosts say now (fabric.findings): nodes that share one machine-id, the fabric's
+    problems, and the nodes whose facts could not be read (unknown: said, not judged)."""
     timeout = world.cfg.supervisor.io_timeout
     with cf.ThreadPoolExecutor(max_workers=len(world.nodes)) as pool:
         futures = {name: pool.submit(_host_facts, a) for name, a in world.nodes.items()}
@@ -114,8 +114,9 @@ def below(world: World) -> list[str]:
             except cf.TimeoutError:
                 got[name] = "no answer"
     facts = {n: h for n, h in got.items() if isinstance(h, HostFacts)}
-    out = [f"warning: {w}" for w in fabric.machine_id_twins(facts)]
-    out += [f"fabric: {r}" for r in fabric.problems(world.view, facts)]
+    found = fabric.findings(world.view, facts, {})  # nvidia-smi is not run here: no GPU said lost
+    out = [f"warning: {w}" for w in found.warnings]
+    out += [f"fabric: {p}" for p in found.problems]
     out += [f"fabric: {n}: unknown ({h})" for n, h in got.items() if isinstance(h, str)]
     return out
 

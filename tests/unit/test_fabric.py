@@ -220,6 +220,37 @@ def test_twin_machine_ids_are_a_warning() -> None:
     assert fabric.machine_id_twins(hosts()) == []
 
 
+def test_check_and_diagnose_say_what_the_daemon_judges(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """`check --preflight` the reason a start would wait on, `diagnose` each problem; both the twins' warning."""
+    from types import SimpleNamespace
+
+    from spark_supervisor import diagnose, observe, preflight
+    from spark_supervisor.cli import ops
+    one = "a" * 32
+    facts = hosts(spark_1={"machine": one}, spark_2={"machine": one, "mtu": 1500, "link": "down", "port": "DOWN"})
+    twins, found = fabric.machine_id_twins(facts), fabric.problems(VIEW, facts)
+    assert len(twins) == 1 and [r.kind for r in found] == [Kind.FABRIC_LINK_DOWN] * 2 + [Kind.FABRIC_MTU_MISMATCH]
+    assert fabric.findings(VIEW, hosts(), {}) == ([], [], "")
+
+    monkeypatch.setattr(diagnose, "_host_facts", lambda a: facts[a.node.name])
+    world = SimpleNamespace(cfg=C, view=VIEW, nodes={n.name: SimpleNamespace(node=n) for n in VIEW.members})
+    assert diagnose.below(world) == [f"warning: {w}" for w in twins] + [  # type: ignore[arg-type]
+        f"fabric: {r}" for r in found]
+
+    nodes = {n: node_obs(n, host=facts[n]) for n in IPS}
+    nodes["spark-2"] = replace(nodes["spark-2"], gpu=None, gpu_lost=NVML_LOST)
+    monkeypatch.setattr(observe, "World", lambda _view: SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(observe, "Observer", lambda _world: SimpleNamespace(observe=lambda **_: obs(C, nodes=nodes)))
+    monkeypatch.setattr(preflight, "preflight", lambda *_: [])  # the preflight of the config: its own tests
+    monkeypatch.setattr(ops, "_check_images", lambda *_: [])
+    assert ops._preflight(VIEW, "") == 1
+    out, err = capsys.readouterr()
+    assert err == "".join(f"warning: {w}\n" for w in twins)
+    assert out == f"preflight: {fabric.below(VIEW, facts, (), {'spark-2': NVML_LOST})}\n"
+    assert out.startswith(f"preflight: GpuAccessLost: spark-2: {NVML_LOST}: ")
+
+
 # ------------------------------------------------------------------------------------------- the planner
 def status(phase: Phase, **kw: Any) -> Status:
     kw.setdefault("images", images(C))
