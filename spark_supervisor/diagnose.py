@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from . import commands, fabric, identity, redaction
 from .adapters import AdapterError
 from .adapters.shell import run_local
+from .adapters.sysfs import host_facts_of
 from .model import HostFacts, ProbeResult
-from .observe import NodeAdapters, World, _host
+from .observe import NodeAdapters, World
 from .probes import health_result
 
 HINTS = {
@@ -96,7 +97,7 @@ def diagnose(world: World) -> list[NodeDiagnosis]:
 
 def _host_facts(a: NodeAdapters) -> HostFacts | str:
     try:
-        return _host(a.shell.run(commands.host_facts(a.node)))
+        return host_facts_of(a.shell.run(commands.host_facts(a.node)))
     except AdapterError as e:
         return str(e)
 

@@ -13,7 +13,7 @@ import structlog
 from spark_supervisor import fabric, logscan
 from spark_supervisor.adapters import AdapterError
 from spark_supervisor.adapters.shell import Result
-from spark_supervisor.adapters.sysfs import gid_ipv4, parse_host_facts
+from spark_supervisor.adapters.sysfs import gid_ipv4, host_facts_of, parse_host_facts
 from spark_supervisor.deployment import as_view
 from spark_supervisor.loop.tracking import Below
 from spark_supervisor.model import (
@@ -103,6 +103,15 @@ def test_the_host_facts_are_read_from_the_sysfs_formats() -> None:
     assert p.roce_v2_index("192.168.200.13") == 4 and p.netdevs == {IF}
     assert not Link("lo", "unknown").down and Link(IF, "down").down
     assert gid_ipv4("0000:0000:0000:0000:0000:ffff:c0a8:c80d") == "192.168.200.13" and gid_ipv4("fe80::1") == ""
+
+
+def test_a_run_of_the_host_facts_script_is_read_or_its_failure_said() -> None:
+    """The observation and `diagnose` read the script's run alike (sysfs.host_facts_of)."""
+    assert host_facts_of(Result(0, SYSFS, "")) == parse_host_facts(SYSFS)
+    with pytest.raises(AdapterError, match="HostFactsFailed.*cannot read /sys"):
+        host_facts_of(Result(1, "", "cat: cannot read /sys\n"))
+    with pytest.raises(AdapterError, match="HostFactsFailed.*exit 127"):
+        host_facts_of(Result(127, SYSFS, ""))
 
 
 @pytest.mark.parametrize("cut", ["", "proc/sys/kernel/random/boot_id:x\n", "serve-state 1\n"])
