@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from . import commands, fabric, identity, redaction
 from .adapters import AdapterError
 from .adapters.shell import run_local
+from .adapters.sysfs import host_facts_of
 from .model import HostFacts, ProbeResult
-from .observe import NodeAdapters, World, _host
+from .observe import NodeAdapters, World
 from .probes import health_result
 
 HINTS = {
@@ -96,14 +97,14 @@ def diagnose(world: World) -> list[NodeDiagnosis]:
 
 def _host_facts(a: NodeAdapters) -> HostFacts | str:
     try:
-        return _host(a.shell.run(commands.host_facts(a.node)))
+        return host_facts_of(a.shell.run(commands.host_facts(a.node)))
     except AdapterError as e:
         return str(e)
 
 
 def below(world: World) -> list[str]:
-    """Below vLLM, as the members' hosts say now: the fabric's problems (fabric.problems), nodes that share one
-    machine-id, and the nodes whose facts could not be read (unknown: said, not judged)."""
+    """Below vLLM, as the members' hosts say now (fabric.findings): nodes that share one machine-id, the fabric's
+    problems, and the nodes whose facts could not be read (unknown: said, not judged)."""
     timeout = world.cfg.supervisor.io_timeout
     with cf.ThreadPoolExecutor(max_workers=len(world.nodes)) as pool:
         futures = {name: pool.submit(_host_facts, a) for name, a in world.nodes.items()}
@@ -114,8 +115,9 @@ def below(world: World) -> list[str]:
             except cf.TimeoutError:
                 got[name] = "no answer"
     facts = {n: h for n, h in got.items() if isinstance(h, HostFacts)}
-    out = [f"warning: {w}" for w in fabric.machine_id_twins(facts)]
-    out += [f"fabric: {r}" for r in fabric.problems(world.view, facts)]
+    found = fabric.findings(world.view, facts, {})  # nvidia-smi is not run here: no GPU said lost
+    out = [f"warning: {w}" for w in found.warnings]
+    out += [f"fabric: {p}" for p in found.problems]
     out += [f"fabric: {n}: unknown ({h})" for n, h in got.items() if isinstance(h, str)]
     return out
 

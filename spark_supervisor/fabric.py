@@ -5,9 +5,11 @@ only a boot ID that changed under a serving deployment is positive evidence enou
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from .config import Node
 from .deployment import DeploymentView
-from .model import HostFacts, Kind, Link, RdmaPort, Reason, Transport
+from .model import BelowJudgement, HostFacts, Kind, Link, RdmaPort, Reason, Status, Transport
 
 GPU_LOST_HINT = ("the containers lost their GPU devices, as after a host `systemctl daemon-reload` without NVIDIA's "
                  "CDI refresh (enable nvidia-cdi-refresh, or use CDI device names): a restart of the containers "
@@ -136,12 +138,29 @@ def gpu_lost(view: DeploymentView, lost: dict[str, str]) -> Reason | None:
     return Reason(Kind.GPU_ACCESS_LOST, "; ".join(said) + f": {GPU_LOST_HINT}") if said else None
 
 
+def _held(lost: Reason | None, found: list[Reason]) -> Reason | None:
+    """What holds a start: GPU access lost, then the fabric's own problems (``found``) summed up."""
+    return lost or (summary(found) if found else None)
+
+
 def below(view: DeploymentView, st_hosts: dict[str, HostFacts], transports: tuple[Transport, ...],
           lost: dict[str, str]) -> Reason | None:
     """What is wrong below vLLM, for a decision: GPU access lost, then the fabric's own facts, then the
     transport NCCL chose. None: nothing known to be wrong."""
-    found = problems(view, st_hosts)
-    return gpu_lost(view, lost) or (summary(found) if found else None) or fallback(view, transports, st_hosts)
+    return _held(gpu_lost(view, lost), problems(view, st_hosts)) or fallback(view, transports, st_hosts)
+
+
+def judged(view: DeploymentView, st: Status) -> BelowJudgement:
+    """The judgement of the status's facts below vLLM: the one kept on it (loop.tracking.Below) while those facts
+    are the same (or equal) and the view the same object, else judged afresh. The planner and the metrics read
+    it every tick: judged once per change, not once per reader and tick."""
+    facts = (tuple(st.hosts.items()), st.transports, tuple(st.gpu_lost.items()))
+    kept = st.below
+    if kept is not None and kept.view is view and kept.facts == facts:
+        return kept
+    found = problems(view, st.hosts)
+    return BelowJudgement(view, facts, _held(gpu_lost(view, st.gpu_lost), found), tuple(found),
+                          fallback(view, st.transports, st.hosts))
 
 
 def machine_id_twins(facts: dict[str, HostFacts]) -> list[str]:
@@ -154,3 +173,20 @@ def machine_id_twins(facts: dict[str, HostFacts]) -> list[str]:
     return [f"{', '.join(names)} share /etc/machine-id {mid[:8]}…: give each its own (systemd-machine-id-setup after "
             "removing it) so journald, DHCP and clustering tools can tell them apart"
             for mid, names in sorted(by_id.items()) if len(names) > 1]
+
+
+class Findings(NamedTuple):
+    """What the members' hosts say below vLLM, for an operator's command (`check --preflight`, `diagnose`)."""
+
+    warnings: list[str]  # nodes that share one machine-id: serving works, other tools confuse them
+    problems: list[str]  # each one found: the GPUs lost, then the fabric's own problems, worst first
+    held: str  # the one reason the daemon would hold a start on: a lost GPU, else the fabric's ("": none)
+
+
+def findings(view: DeploymentView, hosts: dict[str, HostFacts], lost: dict[str, str]) -> Findings:
+    """The members' host facts (and what nvidia-smi said where it lost the GPU) judged as the daemon judges
+    them, with the machine-id twins among them: one judgement for every command that shows it."""
+    found, gone = problems(view, hosts), gpu_lost(view, lost)
+    held = _held(gone, found)
+    return Findings(machine_id_twins(hosts), [str(r) for r in [*([gone] if gone else []), *found]],
+                    str(held) if held is not None else "")

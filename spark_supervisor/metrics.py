@@ -293,7 +293,8 @@ class BelowVllm:
         self._set: dict[str, dict[Any, dict[tuple[str, ...], float]]] = {}
 
     def update(self, dep: str, st: Status, view: DeploymentView) -> None:
-        """The fabric, GPU access and NCCL transport series, from the status's facts (fabric.py's judgments).
+        """The fabric, GPU access and NCCL transport series, from the status's facts and fabric.py's judgement
+        of them (fabric.judged: the one kept on the status).
         Recomputed only when those facts (or the view) differ from last time, the same objects compared at once
         (`is` before ==): every tick is cheap.
         Series no longer given (a member not read, gone from the view, a problem gone, a rank gone) are
@@ -309,8 +310,8 @@ class BelowVllm:
             host = st.hosts.get(node.name)
             if host is not None:  # not read: unknown, so no series at all (least of all one that says up)
                 self._host_series(want, dep, node, host)
-        fell_back = fabric.fallback(view, st.transports, st.hosts)
-        for r in [*fabric.problems(view, st.hosts), *([fell_back] if fell_back else [])]:
+        judged = fabric.judged(view, st)
+        for r in [*judged.problems, *([judged.fallback] if judged.fallback else [])]:
             want[self.fabric_problem][dep, r.kind] = 1
         for t in st.transports:
             m = fabric.member(view, t)

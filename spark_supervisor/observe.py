@@ -19,7 +19,7 @@ from .adapters.docker import DockerEngine
 from .adapters.nvidia import parse_meminfo, parse_smi_xml
 from .adapters.ray import RayDashboard, read_nodes
 from .adapters.shell import NodeShell, Result
-from .adapters.sysfs import parse_host_facts
+from .adapters.sysfs import host_facts_of
 from .adapters.vllm import VllmApi
 from .config import Config, Node
 from .deployment import DeploymentView, as_view
@@ -29,7 +29,6 @@ from .model import (
     EndpointState,
     EngineStats,
     Gpu,
-    HostFacts,
     Kind,
     Listener,
     Memory,
@@ -121,12 +120,6 @@ def _meminfo(r: Result) -> Memory:
     return parse_meminfo(r.out)
 
 
-def _host(r: Result) -> HostFacts:
-    if r.rc != 0:
-        raise AdapterError("HostFactsFailed", (r.err.strip() or f"exit {r.rc}")[-200:])
-    return parse_host_facts(r.out)
-
-
 def _interfaces(r: Result) -> dict[str, tuple[str, ...]]:
     if r.rc != 0:
         raise AdapterError("IpFailed", f"exit {r.rc}")
@@ -194,7 +187,7 @@ def _probes(a: NodeAdapters, cfg: Config) -> dict[str, Probe]:
     out["meminfo"] = (list(a.node.meminfo), _meminfo)
     out["ip"] = (list(a.node.ip), _interfaces)
     out["listening"] = (list(LISTENING), _listening)
-    out["host"] = (commands.host_facts(a.node), _host)
+    out["host"] = (commands.host_facts(a.node), host_facts_of)
     return out
 
 

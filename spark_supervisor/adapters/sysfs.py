@@ -9,6 +9,7 @@ from collections import defaultdict
 from ..model import Gid, HostFacts, Link, RdmaPort
 from ..model.host import NONE
 from . import AdapterError
+from .shell import Result
 
 MARK = "host-facts"  # the first line of a whole answer
 _NET = re.compile(r"sys/class/net/([^/]+)/(operstate|mtu|speed)$")
@@ -87,6 +88,14 @@ def parse_host_facts(out: str) -> HostFacts:
                             tuple(Gid(i, g["gid"], gid_ipv4(g["gid"]), g.get("type", ""), g.get("netdev", ""))
                                   for i, g in sorted(gids[(dev, port)].items()) if g.get("gid")))
                    for (dev, port), v in sorted(ports.items())))
+
+
+def host_facts_of(r: Result) -> HostFacts:
+    """The host-facts script's run on a node (commands.host_facts), read: the daemon's observation and `diagnose`
+    read it alike. A run that failed raises AdapterError, as an answer that is not one does."""
+    if r.rc != 0:
+        raise AdapterError("HostFactsFailed", (r.err.strip() or f"exit {r.rc}")[-200:])
+    return parse_host_facts(r.out)
 
 
 def _dgx(release: dict[str, str]) -> str:

@@ -52,10 +52,10 @@ def _preflight(view: DeploymentView, prefix: str) -> int:
     problems = [f"{o.name}: unreachable: {o.error}" for o in obs.nodes.values() if o.error]
     problems += preflight(view, obs)
     hosts = {o.name: o.host for o in obs.nodes.values() if o.host is not None}
-    for w in fabric.machine_id_twins(hosts):  # a warning: serving works, other tools confuse the nodes
+    found = fabric.findings(view, hosts, {o.name: o.gpu_lost for o in obs.nodes.values() if o.gpu_lost})
+    for w in found.warnings:  # a warning: serving works, other tools confuse the nodes
         print(f"warning: {prefix}{w}", file=sys.stderr)
-    below = fabric.below(view, hosts, (), {o.name: o.gpu_lost for o in obs.nodes.values() if o.gpu_lost})
-    problems += [str(below)] if below is not None else []
+    problems += [found.held] if found.held else []  # as the daemon would hold its start: one reason
     problems += _check_images(view, [n for n in view.members if not obs.nodes[n.name].error])
     if obs.ray is not None and obs.ray.reachable:
         ips = {n.fabric_ip for n in view.members}

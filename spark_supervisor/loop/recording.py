@@ -48,6 +48,9 @@ class Recorder:
         self.notes: list[Decided] = []
         self._dropped: frozenset[str] = frozenset()  # Status.page_cache_dropped at the last tick
         self._serve = ""  # the serve of the newest record, while its performance verdict is still to come
+        # What going bad reads of the history (``_brief``), as this recorder last read or wrote it, and the
+        # (state directory, deployment) it is of: the file is read for it once, not on every FAILED or DEGRADED
+        self._kept: tuple[tuple[str, str], store.History] | None = None
 
     def note(self, what: str, reason: str, at: float) -> None:
         self.notes = [*self.notes[-(NOTES_KEPT - 1):], Decided(at, what, reason)]
@@ -81,7 +84,8 @@ class Recorder:
     def measured(self, r: Recordable) -> None:
         """A performance verdict came in: the record of its serve gets it, if that record has none yet."""
         v, view = r.status.perf, r.view
-        rec = store.read(view.state_dir, view.name).newest
+        h = store.read(view.state_dir, view.name)
+        rec = h.newest
         if v is None or rec is None or rec.get("serve_id") != v.serve:
             return
         kept = rec.get("results")
@@ -89,25 +93,29 @@ class Recorder:
         said = results.get("performance")
         if isinstance(said, dict) and said.get("verdict") not in (None, "unknown"):
             return
-        results = {**results, "performance": performance(v)}
-        self._try(r, "amend", lambda: store.amend(view.state_dir, view.name, v.serve, {
-            "results": results, "good": bool(rec.get("good")) and not v.regression}, r.wall()))
+        update = {"results": results | {"performance": performance(v)},
+                  "good": bool(rec.get("good")) and not v.regression}
+
+        def amend() -> None:  # a regression makes the record not good: the one before it is the good one then
+            if store.amend(view.state_dir, view.name, v.serve, update, r.wall()):
+                self._keep(view, store.History([*h.records[:-1], {**rec, **update}][-store.KEEP:]))
+        self._try(r, "amend", amend)
 
     def _served(self, r: Recordable) -> None:
         view = r.view
-        h = store.read(view.state_dir, view.name)
+        h = self._keep(view, store.read(view.state_dir, view.name))
         src = self.sources(r, h)
         rec = build(src)
         self._serve = src.serve_id if rec["results"]["performance"]["verdict"] == UNKNOWN else ""
         if h.newest is not None and src.serve_id and h.newest.get("serve_id") == src.serve_id:
             return  # the same serve again (DEGRADED and back, a daemon restarted beside it): recorded already
-        if self._try(r, "append", lambda: store.append(view.state_dir, rec, src.at)):
+        if self._try(r, "append", lambda: self._keep(view, store.append(view.state_dir, rec, src.at))):
             self.notes = []
             r.log.info("record.written", serve=src.serve_id, problems=h.problems or None)
 
     def _went_bad(self, r: Recordable) -> str:
         view, st = r.view, r.status
-        h = store.read(view.state_dir, view.name)
+        h = self._history(view)
         src = self.sources(r, h)
         good = h.good()  # a serve's own record when it is still good (DEGRADED on the fabric since), else the one
         rec = build(src)  # before it (a throughput regression made its own not good)
@@ -116,6 +124,18 @@ class Recorder:
         if changed:
             r.log.warning("record.changed", phase=st.phase.value, changed=changed)
         return changed
+
+    def _keep(self, view: DeploymentView, h: store.History) -> store.History:
+        """``h``, the history as just read or written: what going bad reads of it kept (``_brief``)."""
+        self._kept = (view.state_dir, view.name), _brief(h)
+        return h
+
+    def _history(self, view: DeploymentView) -> store.History:
+        """What going bad reads of the history: as kept, read from the file only when nothing is kept of it."""
+        of = (view.state_dir, view.name)
+        if self._kept is None or self._kept[0] != of:
+            self._kept = of, _brief(store.read(*of))
+        return self._kept[1]
 
     def sources(self, r: Recordable, h: store.History) -> Sources:
         """What the record is made of, from what the reconciler holds; the decisions since ``h``'s newest."""
@@ -134,14 +154,21 @@ class Recorder:
             perf=st.perf, transports=st.transports if st.transports_of == serve_id else (),
             decisions=tuple(repairs + [d for d in self.notes if d.at > since]))
 
-    @staticmethod
-    def _try(r: Recordable, what: str, write: Callable[[], object]) -> bool:
+    def _try(self, r: Recordable, what: str, write: Callable[[], object]) -> bool:
         try:
             write()
             return True
         except (OSError, ValueError) as e:  # the record is lost, not the loop
             r.log.error("record.write_failed", what=what, error=str(e)[:300])
+            self._kept = None  # a write that failed may have left the history otherwise (set aside): read it again
             return False
+
+
+def _brief(h: store.History) -> store.History:
+    """What going bad reads of a history: its newest good record (compared with) and its newest (the decisions
+    are those since it); one record when they are one."""
+    newest, good = h.newest, h.good()[:1]
+    return store.History([*(g for g in good if g is not newest), *([newest] if newest is not None else [])])
 
 
 def _guarded(r: Recordable, step: Callable[[Recordable], None]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .. import logscan, statefile
+from .. import fabric, logscan, statefile
 from ..backend import Backend, Fingerprint, ray_alive
 from ..config import Config
 from ..deployment import DeploymentView
@@ -149,10 +149,13 @@ class Below:
         self.log = log
 
     def update(self, st: Status, obs: Observation, view: DeploymentView) -> None:
+        """The tick's facts, and fabric.py's judgement of them kept on the status (Status.below): judged again
+        only when they or the view (a reload) changed, not on every tick by the planner and the metrics."""
         if obs.full:
             self._hosts(st, obs, view)
         self._transports(st, obs)
         self.boots(st, obs)
+        st.below = fabric.judged(view, st)
 
     def boots(self, st: Status, obs: Observation) -> None:
         """The members' boot IDs a serve runs on: recorded once per serve instance, the first tick it is seen

@@ -41,13 +41,23 @@ from .observation import (
 from .phase import Pause, Phase
 from .reason import Kind, Reason
 from .reports import ImageReport, ModelReport, Throughput
-from .status import Heartbeat, KvCache, LoadLimits, PerfVerdict, Status, Tracker, Transition, Verdict
+from .status import (
+    BelowJudgement,
+    Heartbeat,
+    KvCache,
+    LoadLimits,
+    PerfVerdict,
+    Status,
+    Tracker,
+    Transition,
+    Verdict,
+)
 
 # What an action found: a completion's verdict, a node's image check, a throughput measurement (or nothing).
 Outcome = Verdict | ImageReport | ModelReport | Throughput | None
 
 __all__ = [
-    "Action", "CheckImage", "CheckModel", "Gid", "HostFacts", "Link", "RdmaPort", "Transport", "Container", "Decision", "DropPageCache", "EndpointObservation", "EndpointState",
+    "Action", "BelowJudgement", "CheckImage", "CheckModel", "Gid", "HostFacts", "Link", "RdmaPort", "Transport", "Container", "Decision", "DropPageCache", "EndpointObservation", "EndpointState",
     "EngineStats", "Gpu", "GpuProcess", "Heartbeat", "ImageReport", "Kind", "KvCache", "Listener", "LoadLimits", "Measure", "Memory",
     "ModelReport", "NodeObservation", "Observation", "Outcome", "Pause", "PerfVerdict", "Phase", "PrefetchModel", "ProbeResult", "RayNode",
     "RayObservation", "Reason", "RemoveContainers", "ServeObservation", "StartContainer", "StartServe", "Status",

@@ -112,6 +112,18 @@ class LoadLimits:
 
 
 @dataclass(frozen=True)
+class BelowJudgement:
+    """What fabric.py judged below vLLM of the status's facts (fabric.judged), kept on the status until those facts
+    or the deployment's view change: the planner and the metrics read it every tick, judged once."""
+
+    view: object = field(repr=False, compare=False)  # the DeploymentView judged on, by identity (a reload: another)
+    facts: tuple[object, ...]  # what it was judged from: the hosts, the transports and the lost GPUs, as items
+    held: Reason | None  # what holds a start: a lost GPU, else the fabric's problems summed up (fabric.summary)
+    problems: tuple[Reason, ...]  # the fabric's own, worst first (fabric.problems)
+    fallback: Reason | None  # a rank of Status.transports on sockets where the fabric is RDMA (fabric.fallback)
+
+
+@dataclass(frozen=True)
 class Transition:
     phase: Phase
     reason: str
@@ -170,6 +182,7 @@ class Status:
     boots_of: str = ""  # the serve instance they were recorded for
     transports: tuple[Transport, ...] = ()
     transports_of: str = ""  # the serve instance they are of
+    below: BelowJudgement | None = None  # fabric.py's judgement of these (loop.tracking.Below keeps it)
     # What differs from the last good record, said on entering FAILED or DEGRADED (loop.recording): shown with
     # the reason and sent with the alert ("": nothing to say, or not in either phase)
     changed: str = ""

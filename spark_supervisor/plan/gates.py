@@ -67,9 +67,9 @@ def model_gate(f: Facts, phase: Phase, *, started: bool = False) -> Decision | N
 
 
 def below_gate(f: Facts, phase: Phase) -> Decision | None:
-    """Before a start: what lies below vLLM, as the members' hosts last said (fabric.below): a GPU nvidia-smi
+    """Before a start: what lies below vLLM, as the members' hosts last said (fabric.judged): a GPU nvidia-smi
     lost, a fabric link down, MTUs unequal, NCCL_IB_GID_INDEX no longer holding the fabric IPv4, a rate below
     the floor. The start waits in ``phase`` with the reason (a 15-minute load on a broken fabric would only
     hang or crawl) and goes on once a full observation reads them fixed. A member not read says nothing."""
-    why = fabric.below(f.view, f.st.hosts, (), f.st.gpu_lost)
+    why = fabric.judged(f.view, f.st).held
     return Decision(phase, why) if why is not None else None

@@ -177,7 +177,8 @@ def liveness(f: Facts) -> Decision:
         actions += (Verify(s.identity, deep=True),)
     if measure_due(f):
         actions += (Measure(s.identity),)
-    below = fabric.below(f.view, st.hosts, st.transports if st.transports_of == s.identity else (), st.gpu_lost)
+    judged = fabric.judged(f.view, st)  # the transports only of this serve: another's say nothing of it
+    below = judged.held or (judged.fallback if st.transports_of == s.identity else None)
     if below is not None:  # the cause below vLLM, shown before its effect (a slower decode): never a repair
         return Decision(Phase.DEGRADED, below, actions)
     v = st.perf

@@ -13,7 +13,7 @@ import structlog
 from spark_supervisor import fabric, logscan
 from spark_supervisor.adapters import AdapterError
 from spark_supervisor.adapters.shell import Result
-from spark_supervisor.adapters.sysfs import gid_ipv4, parse_host_facts
+from spark_supervisor.adapters.sysfs import gid_ipv4, host_facts_of, parse_host_facts
 from spark_supervisor.deployment import as_view
 from spark_supervisor.loop.tracking import Below
 from spark_supervisor.model import (
@@ -103,6 +103,15 @@ def test_the_host_facts_are_read_from_the_sysfs_formats() -> None:
     assert p.roce_v2_index("192.168.200.13") == 4 and p.netdevs == {IF}
     assert not Link("lo", "unknown").down and Link(IF, "down").down
     assert gid_ipv4("0000:0000:0000:0000:0000:ffff:c0a8:c80d") == "192.168.200.13" and gid_ipv4("fe80::1") == ""
+
+
+def test_a_run_of_the_host_facts_script_is_read_or_its_failure_said() -> None:
+    """The observation and `diagnose` read the script's run alike (sysfs.host_facts_of)."""
+    assert host_facts_of(Result(0, SYSFS, "")) == parse_host_facts(SYSFS)
+    with pytest.raises(AdapterError, match="HostFactsFailed.*cannot read /sys"):
+        host_facts_of(Result(1, "", "cat: cannot read /sys\n"))
+    with pytest.raises(AdapterError, match="HostFactsFailed.*exit 127"):
+        host_facts_of(Result(127, SYSFS, ""))
 
 
 @pytest.mark.parametrize("cut", ["", "proc/sys/kernel/random/boot_id:x\n", "serve-state 1\n"])
@@ -220,6 +229,37 @@ def test_twin_machine_ids_are_a_warning() -> None:
     assert fabric.machine_id_twins(hosts()) == []
 
 
+def test_check_and_diagnose_say_what_the_daemon_judges(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """`check --preflight` the reason a start would wait on, `diagnose` each problem; both the twins' warning."""
+    from types import SimpleNamespace
+
+    from spark_supervisor import diagnose, observe, preflight
+    from spark_supervisor.cli import ops
+    one = "a" * 32
+    facts = hosts(spark_1={"machine": one}, spark_2={"machine": one, "mtu": 1500, "link": "down", "port": "DOWN"})
+    twins, found = fabric.machine_id_twins(facts), fabric.problems(VIEW, facts)
+    assert len(twins) == 1 and [r.kind for r in found] == [Kind.FABRIC_LINK_DOWN] * 2 + [Kind.FABRIC_MTU_MISMATCH]
+    assert fabric.findings(VIEW, hosts(), {}) == ([], [], "")
+
+    monkeypatch.setattr(diagnose, "_host_facts", lambda a: facts[a.node.name])
+    world = SimpleNamespace(cfg=C, view=VIEW, nodes={n.name: SimpleNamespace(node=n) for n in VIEW.members})
+    assert diagnose.below(world) == [f"warning: {w}" for w in twins] + [  # type: ignore[arg-type]
+        f"fabric: {r}" for r in found]
+
+    nodes = {n: node_obs(n, host=facts[n]) for n in IPS}
+    nodes["spark-2"] = replace(nodes["spark-2"], gpu=None, gpu_lost=NVML_LOST)
+    monkeypatch.setattr(observe, "World", lambda _view: SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(observe, "Observer", lambda _world: SimpleNamespace(observe=lambda **_: obs(C, nodes=nodes)))
+    monkeypatch.setattr(preflight, "preflight", lambda *_: [])  # the preflight of the config: its own tests
+    monkeypatch.setattr(ops, "_check_images", lambda *_: [])
+    assert ops._preflight(VIEW, "") == 1
+    out, err = capsys.readouterr()
+    assert err == "".join(f"warning: {w}\n" for w in twins)
+    assert out == f"preflight: {fabric.below(VIEW, facts, (), {'spark-2': NVML_LOST})}\n"
+    assert out.startswith(f"preflight: GpuAccessLost: spark-2: {NVML_LOST}: ")
+
+
 # ------------------------------------------------------------------------------------------- the planner
 def status(phase: Phase, **kw: Any) -> Status:
     kw.setdefault("images", images(C))
@@ -331,6 +371,36 @@ def test_boot_ids_are_recorded_once_per_serve_even_one_that_is_degraded_from_the
     st.verdict = Verdict(True, "ok", again.identity)
     d = plan(obs(C, deployed=True, nodes=rebooted, serve=again, endpoint=UP), st, C, 30)
     assert d.why.kind != Kind.PEER_REBOOTED and not d.repair
+
+
+def test_the_judgement_below_vllm_is_kept_until_its_facts_or_the_view_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner reads it every tick: judged once per change of the facts or of the view, not per tick."""
+    judged: list[int] = []
+    real = fabric.problems
+
+    def problems(*a: Any) -> list[Reason]:
+        judged.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(fabric, "problems", problems)
+
+    def seen(mtu: int) -> Any:  # each full observation reads its host facts afresh: other objects
+        nodes = {n: node_obs(n, (ray_container(C, n),), host=host(n, mtu=mtu if n == "spark-2" else 9000))
+                 for n in IPS}
+        return obs(C, deployed=True, nodes=nodes, serve=serve_running(C), endpoint=UP)
+
+    below, st = Below(structlog.get_logger()), serving()
+    for t in range(3):
+        o = seen(1500)
+        below.update(st, o, VIEW)
+        assert plan(o, st, VIEW, 10 + t).why.kind == Kind.FABRIC_MTU_MISMATCH
+    assert len(judged) == 1
+    reloaded = as_view(C)  # an equal view, another object: judged again on it
+    below.update(st, o, reloaded)
+    assert plan(o, st, reloaded, 20).why.kind == Kind.FABRIC_MTU_MISMATCH and len(judged) == 2
+    o = seen(9000)  # fixed
+    below.update(st, o, reloaded)
+    assert plan(o, st, reloaded, 21).phase == Phase.SERVING and len(judged) == 3
 
 
 # ------------------------------------------------------------------------------------------- what status shows

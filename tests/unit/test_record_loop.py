@@ -16,6 +16,7 @@ import tomli_w
 
 from spark_supervisor import cli, perf, statefile
 from spark_supervisor.loop.daemon import Daemon
+from spark_supervisor.loop.recording import Recorder
 from spark_supervisor.model import (
     Action,
     EndpointObservation,
@@ -118,6 +119,34 @@ def test_going_bad_says_what_changed_in_the_status_the_alert_and_record_diff(
     be.next = seen(daemon, kernels={"spark-2": NEW_KERNEL})
     until(daemon, Phase.SERVING, clock)
     assert daemon.status.changed == "" and sent[-1]["event"] == "recovered"
+
+
+def test_going_bad_compares_with_the_good_record_kept_without_reading_the_history_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every entry into FAILED or DEGRADED compares with the last good record: kept by the recorder as it wrote
+    it, the history file (up to 2 MiB) read only by a recorder that kept nothing of it yet, and once."""
+    daemon, be, clock, _ = started(tmp_path)
+    r = daemon.stack.first
+    be.next = seen(daemon)
+    until(daemon, Phase.SERVING, clock)
+    real, reads = store.read, []
+
+    def read(*a: Any) -> store.History:
+        reads.append(a)
+        return real(*a)
+
+    monkeypatch.setattr(store, "read", read)
+    be.next = seen(daemon, kernels={"spark-2": NEW_KERNEL}, gpu_lost="Failed to initialize NVML: Unknown Error")
+    until(daemon, Phase.DEGRADED, clock)
+    said = f"since the last good serve: kernel {KERNEL} → {NEW_KERNEL} on spark-2"
+    assert daemon.status.changed == said and reads == []
+    for _ in range(3):  # entered again (its reason changed, FAILED and back): the same, and no read
+        r.recorder.entered(r)
+        assert daemon.status.changed == said and reads == []
+    r.recorder = Recorder()  # a daemon restarted beside the deployment: it reads the file on its first need
+    for _ in range(3):
+        r.recorder.entered(r)
+        assert daemon.status.changed == said and len(reads) == 1
 
 
 def test_a_start_that_fails_on_another_image_names_the_image(tmp_path: Path) -> None:
