@@ -1,5 +1,6 @@
 """`make bench-beside` (issue 26, part 5): which release the current code is measured beside (a temporary git
-repository). Building a release's venv is slow and is not done here."""
+repository), the environment a release's venv runs in, and the table the two are written in. Building a
+release's venv is slow and is not done here."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_testbed.release import NoRelease, previous_release, release_config
+from spark_testbed import harness
+from spark_testbed.release import NoRelease, previous_release, release_config, release_env
 
 
 def git(repo: Path, *args: str) -> str:
@@ -83,3 +85,22 @@ def test_the_release_config_is_the_tags_own(repo: Path) -> None:
     git(repo, "tag", "v0.1.0")
     commit(repo, "second")
     assert release_config(repo, "v0.1.0") == {"supervisor": {"note": "first"}}
+
+
+def test_a_release_runs_without_the_checkout_on_its_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/some/checkout")
+    monkeypatch.setenv("SPARK_TESTBED_DIR", "/tb")
+    assert "PYTHONPATH" not in release_env() and release_env()["SPARK_TESTBED_DIR"] == "/tb"
+    assert "PYTHONPATH" not in harness.bin_env(tmp_path / "bin")
+    assert harness.bin_env()["PYTHONPATH"] == "/some/checkout"  # the dev venv's own: as before
+
+
+def test_write_config_starts_from_the_base_given(tmp_path: Path) -> None:
+    import tomllib
+    base = tomllib.loads((harness.ROOT / "etc" / "testbed.toml").read_text())
+    base["supervisor"]["interval"] = 7
+    kept = repr(base)
+    d = tomllib.loads(harness.write_config(tmp_path, base=base).read_text())
+    assert d["supervisor"]["interval"] == 7 and d["supervisor"]["state_dir"] == str(tmp_path / "state")
+    assert repr(base) == kept  # the base itself is not changed
+    assert tomllib.loads(harness.write_config(tmp_path).read_text())["supervisor"]["interval"] == 2
