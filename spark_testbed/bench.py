@@ -11,7 +11,8 @@
 - a change by reload (prove, then switch): for a serve-argument change and an image change, the serving time
   lost (the last /health 200 of the old serve to the first of the new, polled at 20 Hz) and where the rest of
   the reload's time went (its proof, while the old one serves); a refused change's serving time lost.
-Writes bench/results.md.
+Writes bench/results.md. `--beside [TAG]` (`make bench-beside`): the current code and a release measured
+side by side, run by run (spark_testbed/beside.py).
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def lose_worker() -> None:
     testbed.docker("spark-2", "rm", "-f", OWNED["spark-2"])
 
 
-def cold_start(workdir: Path, stale: bool, bin_dir: Path = BIN, base: dict[str, Any] | None = None) -> dict[str, float]:
+def cold_start(workdir: Path, stale: bool, bin_dir: Path = BIN,
+               base: dict[str, Any] | None = None) -> dict[str, float]:
     """Start to SERVING, split into Ray's own join, the model's own load, and the rest (the supervisor's
     overhead). bin_dir, base: the spark-supervisor to run and the config to start from (harness.write_config)."""
     testbed.clean_containers()
@@ -417,6 +419,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-stack", action="store_true", help="only the idle daemon with three deployments")
     ap.add_argument("--only-changes", action="store_true", help="only the changes by reload (prove, then switch)")
     ap.add_argument("--only-serving", action="store_true", help="only serving well: the wedge and the verdict's cost")
+    ap.add_argument("--beside", nargs="?", const="", metavar="TAG",
+                    help="the current code beside a release (default: the last tag before HEAD), run by run; "
+                         "writes bench/results-beside.md")
+    ap.add_argument("--release-cache", type=Path, default=testbed.DIR / "releases",
+                    help="where --beside keeps the release's venv (default: %(default)s)")
     a = ap.parse_args(argv)
     testbed.up()
     os.environ.update(testbed.env())
@@ -425,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     # The watch at the production defaults (the testbed's own config ticks faster to keep tests short).
     watch = {"supervisor": {"interval": 5}, "healing": {"quick_check_interval": 1, "deep_probe_interval": 60,
                                                         "deep_probe_timeout": 30, "repair_budget": 100}}
+    if a.beside is not None:
+        from . import beside
+        return beside.main(workdir, watch, a.beside, a.runs, a.idle_seconds, a.release_cache)
     if a.only_scaling:
         print(scaling_rows(observe_scaling(workdir)))
         return 0
