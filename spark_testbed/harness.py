@@ -22,6 +22,7 @@ import psutil
 import tomli_w
 
 from . import testbed
+from .release import release_env
 from .testbed import until
 
 ROOT = testbed.SRC
@@ -81,8 +82,10 @@ def fault_file(deployment: str = "") -> Path:
 
 def write_config(tmp_path: Path, patch: dict[str, Any] | None = None, *,
                  deployment: dict[str, Any] | None = None, nodes: int = 2,
-                 more: list[tuple[Any, ...]] | None = None) -> Path:
-    d = tomllib.loads((ROOT / "etc" / "testbed.toml").read_text())
+                 more: list[tuple[Any, ...]] | None = None, base: dict[str, Any] | None = None) -> Path:
+    """etc/testbed.toml with the changes asked for, written to <tmp_path>/config.toml. base: the parsed config to
+    start from instead (a release's own etc/testbed.toml, `make bench-beside`)."""
+    d = copy.deepcopy(base) if base is not None else tomllib.loads((ROOT / "etc" / "testbed.toml").read_text())
     if nodes > 2:
         d = more_nodes(d, nodes)
     d = merge(d, {"supervisor": {"state_dir": str(tmp_path / "state")}})
@@ -105,10 +108,20 @@ def containers(node: str) -> dict[str, dict[str, Any]]:
     return {r["Names"]: {"id": r["ID"], "state": r["State"], "labels": r["Labels"]} for r in rows}
 
 
-class Supervisor:
-    """`spark-supervisor run` as a child process with a real sd_notify socket."""
+def bin_env(bin_dir: Path = BIN) -> dict[str, str]:
+    """The environment to run the spark-supervisor in ``bin_dir`` with: the dev venv's (BIN) gets this process's
+    own; another venv (a release's, `make bench-beside`) gets it without PYTHONPATH, which would put a
+    checkout's spark_supervisor before the venv's own."""
+    if bin_dir == BIN:
+        return dict(os.environ)
+    return release_env()
 
-    def __init__(self, config: Path, tmp_path: Path, name: str = "daemon"):
+
+class Supervisor:
+    """`spark-supervisor run` as a child process with a real sd_notify socket. bin_dir: the directory of the
+    spark-supervisor to run (default: the dev venv's)."""
+
+    def __init__(self, config: Path, tmp_path: Path, name: str = "daemon", bin_dir: Path = BIN):
         self.config, self.tmp = config, tmp_path
         self.state_dir = Path(tomllib.loads(config.read_text())["supervisor"]["state_dir"])
         self.log_path = tmp_path / f"{name}.log"
@@ -121,9 +134,10 @@ class Supervisor:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self._logf = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([str(BIN / "spark-supervisor"), "run", "--config", str(config)],
+        self.bin_dir = bin_dir
+        self.proc = subprocess.Popen([str(bin_dir / "spark-supervisor"), "run", "--config", str(config)],
                                      stdout=self._logf, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "NOTIFY_SOCKET": self.addr})
+                                     env={**bin_env(bin_dir), "NOTIFY_SOCKET": self.addr})
 
     def _read(self) -> None:
         while self._reading:
@@ -253,10 +267,13 @@ STACK_OWNED = {"spark-1": {OWNED["spark-1"]: "testbed"},
                "spark-3": {"embed-vllm-spark-3": "embed"}}
 
 
-def stack_config(tmp_path: Path, patch: dict[str, Any] | None = None, *, real_embed: bool = False) -> Path:
+def stack_config(tmp_path: Path, patch: dict[str, Any] | None = None, *, real_embed: bool = False,
+                 base: dict[str, Any] | None = None) -> Path:
     """The stack's config (the testbed must be up on three nodes: testbed.up(3)). real_embed: the embeddings
-    deployment is the real vLLM server (the CPU build, the tiny model as a pooling model), not the stand-in."""
-    path = write_config(tmp_path, patch, deployment={"nodes": ["spark-1", "spark-2"]}, nodes=3, more=STACK_MORE)
+    deployment is the real vLLM server (the CPU build, the tiny model as a pooling model), not the stand-in.
+    base: as write_config's."""
+    path = write_config(tmp_path, patch, deployment={"nodes": ["spark-1", "spark-2"]}, nodes=3, more=STACK_MORE,
+                        base=base)
     if real_embed:
         from .realdeploy import real_deployment
         d = tomllib.loads(path.read_text())
