@@ -105,3 +105,31 @@ def test_a_node_without_the_model_gets_it_copied_from_a_local_directory_and_serv
     assert not d.repairs()
     snap = repo / "snapshots" / (repo / "refs" / "main").read_text().strip()
     assert (snap / testbed.MODEL_SHARDS[3]).stat().st_size == 4096 and (snap / "config.json").is_file()
+
+
+def test_a_model_complete_at_its_last_check_is_checked_while_ray_joins_and_one_gone_since_leaves_nothing(
+        supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
+    config = write_config(tmp_path, FAST)
+    d = supervisor(config)
+    d.wait_phase("SERVING", 240)
+    first = [e["event"] for e in d.events() if e["event"] in ("model.checked", "ray.container_started")]
+    assert first[:2] == ["model.checked"] * 2, first  # no finding kept yet: checked before anything starts
+    assert d.stop() == 0
+    assert cli("teardown", "--config", str(config)).returncode == 0
+    shard = testbed.MODEL_SHARDS[2]
+    (testbed.model_snapshot("spark-2") / shard).resolve().unlink()  # gone since it was found complete
+    try:
+        d = supervisor(config, "again")
+        st = d.wait_phase("FAILED", 120)
+        assert st["reason_kind"] == "ModelMissing" and f"spark-2: {shard}" in st["reason"], st["reason"]
+        order = [e.get("action") or e["event"] for e in d.events()
+                 if e["event"] in ("action.started", "model.checked", "clean.container_removed")]
+        # the containers started, the model was checked while Ray joined, found gone: the containers went,
+        # and the start that followed checked before it started (FAILED as on a first start)
+        assert order.index("StartContainer") < order.index("CheckModel") < order.index("RemoveContainers"), order
+        assert order.count("StartContainer") == 2 and "StartServe" not in order, order
+        for node in testbed.NODES:
+            assert containers(node) == {}, containers(node)
+        assert not d.repairs() and st["repairs"]["in_window"] == 0
+    finally:
+        testbed.fake_model("spark-2")
