@@ -71,8 +71,10 @@ def release_config(src: Path, tag: str) -> dict[str, Any]:
 
 def release_env() -> dict[str, str]:
     """The environment to run a release's venv in: no PYTHONPATH (a checkout on it would come before the
-    venv's own spark_supervisor) nor PYTHONHOME."""
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    venv's own spark_supervisor) nor PYTHONHOME, and the working directory not put on sys.path (run from the
+    checkout, `python -c` would import its spark_supervisor: PYTHONSAFEPATH, Python 3.11)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    return {**env, "PYTHONSAFEPATH": "1"}
 
 
 def dev_site_packages() -> list[str]:
