@@ -118,3 +118,15 @@ def phase_now(st: Status) -> Phase:
     """A status's phase, read afresh: after `assert x.status.phase == A`, mypy holds x.status.phase to A across
     the tick that changes it, and calls a later `== B` impossible."""
     return st.phase
+
+
+def counted(monkeypatch: Any, owner: Any, name: str) -> list[tuple[Any, ...]]:
+    """``owner.name`` from now on still runs, and each call's arguments are added to the list returned."""
+    calls: list[tuple[Any, ...]] = []
+    real = getattr(owner, name)
+
+    def wrapper(*a: Any, **kw: Any) -> Any:
+        calls.append(a)
+        return real(*a, **kw)
+    monkeypatch.setattr(owner, name, wrapper)
+    return calls

@@ -34,7 +34,7 @@ from spark_supervisor.model import (
 )
 from spark_supervisor.observe import NVML_LOST, _nvidia
 from spark_supervisor.plan import plan
-from tests.helpers import cfg, data, images, node_obs, obs, ray_container, serve_running
+from tests.helpers import cfg, counted, data, images, node_obs, obs, ray_container, serve_running
 
 C = cfg()
 VIEW = as_view(C)
@@ -375,14 +375,7 @@ def test_boot_ids_are_recorded_once_per_serve_even_one_that_is_degraded_from_the
 
 def test_the_judgement_below_vllm_is_kept_until_its_facts_or_the_view_change(monkeypatch: pytest.MonkeyPatch) -> None:
     """The planner reads it every tick: judged once per change of the facts or of the view, not per tick."""
-    judged: list[int] = []
-    real = fabric.problems
-
-    def problems(*a: Any) -> list[Reason]:
-        judged.append(1)
-        return real(*a)
-
-    monkeypatch.setattr(fabric, "problems", problems)
+    judged = counted(monkeypatch, fabric, "problems")
 
     def seen(mtu: int) -> Any:  # each full observation reads its host facts afresh: other objects
         nodes = {n: node_obs(n, (ray_container(C, n),), host=host(n, mtu=mtu if n == "spark-2" else 9000))

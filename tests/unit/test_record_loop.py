@@ -31,7 +31,7 @@ from spark_supervisor.model import (
 )
 from spark_supervisor.record import build, store
 from tests.fakes import FakeBackend, make
-from tests.helpers import cfg, data, obs, phase_now, serve_running
+from tests.helpers import cfg, counted, data, obs, phase_now, serve_running
 from tests.unit.test_record import KERNEL, A, B, checked, host, sources
 
 UP = EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",))
@@ -129,13 +129,7 @@ def test_going_bad_compares_with_the_good_record_kept_without_reading_the_histor
     r = daemon.stack.first
     be.next = seen(daemon)
     until(daemon, Phase.SERVING, clock)
-    real, reads = store.read, []
-
-    def read(*a: Any) -> store.History:
-        reads.append(a)
-        return real(*a)
-
-    monkeypatch.setattr(store, "read", read)
+    reads = counted(monkeypatch, store, "read")
     be.next = seen(daemon, kernels={"spark-2": NEW_KERNEL}, gpu_lost="Failed to initialize NVML: Unknown Error")
     until(daemon, Phase.DEGRADED, clock)
     said = f"since the last good serve: kernel {KERNEL} → {NEW_KERNEL} on spark-2"
