@@ -143,13 +143,6 @@ def _held(lost: Reason | None, found: list[Reason]) -> Reason | None:
     return lost or (summary(found) if found else None)
 
 
-def below(view: DeploymentView, st_hosts: dict[str, HostFacts], transports: tuple[Transport, ...],
-          lost: dict[str, str]) -> Reason | None:
-    """What is wrong below vLLM, for a decision: GPU access lost, then the fabric's own facts, then the
-    transport NCCL chose. None: nothing known to be wrong."""
-    return _held(gpu_lost(view, lost), problems(view, st_hosts)) or fallback(view, transports, st_hosts)
-
-
 def judged(view: DeploymentView, st: Status) -> BelowJudgement:
     """The judgement of the status's facts below vLLM: the one kept on it (loop.tracking.Below) while those facts
     are the same (or equal) and the view the same object, else judged afresh. The planner and the metrics read

@@ -181,7 +181,7 @@ def test_nvidia_smi_that_lost_nvml_is_read_as_gpu_access_lost() -> None:
 
 # ------------------------------------------------------------------------------------------- judgments
 def test_a_healthy_fabric_has_nothing_to_say() -> None:
-    assert fabric.problems(G3, hosts()) == [] and fabric.below(G3, hosts(), (), {}) is None
+    assert fabric.problems(G3, hosts()) == [] and fabric.judged(G3, Status(hosts=hosts())).held is None
 
 
 def test_a_moved_gid_is_named_with_where_it_is_now() -> None:
@@ -256,7 +256,7 @@ def test_check_and_diagnose_say_what_the_daemon_judges(monkeypatch: pytest.Monke
     assert ops._preflight(VIEW, "") == 1
     out, err = capsys.readouterr()
     assert err == "".join(f"warning: {w}\n" for w in twins)
-    assert out == f"preflight: {fabric.below(VIEW, facts, (), {'spark-2': NVML_LOST})}\n"
+    assert out == f"preflight: {fabric.judged(VIEW, Status(hosts=facts, gpu_lost={'spark-2': NVML_LOST})).held}\n"
     assert out.startswith(f"preflight: GpuAccessLost: spark-2: {NVML_LOST}: ")
 
 
