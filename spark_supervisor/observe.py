@@ -386,11 +386,13 @@ class Observer:
             healthy = recent is not None and health_result(recent) == ProbeResult.SUCCESS
             if healthy or health_result(w.api.observe_health()) == ProbeResult.SUCCESS:
                 return last, EndpointObservation(EndpointState.UP, "", 200, ep_last.models)
-        # The endpoint before the log: a 200 then means the tail read after it already says the start completed
-        # (its KV cache with it), so readiness and what the load printed are judged on the same evidence.
-        answer = w.api.observe()
+        # A serve seen before: its endpoint asked before its log, so that a 200 means the tail read after it
+        # already says the start completed (its KV cache with it): readiness and what the load printed are
+        # judged on the same evidence. No serve seen: no endpoint to ask (one that hangs would hold the tick).
+        seen_before = last is not None and last.present and head_c is not None and head_c.running
+        answer = w.api.observe() if seen_before else None
         serve = self._look(head_c, "", last)
-        endpoint = answer if serve is not None and (serve.running or serve.error) else None
+        endpoint = (answer or w.api.observe()) if serve is not None and (serve.running or serve.error) else None
         if endpoint is None and serve is not None:
             endpoint = EndpointObservation(EndpointState.UNKNOWN)
         if serve is None or not serve.error:

@@ -162,10 +162,14 @@ def release_venv(src: Path, tag: str, cache_dir: Path) -> Path:
 
 
 def _publish(name: Path, venv: Path) -> None:
-    """``name`` made a link to the finished ``venv`` in one rename; a venv it named before is removed."""
+    """``name`` made a link to the finished ``venv`` in one rename; a venv it named before is removed if it is
+    one of ours (in the cache, named after ``name``), else left where it is. Something else at ``name`` is
+    refused, not removed."""
     old = name.resolve() if name.is_symlink() else None
+    if old is not None and not (old.parent == name.parent.resolve() and old.name.startswith(f"{name.name}.")):
+        old = None  # a link made by hand to elsewhere: only the link is replaced
     if name.exists() and not name.is_symlink():
-        shutil.rmtree(name)  # not one of ours (a directory left by hand): its place is taken
+        raise NoRelease(f"{name} is not a link this bench made: move it away")
     link = name.with_name(f".{venv.name}.link")
     link.unlink(missing_ok=True)
     link.symlink_to(venv.name)

@@ -290,7 +290,7 @@ class Reconciler:
         """Leave FAILED (and forget the repair budget when the operator asks for a reset)."""
         st = self.status
         self.start.restart()
-        st.images = {}  # the image may have been fixed under the same name: check it again
+        st.images, st.admitted = {}, None  # an image fixed under its name, a reload wanting more memory: read again
         if why == "reset":
             self.repairs.clear()
             self.log.info("reconcile.reset", budget_cleared=True, phase=st.phase.value)
@@ -355,10 +355,18 @@ def _admitted(st: Status, obs: Observation, decision: Decision, failure: Reason 
         st.admitted = (st.starts, obs.at)
 
 
+def _at_once(actions: tuple[Action, ...], i: int) -> bool:
+    """Whether the action at ``i`` runs at once with the like ones after it: removals and checks (one per
+    node); container starts after the first (the head's alone first: its failure is a plain retry, not a
+    deployment half started; a Ray worker then waits for its head by itself)."""
+    a = actions[i]
+    return isinstance(a, RemoveContainers | CheckImage | CheckModel) or (
+        isinstance(a, StartContainer) and i > 0 and isinstance(actions[i - 1], StartContainer))
+
+
 def _run(backend: Backend, actions: tuple[Action, ...], watchdog: Callable[[], None],
          log: Any) -> list[tuple[Action, Result]]:
-    """Run actions in order; consecutive removals, checks or container starts (one per node) run at once
-    (a Ray worker waits for its head by itself). Stops at a failure."""
+    """Run actions in order; consecutive like ones run at once where _at_once says. Stops at a failure."""
     def run_one(action: Action) -> Result:
         try:
             return backend.run(action)
@@ -369,8 +377,7 @@ def _run(backend: Backend, actions: tuple[Action, ...], watchdog: Callable[[], N
     i = 0
     while i < len(actions):
         j = i + 1
-        while (isinstance(actions[i], RemoveContainers | CheckImage | CheckModel | StartContainer) and j < len(actions)
-               and type(actions[j]) is type(actions[i])):
+        while (_at_once(actions, i) and j < len(actions) and type(actions[j]) is type(actions[i])):
             j += 1
         batch = actions[i:j]
         watchdog()  # still the main loop: a long tick is not a hung one

@@ -20,11 +20,18 @@ def image_gate(st: Status, view: DeploymentView) -> Decision | None:
     if todo:  # part of getting ready to start: no phase of its own (CLEANING stays CLEANING)
         phase = st.phase if st.phase in (Phase.DETECTING, Phase.CLEANING) else Phase.DETECTING
         return Decision(phase, Reason(Kind.CHECKING_IMAGE, f"{dep.ray.image} on {', '.join(todo)}"),
-                        tuple(CheckImage(n, model_later=True) for n in todo))
+                        tuple(CheckImage(n, model_later=not _found_missing(st, n)) for n in todo))
     problem = image_problem(view.cfg, dep, st.images)
     if problem is not None:
         return Decision(Phase.FAILED, Reason(*problem), fatal=True)
     return None
+
+
+def _found_missing(st: Status, node: str) -> bool:
+    """This daemon's last look at the node found the model missing: checked before the next start, whatever
+    models.json says (a write of it that failed must not put the check off into a loop of starts)."""
+    r = st.images.get(node)
+    return r is not None and r.model is not None and bool(r.model.missing)
 
 
 def model_gate(f: Facts, phase: Phase, *, started: bool = False) -> Decision | None:
@@ -46,6 +53,10 @@ def model_gate(f: Facts, phase: Phase, *, started: bool = False) -> Decision | N
     if stale:
         return Decision(phase, Reason(Kind.CHECKING_MODEL, f"{dep.serve.model} on {', '.join(stale)}"),
                         tuple(CheckImage(n) for n in stale))
+    if started and (unknown := [n.name for n in f.members if n.name not in images]):
+        # a start whose checks were forgotten (a reset, a reload, a daemon restarted mid-start): made now
+        return Decision(phase, Reason(Kind.CHECKING_MODEL, f"{dep.serve.model} on {', '.join(unknown)}"),
+                        tuple(CheckImage(n) for n in unknown))
     later = [n for n, r in images.items() if r.model_later and r.model is None]
     if later and (started or any(m.missing for m in reports.values())):  # a start that fails names every node
         return Decision(phase, Reason(Kind.CHECKING_MODEL, f"{dep.serve.model} on {', '.join(later)}"),

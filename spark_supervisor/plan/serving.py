@@ -67,11 +67,17 @@ def serve(f: Facts) -> Decision | None:
     return _repair(f, why, "exited")
 
 
+ADMITTED_FRESH_S = 60.0  # the longest a start's admitting reading is trusted for its launch (Ray joins in seconds)
+
+
 def admitted_fresh(st: Status, now: float, cfg: Config) -> bool:
     """This start's containers started on a full reading of every member's memory, taken at most
-    full_observe_interval ago: the launch goes on from it (what held the GPUs was seen gone, and Ray's join
-    takes none) instead of a tick spent reading them all again. A serve-only start reads them first."""
-    return st.admitted is not None and st.admitted[0] == st.starts and now - st.admitted[1] <= cfg.supervisor.full_observe_interval
+    full_observe_interval (and ADMITTED_FRESH_S) ago: the launch goes on from it (what held the GPUs was seen
+    gone, and Ray's join takes little) instead of a tick spent reading them all again. A serve-only start, a
+    relaunch, and a start re-armed since (a reset, a reload) read them first; a launch that vLLM refuses on
+    free memory is judged by its cause (free_memory_failure), as any."""
+    window = min(cfg.supervisor.full_observe_interval, ADMITTED_FRESH_S)
+    return st.admitted is not None and st.admitted[0] == st.starts and now - st.admitted[1] <= window
 
 
 def _repair(f: Facts, why: Reason, stop: str) -> Decision:

@@ -376,6 +376,16 @@ def test_the_launch_goes_on_from_the_reading_that_started_the_containers_and_a_r
     assert be.ran == [StartServe()] and daemon.status.admitted is None
 
 
+
+def test_a_reset_during_the_join_reads_the_memory_again_before_the_launch(tmp_path: Path) -> None:
+    daemon, be, clock, notes, _ = make(tmp_path)
+    be.next = obs(daemon.cfg, at=clock.t)
+    daemon.tick()
+    assert daemon.status.admitted is not None
+    daemon.rearm("reset")  # a reload may ask for more memory than the reading admitted
+    assert daemon.status.admitted is None
+
+
 def test_every_start_checks_the_images_again(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     be.next = obs(daemon.cfg)
@@ -385,3 +395,11 @@ def test_every_start_checks_the_images_again(tmp_path: Path) -> None:
     daemon.tick()  # nothing came up (or it was torn down): the next start checks first (kept by image ID)
     assert be.ran == [CheckImage("spark-1", model_later=True), CheckImage("spark-2", model_later=True), StartContainer("spark-1"),
                       StartContainer("spark-2")]
+
+
+def test_the_heads_container_starts_alone_then_the_others_at_once() -> None:
+    from spark_supervisor.loop.reconciler import _at_once
+    starts = (StartContainer("spark-1"), StartContainer("spark-2"), StartContainer("spark-3"))
+    assert [_at_once(starts, i) for i in range(3)] == [False, True, True]
+    checks = (CheckImage("spark-1"), CheckImage("spark-2"))
+    assert [_at_once(checks, i) for i in range(2)] == [True, True]

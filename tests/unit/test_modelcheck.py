@@ -470,3 +470,22 @@ def test_a_start_failing_on_one_node_checks_the_nodes_put_off_first_so_the_failu
     st.images["spark-1"] = dataclasses.replace(st.images["spark-1"], model=ModelReport("spark-1", REPO, KEY, path="/p"))
     d = plan(obs(C), st, C, 101)
     assert d.phase == Phase.FAILED and d.why.kind == "ModelMissing" and d.actions == ()
+
+
+def test_a_start_whose_checks_were_forgotten_checks_before_the_launch() -> None:
+    """A reset, a reload or a daemon restarted mid-start leaves no reports: the launch waits for checks made
+    now, never goes on with the model unchecked."""
+    st = Status()
+    st.advance(Phase.STARTING_RAY, Reason(), 100, 100)
+    d = plan(obs(C, deployed=True, ray=forming(), full=False), st, C, 101)
+    assert d.actions == (CheckImage("spark-1"), CheckImage("spark-2")) and d.why.kind == "CheckingModel"
+    st.advance(Phase.STARTING_VLLM, Reason(), 102, 102)
+    d = plan(obs(C, deployed=True, ray=ray_ok(C)), st, C, 103)
+    assert d.actions == (CheckImage("spark-1"), CheckImage("spark-2")) and d.phase == Phase.STARTING_VLLM
+
+
+def test_a_model_this_daemon_found_missing_is_checked_before_the_next_start_whatever_the_file_says() -> None:
+    st = later(**{"spark-2": missing("spark-2")})  # found gone while Ray joined; models.json may not say so
+    st.starts = 1  # the containers went: the next start checks its images again
+    d = plan(obs(C), st, C, 100)
+    assert d.actions == (CheckImage("spark-1", model_later=True), CheckImage("spark-2", model_later=False))

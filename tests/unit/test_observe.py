@@ -281,7 +281,11 @@ def test_the_endpoint_is_asked_before_the_serves_log_is_read() -> None:
         return httpx.Response(200, json={"data": [{"id": dep.serve.name}]})
     try:
         serving(w, Logged, answer)
-        Observer(w).observe(full=False)
+        o = Observer(w)
+        o.observe(full=False)  # no serve seen before: no endpoint asked first (one that hangs would hold the tick)
+        assert order.index("log") < order.index("/health"), order
+        order.clear()
+        o.observe(full=True)  # a serve seen: its endpoint first
         assert "/health" in order and "log" in order and order.index("/health") < order.index("log"), order
     finally:
         w.close()

@@ -122,3 +122,13 @@ def test_the_reading_that_started_the_containers_lets_their_launch_go_on_while_f
     assert plan(quick, s, C, late).look_closer  # too old: every member read again first
     assert plan(quick, st(Phase.STARTING_RAY, starts=2, admitted=(1, 90.0)), C, 100).look_closer  # another start's
     assert plan(quick, st(Phase.STARTING_RAY, starts=1), C, 100).look_closer  # a serve-only start: read first
+
+
+def test_the_admitting_reading_is_trusted_a_minute_at_most_whatever_the_full_observation_interval() -> None:
+    d = data()
+    d["supervisor"]["full_observe_interval"] = 3600
+    c = cfg(d)
+    quick = obs(c, nodes=nodes(FREE, deployed=True), ray=ray_ok(c), full=False)
+    s = st(Phase.STARTING_RAY, starts=1, admitted=(1, 90.0))
+    assert plan(quick, s, c, 150).actions == (StartServe(),)
+    assert plan(quick, s, c, 151).look_closer
