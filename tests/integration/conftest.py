@@ -7,20 +7,37 @@ the next one: every test that uses `clean` (and so `supervisor` and `serving_dae
 testbed and resets it again afterwards, whatever happened: processes a fault stopped are continued, the
 engines and sshd are up, the daemons it started are killed, every node container is removed, the GPUs are
 idle and no serve fault is armed.
+
+A verified SERVING deployment shared by the tests that do not need a fresh one (the `shared` fixture): one
+daemon and deployment per module and config, kept SERVING from one test to the next. Each test's starting
+state is verified before it runs (shared_starting_state: SERVING with nothing unknown, exactly our containers
+running on each node, exactly the serves expected, no fault armed, nothing stopped, the GPUs idle, the hosts'
+fabric healthy) and a test after a failed one, or after a verification that fails, gets a fresh reset and
+bring-up instead, so that a failure cannot cascade. Any other test drops the shared deployment first (its
+daemon killed, the testbed reset), so nothing of it runs behind a test that did not ask for it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
-from spark_testbed import faults, hosttree, testbed
-from spark_testbed.harness import Supervisor, verify_serving, write_config
+from spark_testbed import faults, hosttree, nvidia_smi, testbed
+from spark_testbed.harness import (
+    OWNED,
+    RANKS,
+    Supervisor,
+    serve_processes,
+    verify_serving,
+    write_config,
+)
 
 pytestmark = pytest.mark.testbed
 
@@ -92,3 +109,143 @@ def serving_daemon(request: pytest.FixtureRequest, supervisor: Callable[..., Sup
     d.wait_phase("SERVING", 240)
     verify_serving(d)
     return d
+
+
+# ------------------------------------------------------------------------ a shared SERVING deployment
+REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Each phase's report kept on the item: the shared deployment is not handed on after a failure."""
+    rep = yield
+    item.stash.setdefault(REPORTS, {})[rep.when] = rep
+    return rep
+
+
+def idle_gpu(node: str) -> list[str]:
+    """What differs in a node's GPU state file from the idle GPU reset_testbed writes (testbed.write_gpu)."""
+    state = nvidia_smi.read_state(str(testbed.DIR / node / "gpu.json"))
+    out = []
+    if [p.get("name") for p in state.get("processes", [])] != ["/usr/lib/xorg/Xorg"]:
+        out.append(f"{node}: GPU processes {state.get('processes')}")
+    if set(state) - {"name", "driver", "total_mib", "processes"}:
+        out.append(f"{node}: GPU state {sorted(set(state) - {'name', 'driver', 'total_mib', 'processes'})}")
+    return out
+
+
+def shared_starting_state(d: Supervisor, owned: dict[str, str], ranks: dict[str, int]) -> list[str]:
+    """Why the deployment of the shared daemon `d` is not a verified SERVING to start a test from (empty:
+    it is): the daemon alive and SERVING with nothing unknown; exactly `owned` (node -> container), running,
+    on each node with `ranks[node]` serve processes; no serve fault armed, no process a fault stopped, the
+    engines and sshd up, the GPUs idle, every host's fabric as reset_testbed leaves it."""
+    if d.proc.poll() is not None:
+        return [f"the daemon exited with {d.proc.returncode}"]
+    try:  # a passing test leaves SERVING behind; a few ticks for its status to say so
+        d.wait(lambda s: s["phase"] == "SERVING" and not s.get("unknown") and s.get("reload") is None
+               and not str(s.get("reason", "")).startswith("ObservationUnknown"), 30, "SERVING, nothing unknown")
+    except AssertionError as e:
+        return [str(e).splitlines()[0][:300]]
+    out = []
+    out += [f"{node}: sshd not running" for node in list(testbed.NODES)[1:]
+            if not testbed._alive(testbed._ssh_dir(node) / "sshd.pid")]
+    for node in testbed.running_nodes():  # a node the deployment does not use has no container at all
+        now = testbed.docker(node, "ps", "-a", "--format", "{{json .}}").stdout.decode()
+        rows = {r["Names"]: r["State"] for r in map(json.loads, filter(str.strip, now.splitlines()))}
+        name = owned.get(node, "")
+        if rows != ({name: "running"} if name else {}):
+            out.append(f"{node}: containers {rows}, expected {f'only {name} running' if name else 'none'}")
+        elif name and (n := serve_processes(node, name)) != ranks[node]:
+            out.append(f"{node}: {n} serve processes, expected {ranks[node]}")
+    out += [f"serve fault armed: {p}" for p in testbed.DIR.glob("serve-fault*")]
+    out += [f"a process a fault stopped: {p.name}" for p in faults.FROZEN.glob("*")] if faults.FROZEN.is_dir() else []
+    for node in testbed.NODES:
+        for what, find in (("dockerd", faults.dockerd_pid), ("containerd", faults.containerd_pid)):
+            try:
+                if faults.is_stopped(find(node)):
+                    out.append(f"{node}: {what} stopped")
+            except (faults.FaultError, psutil.Error, OSError) as e:  # not running, or not the testbed's
+                out.append(f"{node}: {what}: {e}")
+        out += idle_gpu(node)
+        host = hosttree.read(node)
+        if host != {**hosttree.defaults(node), "boot_id": host.get("boot_id")}:
+            out.append(f"{node}: host tree {host}")
+    return out
+
+
+class SharedDeployment:
+    """One daemon and its deployment kept SERVING across tests (one module's at a time)."""
+
+    def __init__(self) -> None:
+        self.daemon: Supervisor | None = None
+        self.key = ""
+        self.fresh: list[str] = []  # the fallbacks to a fresh bring-up, for the summary
+
+    def drop(self) -> None:
+        """Its daemon killed and the testbed reset: nothing of it left."""
+        if self.daemon is not None:
+            d, self.daemon, self.key = self.daemon, None, ""
+            if d.proc.poll() is None:
+                d.proc.kill()
+            d.stop(signal.SIGKILL)
+            reset_testbed()
+
+    def get(self, item: pytest.Item, tmp_factory: pytest.TempPathFactory, patch: dict[str, Any] | None,
+            deployment: dict[str, Any] | None, owned: dict[str, str], ranks: dict[str, int]) -> Supervisor:
+        key = json.dumps([patch, deployment, owned, ranks], sort_keys=True)
+        if self.daemon is not None:
+            why = (["another config"] if key != self.key else []) or shared_starting_state(self.daemon, owned, ranks)
+            if not why:
+                return self.daemon
+            self.fresh.append(f"{item.nodeid}: {'; '.join(why)[:600]}")
+            print(f"the shared deployment is not reused: {why}; a fresh bring-up")
+        self.drop()
+        reset_testbed()
+        tmp = tmp_factory.mktemp("shared")
+        d = self.daemon = Supervisor(write_config(tmp, patch, deployment=deployment), tmp, "shared")
+        self.key = key
+        d.wait_phase("SERVING", 240)
+        why = shared_starting_state(d, owned, ranks)
+        assert not why, f"a fresh bring-up is not a verified SERVING: {why}"
+        return d
+
+
+SHARED = SharedDeployment()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test that does not ask for the shared deployment starts without it (before its own fixtures)."""
+    if "shared" not in getattr(item, "fixturenames", ()):
+        SHARED.drop()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if SHARED.fresh:
+        terminalreporter.write_line(f"shared deployment: {len(SHARED.fresh)} fresh bring-up(s) after a starting "
+                                    "state that failed its verification:")
+        for line in SHARED.fresh:
+            terminalreporter.write_line(f"  {line}")
+
+
+@pytest.fixture(scope="module")
+def shared_module(tb: dict[str, str]) -> Iterator[SharedDeployment]:
+    yield SHARED
+    SHARED.drop()  # the module's last test is done with it
+
+
+@pytest.fixture
+def shared(request: pytest.FixtureRequest, shared_module: SharedDeployment,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Supervisor]]:
+    """shared(patch, deployment, owned=, ranks=): a daemon SERVING etc/testbed.toml patched so, verified
+    (shared_starting_state), the same one as the previous test's if that test passed, asked for the same and
+    left it verified; otherwise a fresh reset and bring-up. After a test that failed it is dropped at once.
+    Events, repairs and budget are the daemon's since its start: a test counts from its own start."""
+    def get(patch: dict[str, Any] | None = None, deployment: dict[str, Any] | None = None, *,
+            owned: dict[str, str] = OWNED, ranks: dict[str, int] = RANKS) -> Supervisor:
+        return shared_module.get(request.node, tmp_path_factory, patch, deployment, owned, ranks)
+    yield get
+    reports = request.node.stash.get(REPORTS, {})
+    if any(r.failed for r in reports.values()) or "call" not in reports:
+        shared_module.drop()

@@ -35,9 +35,10 @@ def verify(d: Supervisor, since: float = 0.0) -> dict[str, Any]:
 
 
 @pytest.fixture
-def mp(supervisor: Callable[..., Supervisor], tmp_path: Path) -> Supervisor:
-    d = supervisor(write_config(tmp_path, PATCH, deployment=DEPLOYMENT))
-    d.wait_phase("SERVING", 180)
+def mp(shared: Callable[..., Supervisor]) -> Supervisor:
+    """The mp deployment SERVING, shared with the previous test if it passed (conftest.shared: its starting
+    state verified, a fresh bring-up otherwise); each test counts repairs from its own start."""
+    d = shared(PATCH, DEPLOYMENT, owned=NAMES, ranks=dict.fromkeys(NAMES, 1))
     verify(d)
     return d
 
@@ -47,7 +48,7 @@ def ids() -> dict[str, str]:
 
 
 def test_an_mp_deployment_serves_on_two_nodes_without_ray(mp: Supervisor) -> None:
-    launched = {e["node"]: e["argv"] for e in mp.events("serve.launched")}
+    launched = {e["node"]: e["argv"] for e in mp.events("serve.launched")}  # the serves running now: the last
     assert launched["spark-1"][-8:] == ["--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.2",
                                         "--master-port", "29501"]
     assert launched["spark-2"][-1] == "--headless" and "1" == launched["spark-2"][-6]
