@@ -265,16 +265,19 @@ class Reconciler:
         """Its status or observation changed outside a tick: build its document again."""
         self._doc = None
 
-    def document(self, config_path: str, config_hash: str, problems: tuple[str, ...], now: float
-                 ) -> statusdoc.DeploymentDoc:
+    def document(self, config_path: str, config_hash: str, problems: tuple[str, ...]) -> statusdoc.DeploymentDoc:
         """Its part of the status file; built again only after a change (the daemon asks after every
         deployment's tick: the log scan and the history in it are not free)."""
         key = (config_path, config_hash, problems, self.repairs.problem)
         if self._doc is not None and key == self._doc_key:
             return self._doc
         self._doc_key, read = key, self.last_seen.progress if self.last_seen is not None else None
+        # The two clocks read together, to the millisecond the document shows: the monotonic instants it
+        # turns into wall times (a verdict's, a backoff's) then read the same from one tick to the next,
+        # and the status file is not rewritten for a difference of clocks alone.
+        wall = self.wall()
         self._doc = statusdoc.document(self.status, _with_slow_facts(self.last_obs, self.last_full), self.view,
-                                       config_path, config_hash, self.wall(), self.wall() - now,
+                                       config_path, config_hash, wall, round(wall - self.clock(), 3),
                                        tuple(p for p in (self.repairs.problem, *problems) if p), read)
         return self._doc
 

@@ -94,7 +94,7 @@ class Reporter:
     def write_status(self, now: float) -> None:
         stack, state_dir = self.stack, self.stack.cfg.supervisor.state_dir
         problems = tuple(p for p in (self._state_write_error, stack.pausing.problem) if p)
-        docs = [r.document(self.reloader.config_path, self.reloader.config_hash, problems, now)
+        docs = [r.document(self.reloader.config_path, self.reloader.config_hash, problems)
                 for r in stack.reconcilers.values()]
         # The first deployment's document at the top, as with one deployment; every one under "deployments".
         doc: StatusDoc = {**docs[0], "summary": self._phase_line(), "deployments": docs,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 from pathlib import Path
@@ -403,3 +404,33 @@ def test_the_heads_container_starts_alone_then_the_others_at_once() -> None:
     assert [_at_once(starts, i) for i in range(3)] == [False, True, True]
     checks = (CheckImage("spark-1"), CheckImage("spark-2"))
     assert [_at_once(checks, i) for i in range(2)] == [True, True]
+
+
+def test_a_tick_that_takes_time_does_not_rewrite_an_unchanged_status_file(tmp_path: Path) -> None:
+    """The document turns monotonic instants (a performance verdict's) into wall times: with the offset taken
+    from the two clocks read together, not from the tick's start, how long a tick took changes nothing in it,
+    and the status file waits for a change (or its refresh) instead of being rewritten every tick."""
+    from spark_supervisor.model.status import PerfVerdict
+
+    daemon, be, clock, _, _ = make(tmp_path)
+    c = daemon.cfg
+    up = EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",))
+    be.next = obs(c, deployed=True, serve=serve_running(c), endpoint=up)
+    for _ in range(4):
+        daemon.tick()
+    assert phase_now(daemon.status) == Phase.SERVING
+    daemon.status.perf = PerfVerdict("serve", clock.t - 30.0, 0.1, 40.0)
+    seen, took = be.observe, itertools.count(1)
+
+    def slow(full: bool) -> Observation:  # each tick's observation takes its time, a different one each tick
+        clock.t += 0.0137 * next(took)
+        return seen(full)
+    be.observe = slow  # type: ignore[method-assign]
+    status = tmp_path / "state" / "status.json"
+    daemon.tick()
+    written, measured = status.stat().st_ino, json.loads(status.read_text())["performance"]["measured"]
+    for _ in range(3):
+        clock.t += 5.0
+        daemon.tick()
+        assert json.loads(status.read_text())["performance"]["measured"] == measured
+    assert status.stat().st_ino == written  # not replaced: nothing in it changed
