@@ -425,7 +425,7 @@ def test_a_tick_that_takes_time_does_not_rewrite_an_unchanged_status_file(tmp_pa
     def slow(full: bool) -> Observation:  # each tick's observation takes its time, a different one each tick
         clock.t += 0.0137 * next(took)
         return seen(full)
-    be.observe = slow  # type: ignore[method-assign]
+    be.observe = slow  # type: ignore[method-assign,assignment]
     status = tmp_path / "state" / "status.json"
     daemon.tick()
     written, measured = status.stat().st_ino, json.loads(status.read_text())["performance"]["measured"]
