@@ -427,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--beside", nargs="?", const="", metavar="TAG",
                     help="the current code beside a release (default: the last tag before HEAD), run by run; "
                          "writes bench/results-beside.md")
+    ap.add_argument("--steps", default="", metavar="STEP,...",
+                    help="with --beside: only these of cold, idle, faults, stack, real (default: all); written to "
+                         "bench/results-beside-<steps>.md")
     ap.add_argument("--release-cache", type=Path, default=testbed.DIR / "releases",
                     help="where --beside keeps the release's venv (default: %(default)s)")
     a = ap.parse_args(argv)
@@ -439,7 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                                                         "deep_probe_timeout": 30, "repair_budget": 100}}
     if a.beside is not None:
         from . import beside
-        return beside.main(workdir, watch, a.beside, a.runs, a.idle_seconds, a.release_cache)
+        return beside.main(workdir, watch, a.beside, a.runs, a.idle_seconds, a.release_cache,
+                           tuple(x for x in a.steps.split(",") if x))
     if a.only_scaling:
         print(scaling_rows(observe_scaling(workdir)))
         return 0

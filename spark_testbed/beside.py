@@ -173,14 +173,22 @@ def real(side: Side) -> Got:
     return {"real": [{**r, "warm_over_cold": r["warm_repair"] / r["cold_start"]}]}
 
 
-def steps(watch: dict[str, Any], runs: int, idle_seconds: float) -> list[Step]:
+STEPS = ("cold", "idle", "faults", "stack", "real")  # what `--steps` names
+
+
+def steps(watch: dict[str, Any], runs: int, idle_seconds: float, only: tuple[str, ...] = ()) -> list[Step]:
     """In the order run: the quicker and more telling first, the real server's slow starts last (the stack
-    brings a third node up; the others use the first two, or one)."""
-    return [("cold start", runs, cold),
-            ("idle, one deployment", runs, functools.partial(idle_one, watch=watch, seconds=idle_seconds)),
-            ("serve deaths and worker losses", 1, functools.partial(faults, watch=watch, runs=runs)),
-            ("idle, the stack", runs, functools.partial(stack, watch=watch, seconds=idle_seconds)),
-            ("real vLLM warm repair / cold start", runs, real)]
+    brings a third node up; the others use the first two, or one). only: those of STEPS (empty: all)."""
+    every: dict[str, Step] = {
+        "cold": ("cold start", runs, cold),
+        "idle": ("idle, one deployment", runs, functools.partial(idle_one, watch=watch, seconds=idle_seconds)),
+        "faults": ("serve deaths and worker losses", 1, functools.partial(faults, watch=watch, runs=runs)),
+        "stack": ("idle, the stack", runs, functools.partial(stack, watch=watch, seconds=idle_seconds)),
+        "real": ("real vLLM warm repair / cold start", runs, real)}
+    unknown = sorted(set(only) - set(every))
+    if unknown:
+        raise ValueError(f"no such step: {', '.join(unknown)} (the steps: {', '.join(STEPS)})")
+    return [step for key, step in every.items() if not only or key in only]
 
 
 # ------------------------------------------------------------------------------------------- the run
@@ -209,18 +217,21 @@ def release_side(src: Path, tag: str, cache: Path, workdir: Path) -> tuple[Side,
     return Side(f"release {tag}", bin_dir, release.release_config(src, tag), workdir / f"release-{tag}"), note
 
 
-def main(workdir: Path, watch: dict[str, Any], tag: str, runs: int, idle_seconds: float, cache: Path) -> int:
+def main(workdir: Path, watch: dict[str, Any], tag: str, runs: int, idle_seconds: float, cache: Path,
+         only: tuple[str, ...] = ()) -> int:
+    """only: some of STEPS; their results go to bench/results-beside-<steps>.md, the whole bench's stay."""
     src = testbed.SRC
+    chosen = steps(watch, runs, idle_seconds, only)
     tag = tag or release.previous_release(src)
     rel, note = release_side(src, tag, cache, workdir)
     sides = [Side("current", BIN, None, workdir / "current"), rel]
     for side in sides:
         side.workdir.mkdir(parents=True, exist_ok=True)
-    record = Record(src / "bench" / "results-beside.md", facts(src, tag, note), [s.label for s in sides],
-                    idle_seconds)
+    name = f"results-beside-{'-'.join(k for k in STEPS if k in only)}.md" if only else "results-beside.md"
+    record = Record(src / "bench" / name, facts(src, tag, note), [s.label for s in sides], idle_seconds)
     record.write(done=False)
     print(f"[beside] {' beside '.join(s.label for s in sides)}, {runs} runs each, into {record.path}", flush=True)
-    run(sides, steps(watch, runs, idle_seconds), record)
+    run(sides, chosen, record)
     record.write(done=True)
     print(record.path.read_text(), flush=True)
     return 1 if record.errors else 0

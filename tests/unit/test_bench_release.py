@@ -178,3 +178,13 @@ def test_the_sides_take_turns_run_by_run_and_a_failed_run_is_kept(tmp_path: Path
     assert "load average now (the bench still running)" in out.read_text()
     record.write(done=True)
     assert "load average at the end" in out.read_text() and not list(out.parent.glob("*.tmp"))
+
+
+def test_the_bench_beside_runs_only_the_steps_named_in_their_order_and_refuses_an_unknown_one() -> None:
+    from spark_testbed import beside
+
+    names = [name for name, _, _ in beside.steps({}, 3, 60, ("stack", "idle"))]
+    assert names == ["idle, one deployment", "idle, the stack"]
+    assert len(beside.steps({}, 3, 60)) == len(beside.STEPS)
+    with pytest.raises(ValueError, match="no such step: idel"):
+        beside.steps({}, 3, 60, ("idel",))
