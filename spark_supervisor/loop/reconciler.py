@@ -272,10 +272,7 @@ class Reconciler:
         if self._doc is not None and key == self._doc_key:
             return self._doc
         self._doc_key, read = key, self.last_seen.progress if self.last_seen is not None else None
-        # The two clocks read together, to the millisecond the document shows: the monotonic instants it
-        # turns into wall times (a verdict's, a backoff's) then read the same from one tick to the next,
-        # and the status file is not rewritten for a difference of clocks alone.
-        wall = self.wall()
+        wall = self.wall()  # both clocks read now: a verdict's wall time does not move with the tick's length
         self._doc = statusdoc.document(self.status, _with_slow_facts(self.last_obs, self.last_full), self.view,
                                        config_path, config_hash, wall, round(wall - self.clock(), 3),
                                        tuple(p for p in (self.repairs.problem, *problems) if p), read)
