@@ -985,9 +985,27 @@ class Api(BaseHTTPRequestHandler):
     dead = False  # the engine died: /health 503 until the process is gone
     server_version = "uvicorn"
     sys_version = ""
+    # As the real server (uvicorn, HTTP/1.1): a connection kept alive between requests, and closed after
+    # VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s) without one. A client that keeps one (the daemon's quick checks) then
+    # pays no connect a request here either, and one that idles longer meets the close it meets there.
+    protocol_version = "HTTP/1.1"
+    KEEP_ALIVE_S = 5.0
+
+    def handle_one_request(self) -> None:
+        self.connection.settimeout(self.KEEP_ALIVE_S)  # the wait for the next request line only
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        self.connection.settimeout(None)  # a request under way takes as long as it takes, as before
+        return super().parse_request()
+
+    def log_error(self, fmt: str, *args: Any) -> None:
+        if not (args and isinstance(args[0], TimeoutError)):  # an idle connection closed: not news, as uvicorn
+            super().log_error(fmt, *args)
 
     def log_message(self, fmt: str, *args: Any) -> None:  # noqa: ARG002  (BaseHTTPRequestHandler's signature)
-        log(f'{self.client_address[0]}:{self.client_address[1]} - "{self.command} {self.path}" '
+        command, path = getattr(self, "command", None), getattr(self, "path", "")  # a request not yet read: none
+        log(f'{self.client_address[0]}:{self.client_address[1]} - "{command} {path}" '
             f"{args[1] if len(args) > 1 else ''}", src="h11_impl.py:473")
 
     def _json(self, code: int, body: Any) -> None:
@@ -1006,6 +1024,7 @@ class Api(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path in ("/health", "/ping"):
             if _stop.wait(fault_seconds("slow-health", 0)):  # slow under load: late, then the same answer
+                self.close_connection = True  # stopping: never answered, the connection closed
                 return
             self._empty(503 if Api.dead or "health-503" in faults() else 200)
         elif self.path == "/metrics" or self.path.startswith("/metrics?"):  # no api key, as the real /metrics
@@ -1057,6 +1076,9 @@ class Api(BaseHTTPRequestHandler):
                          "results": sorted(results, key=lambda r: -float(r["relevance_score"]))})
 
     def do_POST(self) -> None:
+        # Answered, then the connection closed: some answers come before the body is read (a 404, a 401), and a
+        # stream's body ends with the connection (the real one is chunked); the client's next request reconnects.
+        self.close_connection = True
         routes = ("/v1/embeddings", "/v1/rerank") if POOLING else ("/v1/chat/completions",)
         if self.path not in routes:  # as the real server: a pooling model has no chat route, and the reverse
             self._json(404, {"detail": "Not Found"})
@@ -1153,7 +1175,8 @@ class Api(BaseHTTPRequestHandler):
         if stream_options.include_usage; `data: [DONE]`. Written as the engine makes each token."""
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
-        self.end_headers()  # HTTP/1.0: the body ends when the connection closes (the real one: chunked)
+        self.send_header("connection", "close")
+        self.end_headers()  # the body ends when the connection closes (the real one: chunked)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": self.served}
 

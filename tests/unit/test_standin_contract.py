@@ -121,3 +121,30 @@ def test_a_pooling_model_answers_its_probe_the_same_and_has_no_chat(standin: Sta
     code, answer = s.request("POST", path, body)
     assert (code, json.loads(answer)) == (404, real_chat)
     assert not probes.judge("chat", code, answer).passed
+
+
+def test_the_connection_is_kept_alive_between_requests_as_the_real_servers_is(standin: Standin) -> None:
+    """The real server is uvicorn on HTTP/1.1 (its access log: "GET /health HTTP/1.1", engine_death.log): the
+    daemon's quick checks keep one connection and pay no connect a request. The stand-in keeps it too, so that
+    what the testbed measures of the daemon's idle cost is what it costs against the real one."""
+    import http.client
+
+    from spark_supervisor.adapters.quick import KeptAlive
+
+    s = standin()
+    s.started()
+    assert "HTTP/1.1" in REAL["engine_death"]  # what the real server speaks
+    k = KeptAlive(f"http://127.0.0.1:{s.port}", 5)
+    assert k.get("/health")[0] == 200
+    conn = k.conn
+    assert conn is not None and conn.sock is not None
+    for path in ("/health", "/metrics", "/v1/models", "/health"):
+        assert k.get(path)[0] == 200
+        assert k.conn is conn and conn.sock is not None, f"{path}: the connection was not kept"
+    c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=5)  # a POST is answered whole, then closed
+    c.request("POST", "/v1/chat/completions", json.dumps({"model": "tiny-qwen3", "max_tokens": 4, "messages": [
+        {"role": "user", "content": "hi"}]}), {"content-type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200 and json.loads(r.read())["choices"]
+    c.close()
+    conn.close()
