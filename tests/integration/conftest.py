@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -125,42 +126,60 @@ def pytest_runtest_makereport(item: pytest.Item,
 
 
 def idle_gpu(node: str) -> list[str]:
-    """What differs in a node's GPU state file from the idle GPU reset_testbed writes (testbed.write_gpu)."""
-    state = nvidia_smi.read_state(str(testbed.DIR / node / "gpu.json"))
+    """What differs in a node's GPU state file from the idle GPU reset_testbed writes (testbed.write_gpu): a
+    process nvidia-smi lists (one the file names that has exited since is not listed, as by the real one),
+    or any other figure (its memory, NVML lost)."""
+    path = str(testbed.DIR / node / "gpu.json")
+    state, listed = nvidia_smi.read_state(path), nvidia_smi.load_state(path)["processes"]
     out = []
-    if [p.get("name") for p in state.get("processes", [])] != ["/usr/lib/xorg/Xorg"]:
-        out.append(f"{node}: GPU processes {state.get('processes')}")
+    if [p.get("name") for p in listed] != ["/usr/lib/xorg/Xorg"]:
+        out.append(f"{node}: GPU processes {listed}")
     if set(state) - {"name", "driver", "total_mib", "processes"}:
         out.append(f"{node}: GPU state {sorted(set(state) - {'name', 'driver', 'total_mib', 'processes'})}")
     return out
 
 
-def shared_starting_state(d: Supervisor, owned: dict[str, str], ranks: dict[str, int]) -> list[str]:
+def one_deployment(s: dict[str, Any]) -> bool:
+    """The status of a config with one deployment SERVING with nothing unknown and no reload pending."""
+    return bool(s["phase"] == "SERVING" and not s.get("unknown") and s.get("reload") is None
+                and not str(s.get("reason", "")).startswith("ObservationUnknown"))
+
+
+def expected(owned: dict[str, str], ranks: dict[str, int]) -> dict[str, dict[str, int]]:
+    """node -> {container: its serve processes} for one deployment owning `owned`, `ranks` serves per node."""
+    return {node: {name: ranks[node]} for node, name in owned.items()}
+
+
+def shared_starting_state(d: Supervisor, expect: dict[str, dict[str, int]],
+                          serving: Callable[[dict[str, Any]], bool] = one_deployment) -> list[str]:
     """Why the deployment of the shared daemon `d` is not a verified SERVING to start a test from (empty:
-    it is): the daemon alive and SERVING with nothing unknown; exactly `owned` (node -> container), running,
-    on each node with `ranks[node]` serve processes; no serve fault armed, no process a fault stopped, the
-    engines and sshd up, the GPUs idle, every host's fabric as reset_testbed leaves it."""
+    it is): the daemon alive and its status `serving` (default: SERVING with nothing unknown); on each node
+    exactly the containers of `expect` (node -> {container: serve processes}), running, each with its serve
+    processes, and none on any other node; no serve fault armed, no process a fault stopped, the engines and
+    sshd up, the GPUs idle, every host's fabric as reset_testbed leaves it."""
     if d.proc.poll() is not None:
         return [f"the daemon exited with {d.proc.returncode}"]
     try:  # a passing test leaves SERVING behind; a few ticks for its status to say so
-        d.wait(lambda s: s["phase"] == "SERVING" and not s.get("unknown") and s.get("reload") is None
-               and not str(s.get("reason", "")).startswith("ObservationUnknown"), 30, "SERVING, nothing unknown")
+        d.wait(serving, 30, "SERVING, nothing unknown")
     except AssertionError as e:
         return [str(e).splitlines()[0][:300]]
+    nodes = sorted(set(testbed.NODES) | set(expect))
     out = []
-    out += [f"{node}: sshd not running" for node in list(testbed.NODES)[1:]
+    out += [f"{node}: sshd not running" for node in nodes if node != next(iter(testbed.NODES))  # the head: none
             if not testbed._alive(testbed._ssh_dir(node) / "sshd.pid")]
     for node in testbed.running_nodes():  # a node the deployment does not use has no container at all
         now = testbed.docker(node, "ps", "-a", "--format", "{{json .}}").stdout.decode()
         rows = {r["Names"]: r["State"] for r in map(json.loads, filter(str.strip, now.splitlines()))}
-        name = owned.get(node, "")
-        if rows != ({name: "running"} if name else {}):
-            out.append(f"{node}: containers {rows}, expected {f'only {name} running' if name else 'none'}")
-        elif name and (n := serve_processes(node, name)) != ranks[node]:
-            out.append(f"{node}: {n} serve processes, expected {ranks[node]}")
+        mine = expect.get(node, {})
+        if rows != dict.fromkeys(mine, "running"):
+            out.append(f"{node}: containers {rows}, expected {f'only {sorted(mine)} running' if mine else 'none'}")
+            continue
+        for name, serves in mine.items():
+            if (n := serve_processes(node, name)) != serves:
+                out.append(f"{node}: {n} serve processes in {name}, expected {serves}")
     out += [f"serve fault armed: {p}" for p in testbed.DIR.glob("serve-fault*")]
     out += [f"a process a fault stopped: {p.name}" for p in faults.FROZEN.glob("*")] if faults.FROZEN.is_dir() else []
-    for node in testbed.NODES:
+    for node in nodes:
         for what, find in (("dockerd", faults.dockerd_pid), ("containerd", faults.containerd_pid)):
             try:
                 if faults.is_stopped(find(node)):
@@ -169,7 +188,7 @@ def shared_starting_state(d: Supervisor, owned: dict[str, str], ranks: dict[str,
                 out.append(f"{node}: {what}: {e}")
         out += idle_gpu(node)
         host = hosttree.read(node)
-        if host != {**hosttree.defaults(node), "boot_id": host.get("boot_id")}:
+        if node in testbed.NODES and host != {**hosttree.defaults(node), "boot_id": host.get("boot_id")}:
             out.append(f"{node}: host tree {host}")
     return out
 
@@ -191,24 +210,41 @@ class SharedDeployment:
             d.stop(signal.SIGKILL)
             reset_testbed()
 
-    def get(self, item: pytest.Item, tmp_factory: pytest.TempPathFactory, patch: dict[str, Any] | None,
-            deployment: dict[str, Any] | None, owned: dict[str, str], ranks: dict[str, int]) -> Supervisor:
-        key = json.dumps([patch, deployment, owned, ranks], sort_keys=True)
-        if self.daemon is not None:
-            why = (["another config"] if key != self.key else []) or shared_starting_state(self.daemon, owned, ranks)
+    def get(self, item: pytest.Item, tmp_factory: pytest.TempPathFactory, key: str, config: Callable[[Path], Path],
+            expect: dict[str, dict[str, int]], *, serving: Callable[[dict[str, Any]], bool] = one_deployment,
+            fresh: bool = False, before: Callable[[], object] | None = None, timeout: float = 240) -> Supervisor:
+        """The daemon SERVING the config `config(dir)` writes (known by `key`), verified; the previous test's if
+        it is the same key and verifies (shared_starting_state(expect, serving)), else a fresh reset and
+        bring-up. fresh: a fresh bring-up whatever is
+        there (what the test itself starts from; not a fallback). before: run on the reset testbed before a
+        fresh bring-up's daemon starts (a mess for it to clear, say)."""
+        key = json.dumps([key, expect], sort_keys=True)
+        if self.daemon is not None and not fresh:
+            why = (["another config"] if key != self.key else []) or shared_starting_state(self.daemon, expect, serving)
             if not why:
                 return self.daemon
             self.fresh.append(f"{item.nodeid}: {'; '.join(why)[:600]}")
             print(f"the shared deployment is not reused: {why}; a fresh bring-up")
         self.drop()
         reset_testbed()
+        if before is not None:
+            before()
         tmp = tmp_factory.mktemp("shared")
-        d = self.daemon = Supervisor(write_config(tmp, patch, deployment=deployment), tmp, "shared")
+        d = self.daemon = Supervisor(config(tmp), tmp, "shared")
         self.key = key
-        d.wait_phase("SERVING", 240)
-        why = shared_starting_state(d, owned, ranks)
+        d.wait(serving, timeout, "a fresh bring-up SERVING")
+        why = shared_starting_state(d, expect, serving)
         assert not why, f"a fresh bring-up is not a verified SERVING: {why}"
         return d
+
+    def respawn(self) -> Supervisor:
+        """A new daemon on the shared deployment's config, the shared one from now on (the test stopped the old
+        one: a daemon restart; the next test verifies what it leaves, as always)."""
+        assert self.daemon is not None and self.daemon.proc.poll() is not None, "the shared daemon still runs"
+        old = self.daemon
+        old.stop(signal.SIGKILL)  # its notify socket and log closed (it has exited)
+        self.daemon = Supervisor(old.config, old.tmp, f"shared-{time.monotonic_ns()}")
+        return self.daemon
 
 
 SHARED = SharedDeployment()
@@ -235,17 +271,39 @@ def shared_module(tb: dict[str, str]) -> Iterator[SharedDeployment]:
     SHARED.drop()  # the module's last test is done with it
 
 
+class Shared:
+    """What the `shared` fixture hands a test: shared(patch, deployment, owned=, ranks=) for etc/testbed.toml
+    patched so (one deployment: `owned` node -> its container, `ranks` node -> its serves); shared.config(key,
+    config, expect, ...) for a config of the test's own making (SharedDeployment.get); shared.respawn() for a
+    daemon restarted on it."""
+
+    def __init__(self, request: pytest.FixtureRequest, deployment: SharedDeployment,
+                 tmp_factory: pytest.TempPathFactory) -> None:
+        self.request, self.deployment, self.tmp_factory = request, deployment, tmp_factory
+
+    def __call__(self, patch: dict[str, Any] | None = None, deployment: dict[str, Any] | None = None, *,
+                 owned: dict[str, str] = OWNED, ranks: dict[str, int] = RANKS) -> Supervisor:
+        return self.config(json.dumps([patch, deployment], sort_keys=True),
+                           lambda tmp: write_config(tmp, patch, deployment=deployment), expected(owned, ranks))
+
+    def config(self, key: str, config: Callable[[Path], Path], expect: dict[str, dict[str, int]], *,
+               serving: Callable[[dict[str, Any]], bool] = one_deployment, fresh: bool = False,
+               before: Callable[[], object] | None = None, timeout: float = 240) -> Supervisor:
+        return self.deployment.get(self.request.node, self.tmp_factory, key, config, expect, serving=serving,
+                                   fresh=fresh, before=before, timeout=timeout)
+
+    def respawn(self) -> Supervisor:
+        return self.deployment.respawn()
+
+
 @pytest.fixture
 def shared(request: pytest.FixtureRequest, shared_module: SharedDeployment,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Supervisor]]:
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
     """shared(patch, deployment, owned=, ranks=): a daemon SERVING etc/testbed.toml patched so, verified
     (shared_starting_state), the same one as the previous test's if that test passed, asked for the same and
     left it verified; otherwise a fresh reset and bring-up. After a test that failed it is dropped at once.
     Events, repairs and budget are the daemon's since its start: a test counts from its own start."""
-    def get(patch: dict[str, Any] | None = None, deployment: dict[str, Any] | None = None, *,
-            owned: dict[str, str] = OWNED, ranks: dict[str, int] = RANKS) -> Supervisor:
-        return shared_module.get(request.node, tmp_path_factory, patch, deployment, owned, ranks)
-    yield get
+    yield Shared(request, shared_module, tmp_path_factory)
     reports = request.node.stash.get(REPORTS, {})
     if any(r.failed for r in reports.values()) or "call" not in reports:
         shared_module.drop()

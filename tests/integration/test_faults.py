@@ -1,12 +1,12 @@
 """The fault matrix on the real testbed: one test per fault, each asserting detection, the repair chosen
 (by its log event), SERVING again, no orphan or duplicate containers or serves, and the budget.
 
-Every test starts from a verified SERVING deployment: the fault tests from the one the previous test left
-(conftest's `shared`: its starting state verified first, exactly our containers and one serve, nothing
-armed or stopped, the GPUs idle; after a failure, or a verification that fails, a fresh reset and
-bring-up), the two that change the config from their own (`serving_daemon`: a clean testbed, a fresh
-daemon); a failure cannot cascade into the next test. Each counts detection, repairs and events from its
-own start (Fault). Each accepts every reason the planner can legitimately give
+Every test starts from a verified SERVING deployment, the one the previous test left (conftest's `shared`:
+its starting state verified first, exactly our containers and one serve, nothing armed or stopped, the GPUs
+idle, no reload pending or failed; after a failure, or a verification that fails, a fresh reset and
+bring-up); a failure cannot cascade into the next test. The two that change the config put it back and
+read it again before they end. Each counts detection, repairs and events from its own start (Fault). Each
+accepts every reason the planner can legitimately give
 for its fault (spark_supervisor/plan/). The budget is large so that the tests can count repairs exactly;
 the budget's limit itself is unit-tested.
 """
@@ -54,12 +54,6 @@ NODE_UNREACHABLE = ("ObservationUnknown: spark-2: ", "ObservationUnknown: node s
 def daemon(shared: Callable[..., Supervisor]) -> Supervisor:
     """A verified SERVING deployment, shared with the previous fault test if it passed (conftest.shared)."""
     return shared(PATCH)
-
-
-@pytest.fixture
-def own_daemon(serving_daemon: Supervisor) -> Supervisor:
-    """A verified SERVING deployment of its own, for a test that changes the config (conftest.serving_daemon)."""
-    return serving_daemon
 
 
 def assert_clean_serving(d: Supervisor, since: float = 0.0) -> dict[str, Any]:
@@ -219,8 +213,7 @@ def test_gpu_memory_held_by_an_orphan_after_cleanup_is_waited_for(daemon: Superv
     assert f.repairs_used() == 1
 
 
-def test_a_deterministic_serve_failure_is_failed_without_burning_the_budget(own_daemon: Supervisor) -> None:
-    daemon = own_daemon
+def test_a_deterministic_serve_failure_is_failed_without_burning_the_budget(daemon: Supervisor) -> None:
     f = Fault(daemon)
     good = daemon.config.read_text()
     # Rollback off: a switched-to spec that fails is otherwise put back on the spec that served (issue 22;
@@ -240,10 +233,11 @@ def test_a_deterministic_serve_failure_is_failed_without_burning_the_budget(own_
     os.kill(daemon.proc.pid, signal.SIGHUP)  # a config change re-arms
     assert_clean_serving(daemon, f.at)
     assert f.new_events("reconcile.rearmed")
+    for node in testbed.NODES:  # the nodes' memory as the testbed has it (the daemon dropped their page caches)
+        testbed.write_gpu(node)
 
 
-def test_a_broken_config_during_a_repair_keeps_the_old_one_and_the_repair_goes_on(own_daemon: Supervisor) -> None:
-    daemon = own_daemon
+def test_a_broken_config_during_a_repair_keeps_the_old_one_and_the_repair_goes_on(daemon: Supervisor) -> None:
     f = Fault(daemon)
     good = daemon.config.read_text()
 
@@ -260,3 +254,5 @@ def test_a_broken_config_during_a_repair_keeps_the_old_one_and_the_repair_goes_o
     finally:
         daemon.config.write_text(good)
     assert f.repairs_used() == 1
+    os.kill(daemon.proc.pid, signal.SIGHUP)  # the file put back: its error goes
+    daemon.wait(lambda s: s.get("reload") is None, 60, "the config's error cleared")

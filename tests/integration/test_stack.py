@@ -1,21 +1,26 @@
 """A whole stack on three nodes, as in the runbook: the LLM tensor-parallel over Ray on spark-1 and spark-2,
 an embeddings model on spark-3 (started after the LLM answers) and a reranker on spark-2 beside the LLM's
 Ray worker (not required for READY), each probed with a real request of its kind (a chat completion, an
-embedding, a rerank). Each is healed on its own: a fault in one never touches another."""
+embedding, a rerank). Each is healed on its own: a fault in one never touches another.
+
+One bring-up of the stack, its embeddings deployment the real vLLM server, shared by the module (conftest's
+`shared`): each test verifies its starting state first (3/3 SERVING with nothing unseen, exactly the stack's
+containers, one serve each, nothing armed or stopped) and a test after a failed one gets a fresh bring-up."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+import tomllib
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+import tomli_w
 
 from spark_testbed import realvllm, testbed
 from spark_testbed.harness import (
-    STACK_MORE,
+    RANKS,
     STACK_OWNED,
     Supervisor,
     containers,
@@ -23,23 +28,28 @@ from spark_testbed.harness import (
     fault_file,
     invariant_violations,
     stack_config,
-    write_config,
 )
+from tests.integration.conftest import Shared
 
 PATCH: dict[str, Any] = {"healing": {"repair_budget": 50}, "supervisor": {"backoff_base": 0.5, "backoff_max": 2}}
 RERANK = "http://127.0.0.3:8002"
 
 
-@pytest.fixture
-def stack(request: pytest.FixtureRequest, clean: None, supervisor: Callable[..., Supervisor],
-          tmp_path: Path) -> Iterator[Supervisor]:
-    """The stack serving; with the marker `real_embed` the embeddings deployment is the real vLLM server."""
+def three_nodes() -> None:
     testbed.up(3)
     testbed.write_gpu("spark-3")
-    real = request.node.get_closest_marker("real_embed") is not None
-    if real and not realvllm.built():
+
+
+@pytest.fixture
+def stack(shared: Shared) -> Iterator[Supervisor]:
+    """The stack serving, its embeddings deployment the real vLLM server (conftest.shared: the previous test's
+    if it passed and its starting state verifies, a fresh bring-up otherwise)."""
+    if not realvllm.built():
         pytest.fail("the real vLLM venv is not built: `make real-vllm` (make test does it)")
-    d = supervisor(stack_config(tmp_path, PATCH, real_embed=real))
+    expect = {node: {name: RANKS[node] if dep == "testbed" else 1 for name, dep in mine.items()}
+              for node, mine in STACK_OWNED.items()}
+    d = shared.config("stack, the real embed", lambda tmp: stack_config(tmp, PATCH, real_embed=True), expect,
+                      serving=all_serving, before=three_nodes)
     verify(d)
     yield d
     for name in ("embed", "rerank"):
@@ -53,6 +63,13 @@ def by_name(st: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def ids() -> dict[str, str]:
     """container -> id, for every container on the three nodes."""
     return {name: c["id"] for node in STACK_OWNED for name, c in containers(node).items()}
+
+
+def all_serving(s: dict[str, Any]) -> bool:
+    """3/3 SERVING with nothing unseen and no reload pending (a starting state)."""
+    return s.get("summary") == "SERVING 3/3 deployments" and s.get("reload") is None and all(
+        x["phase"] == "SERVING" and not x["reason"].startswith("ObservationUnknown") and not x.get("unknown")
+        for x in s["deployments"])
 
 
 def verify(d: Supervisor, since: float = 0.0, repaired: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -145,11 +162,16 @@ def test_the_stack_serves_and_each_fault_is_healed_in_its_own_deployment_only(st
     assert not d.repairs(t) and ids() == before, "a node that could not be seen is not a node lost"
 
 
-def test_a_deployment_removed_by_reload_is_torn_down_and_one_added_starts(stack: Supervisor, tmp_path: Path) -> None:
+@pytest.mark.real_embed
+def test_a_deployment_removed_by_reload_is_torn_down_and_one_added_starts(stack: Supervisor) -> None:
     import signal
     d = stack
+    t0 = time.time()  # the deployment may be the previous test's: repairs and events counted from here
     before = ids()
-    write_config(tmp_path, PATCH, deployment={"nodes": ["spark-1", "spark-2"]}, nodes=3, more=STACK_MORE[:1])
+    stack_file = d.config.read_text()
+    doc = tomllib.loads(stack_file)
+    doc["deployments"] = [x for x in doc["deployments"] if x["name"] != "rerank"]  # the stack without rerank
+    d.config.write_text(tomli_w.dumps(doc))
     d.proc.send_signal(signal.SIGHUP)
     d.wait(lambda s: [x["deployment"]["name"] for x in s["deployments"]] == ["testbed", "embed"]
            and "rerank-vllm-spark-2" not in containers("spark-2"), 60, "rerank torn down")
@@ -158,10 +180,11 @@ def test_a_deployment_removed_by_reload_is_torn_down_and_one_added_starts(stack:
     # (its PID is in a configured deployment's container), where a stranger's would hold it back.
     llm = testbed.container_pid("spark-2", "testbed-ray-spark-2")
     testbed.write_gpu("spark-2", [{"pid": llm, "name": "/usr/bin/python3", "used_mib": 60000, "type": "C"}])
-    stack_config(tmp_path, PATCH)
+    d.config.write_text(stack_file)  # the stack again: rerank added
     d.proc.send_signal(signal.SIGHUP)
     verify(d)
     after = ids()
     assert all(after[k] == v for k, v in before.items() if k != "rerank-vllm-spark-2"), "the others were touched"
-    assert not d.repairs(), "nothing was repaired"
-    assert not [e for e in d.events("phase.changed") if e.get("reason_kind") == "WaitingForGpuMemory"]
+    assert not d.repairs(t0), "nothing was repaired"
+    assert not [e for e in d.events("phase.changed")
+                if e.get("reason_kind") == "WaitingForGpuMemory" and event_time(e) >= t0]
