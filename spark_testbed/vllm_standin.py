@@ -999,6 +999,11 @@ class Api(BaseHTTPRequestHandler):
         self.connection.settimeout(None)  # a request under way takes as long as it takes, as before
         return super().parse_request()
 
+    def end_headers(self) -> None:
+        if self.close_connection:  # closed after this answer: said, so that no client sends another on it
+            self.send_header("connection", "close")
+        super().end_headers()
+
     def log_error(self, fmt: str, *args: Any) -> None:
         if not (args and isinstance(args[0], TimeoutError)):  # an idle connection closed: not news, as uvicorn
             super().log_error(fmt, *args)
@@ -1175,7 +1180,6 @@ class Api(BaseHTTPRequestHandler):
         if stream_options.include_usage; `data: [DONE]`. Written as the engine makes each token."""
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
-        self.send_header("connection", "close")
         self.end_headers()  # the body ends when the connection closes (the real one: chunked)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": self.served}

@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from spark_supervisor import logscan, probes
@@ -148,3 +149,15 @@ def test_the_connection_is_kept_alive_between_requests_as_the_real_servers_is(st
     assert r.status == 200 and json.loads(r.read())["choices"]
     c.close()
     conn.close()
+
+
+def test_an_answer_after_which_the_connection_closes_says_so(standin: Standin) -> None:
+    """A POST is answered, then its connection closed: the answer says `connection: close`, so that a client
+    keeping connections (httpx's pool, the daemon's deep probe) does not send its next request on a closed one."""
+    s = standin()
+    s.started()
+    with httpx.Client(base_url=f"http://127.0.0.1:{s.port}", timeout=5) as c:
+        r = c.post("/v1/chat/completions", json={"model": "tiny-qwen3", "max_tokens": 4,
+                                                 "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and r.headers.get("connection") == "close"
+        assert c.get("/health").headers.get("connection") != "close"  # a GET's connection is kept
