@@ -124,8 +124,11 @@ def _change_key(doc: StatusDoc) -> dict[str, object]:
     running counts and times (their last result stays in; the counts are refreshed every STATUS_REFRESH_S)."""
     def one(d: DeploymentDoc) -> dict[str, object]:
         out = {k: v for k, v in d.items() if k not in ("daemon", "liveness", "deployments")}
-        engine = d["liveness"].get("engine")  # its figures move every tick: only a stall (or not) is news
+        # The engine's times move every tick: news is a stall (or not) and the users' requests, running and
+        # waiting, which an idle engine keeps at 0.
+        engine = d["liveness"].get("engine")
         out["liveness"] = {"health": d["liveness"]["health"]["last"], "deep": d["liveness"]["deep"]["last"],
-                           "stalled": bool(engine and engine["stalled_s"])}
+                           "stalled": bool(engine and engine["stalled_s"]),
+                           "requests": (engine["running"], engine["waiting"]) if engine else None}
         return out
     return {**one(doc), "deployments": [one(d) for d in doc["deployments"]]}

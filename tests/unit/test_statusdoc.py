@@ -11,6 +11,7 @@ it cannot see, these tests do:
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import json
 import time
@@ -18,6 +19,7 @@ import typing
 from collections.abc import Sequence
 from pathlib import Path
 from types import NoneType, UnionType
+from typing import Any
 
 import pytest
 
@@ -343,3 +345,22 @@ def test_a_memory_figure_the_node_did_not_report_is_shown_unknown(capsys: pytest
                                                "cached_mib": None}
     status._print_node("spark-1", d["nodes"]["spark-1"])
     assert "memory MiB: free ?, cached ?, available 118000 of 122880," in capsys.readouterr().out
+
+
+def test_the_status_file_is_news_when_the_users_requests_change_not_when_the_engines_times_move() -> None:
+    """reporting._change_key: a request running or waiting more or less is written at once (what the users do
+    shows in `status` within a tick); the times that move every tick wait for the refresh."""
+    from spark_supervisor.loop.reporting import _change_key
+
+    def with_engine(**kw: Any) -> Any:
+        doc = copy.deepcopy(full_document())
+        e: Any = {"read": True, "running": 0, "waiting": 0, "still_s": 0.0, "stalled_s": 0.0, "error": "", **kw}
+        for d in (doc, *doc["deployments"]):
+            d["liveness"]["engine"] = e
+        return _change_key(doc)
+
+    idle = with_engine()
+    assert with_engine(still_s=3.0) == idle
+    assert with_engine(running=2, still_s=0.5) != idle != with_engine(waiting=1)
+    assert with_engine(running=2, still_s=0.5) == with_engine(running=2, still_s=4.5)
+    assert with_engine(stalled_s=21.0) != idle
