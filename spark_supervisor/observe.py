@@ -53,6 +53,8 @@ class NodeAdapters:
 class World:
     """The real adapters for one deployment (rebuilt on reload), on its view (a one-deployment config: its)."""
 
+    KEEP_ALIVE_S = 2.0
+
     def __init__(self, on: DeploymentView | Config, control_dir: str = ""):
         self.view = view = as_view(on)
         cfg, dep = view.cfg, view.dep
@@ -65,7 +67,9 @@ class World:
                                  DockerEngine(n.name, n.docker, timeout=docker_timeout))
             for n in cfg.nodes
         }
-        self.http = httpx.Client(trust_env=False)
+        # A kept connection is not reused after 2 s idle: uvicorn (vLLM's server) closes one after 5 s
+        # (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and a request sent as it closes would read as a failed probe.
+        self.http = httpx.Client(trust_env=False, limits=httpx.Limits(keepalive_expiry=self.KEEP_ALIVE_S))
         self.ray = RayDashboard(self.http, view.dashboard, sup.io_timeout)
         self.api = VllmApi(self.http, view.endpoint, api_key=dep.api_key.get_secret_value(),
                            timeout=view.deadlines.api.seconds)

@@ -146,3 +146,18 @@ def test_an_ssh_engines_transport_wakes_once_a_second_not_ten_times() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_the_ticks_http_client_drops_a_kept_connection_before_the_server_closes_it() -> None:
+    """vLLM's uvicorn closes a kept connection after 5 s idle (the stand-in does as it does): a request sent on
+    one as it closes fails, and would read as a failed probe. The tick's client lets go of it well before."""
+    from spark_supervisor.observe import World
+    from spark_testbed.vllm_standin import Api
+    from tests.helpers import cfg
+
+    assert World.KEEP_ALIVE_S < Api.KEEP_ALIVE_S - 1
+    w = World(cfg())
+    try:
+        assert w.http._transport._pool._keepalive_expiry == World.KEEP_ALIVE_S  # type: ignore[attr-defined]
+    finally:
+        w.close()
