@@ -120,15 +120,17 @@ def _severity(r: Reconciler) -> int:
 
 
 def _change_key(doc: StatusDoc) -> dict[str, object]:
-    """What makes a new status file worth writing at once: all but the daemon's clock and the probes'
-    running counts and times (their last result stays in; the counts are refreshed every STATUS_REFRESH_S)."""
+    """What makes a new status file worth writing at once: all but the daemon's clock, the probes' success
+    counts and times, and the engine's times (refreshed every STATUS_REFRESH_S). A probe's last result and its
+    failures in a row are news; so are the engine read or not (and why), a stall, and the users' requests,
+    running and waiting, which an idle engine keeps at 0."""
     def one(d: DeploymentDoc) -> dict[str, object]:
         out = {k: v for k, v in d.items() if k not in ("daemon", "liveness", "deployments")}
-        # The engine's times move every tick: news is a stall (or not) and the users' requests, running and
-        # waiting, which an idle engine keeps at 0.
-        engine = d["liveness"].get("engine")
-        out["liveness"] = {"health": d["liveness"]["health"]["last"], "deep": d["liveness"]["deep"]["last"],
-                           "stalled": bool(engine and engine["stalled_s"]),
-                           "requests": (engine["running"], engine["waiting"]) if engine else None}
+        live, engine = d["liveness"], d["liveness"].get("engine")
+        out["liveness"] = {
+            "health": (live["health"]["last"], live["health"]["failures"]),
+            "deep": (live["deep"]["last"], live["deep"]["failures"]),
+            "engine": (engine["read"], engine["error"], bool(engine["stalled_s"]), engine["running"],
+                       engine["waiting"]) if engine else None}
         return out
     return {**one(doc), "deployments": [one(d) for d in doc["deployments"]]}

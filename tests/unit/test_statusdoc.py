@@ -364,3 +364,19 @@ def test_the_status_file_is_news_when_the_users_requests_change_not_when_the_eng
     assert with_engine(running=2, still_s=0.5) != idle != with_engine(waiting=1)
     assert with_engine(running=2, still_s=0.5) == with_engine(running=2, still_s=4.5)
     assert with_engine(stalled_s=21.0) != idle
+    assert with_engine(read=False, error="ConnectError") != idle  # the engine no longer read: unknown, news
+
+
+def test_a_probes_failures_in_a_row_are_news_its_successes_are_counted_at_the_refresh() -> None:
+    from spark_supervisor.loop.reporting import _change_key
+
+    def with_health(**kw: Any) -> Any:
+        doc = copy.deepcopy(full_document())
+        for d in (doc, *doc["deployments"]):
+            health: Any = d["liveness"]["health"]
+            health.update(kw)
+        return _change_key(doc)
+
+    base = with_health(failures=0, successes=10, last="success")
+    assert with_health(failures=0, successes=11, last="success") == base
+    assert with_health(failures=1, successes=10, last="success") != base
