@@ -997,10 +997,17 @@ class Api(BaseHTTPRequestHandler):
 
     def parse_request(self) -> bool:
         self.connection.settimeout(None)  # a request under way takes as long as it takes, as before
+        self._connection_said = False
         return super().parse_request()
 
+    def send_header(self, keyword: str, value: str) -> None:
+        if keyword.lower() == "connection":
+            self._connection_said = True
+        super().send_header(keyword, value)
+
     def end_headers(self) -> None:
-        if self.close_connection:  # closed after this answer: said, so that no client sends another on it
+        # Closed after this answer: said (once: send_error says it itself), so that no client sends another on it.
+        if self.close_connection and not getattr(self, "_connection_said", False):
             self.send_header("connection", "close")
         super().end_headers()
 

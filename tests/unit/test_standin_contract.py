@@ -161,3 +161,20 @@ def test_an_answer_after_which_the_connection_closes_says_so(standin: Standin) -
                                                  "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 200 and r.headers.get("connection") == "close"
         assert c.get("/health").headers.get("connection") != "close"  # a GET's connection is kept
+
+
+def test_an_error_answer_says_its_close_once(standin: Standin) -> None:
+    """send_error says `Connection: close` itself: the stand-in does not say it a second time."""
+    import socket
+
+    s = standin()
+    s.started()
+    with socket.create_connection(("127.0.0.1", s.port), timeout=5) as c:
+        c.sendall(b"BREW /health HTTP/1.1\r\nHost: x\r\n\r\n")  # no such method: 501 through send_error
+        head = b""
+        while b"\r\n\r\n" not in head:
+            got = c.recv(4096)
+            assert got, head
+            head += got
+    lines = head.split(b"\r\n\r\n")[0].decode().lower().splitlines()
+    assert lines[0].split()[1] == "501" and [x for x in lines if x.startswith("connection:")] == ["connection: close"]
