@@ -433,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--release-cache", type=Path, default=testbed.DIR / "releases",
                     help="where --beside keeps the release's venv (default: %(default)s)")
     a = ap.parse_args(argv)
+    if a.steps and a.beside is None:
+        ap.error("--steps chooses among --beside's steps: give --beside too")
     testbed.up()
     os.environ.update(testbed.env())
     workdir = testbed.DIR / "bench" / time.strftime("%Y%m%dT%H%M%S")
