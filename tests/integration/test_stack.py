@@ -163,6 +163,7 @@ def test_the_stack_serves_and_each_fault_is_healed_in_its_own_deployment_only(st
 
 
 @pytest.mark.real_embed
+@pytest.mark.timeout(900)  # run alone, or after the first test failed, its set-up is a stack with the real server
 def test_a_deployment_removed_by_reload_is_torn_down_and_one_added_starts(stack: Supervisor) -> None:
     import signal
     d = stack
