@@ -150,6 +150,17 @@ def expected(owned: dict[str, str], ranks: dict[str, int]) -> dict[str, dict[str
     return {node: {name: ranks[node]} for node, name in owned.items()}
 
 
+def settled(s: dict[str, Any]) -> bool:
+    """Nothing carried over that a fresh bring-up does not have, in every deployment: no failures counted or
+    backoff, no probe failing in a row, no user's request in the engine."""
+    for d in s.get("deployments") or [s]:
+        live, engine = d.get("liveness") or {}, (d.get("liveness") or {}).get("engine") or {}
+        if (d.get("failures") or d.get("backoff_until") or (live.get("health") or {}).get("failures")
+                or (live.get("deep") or {}).get("failures") or engine.get("running") or engine.get("waiting")):
+            return False
+    return True
+
+
 def shared_starting_state(d: Supervisor, expect: dict[str, dict[str, int]],
                           serving: Callable[[dict[str, Any]], bool] = one_deployment) -> list[str]:
     """Why the deployment of the shared daemon `d` is not a verified SERVING to start a test from (empty:
@@ -160,7 +171,7 @@ def shared_starting_state(d: Supervisor, expect: dict[str, dict[str, int]],
     if d.proc.poll() is not None:
         return [f"the daemon exited with {d.proc.returncode}"]
     try:  # a passing test leaves SERVING behind; a few ticks for its status to say so
-        d.wait(serving, 30, "SERVING, nothing unknown")
+        d.wait(lambda s: serving(s) and settled(s), 30, "SERVING, nothing unknown, nothing carried over")
     except AssertionError as e:
         return [str(e).splitlines()[0][:300]]
     nodes = sorted(set(testbed.NODES) | set(expect))
@@ -199,6 +210,7 @@ class SharedDeployment:
     def __init__(self) -> None:
         self.daemon: Supervisor | None = None
         self.key = ""
+        self.config, self.config_hash = b"", ""  # what the daemon was brought up on: its file, and as it said
         self.fresh: list[str] = []  # the fallbacks to a fresh bring-up, for the summary
 
     def drop(self) -> None:
@@ -220,7 +232,8 @@ class SharedDeployment:
         fresh bring-up's daemon starts (a mess for it to clear, say)."""
         key = json.dumps([key, expect], sort_keys=True)
         if self.daemon is not None and not fresh:
-            why = (["another config"] if key != self.key else []) or shared_starting_state(self.daemon, expect, serving)
+            why = (["another config"] if key != self.key else []) or self.drifted() or shared_starting_state(
+                self.daemon, expect, serving)
             if not why:
                 return self.daemon
             self.fresh.append(f"{item.nodeid}: {'; '.join(why)[:600]}")
@@ -231,11 +244,20 @@ class SharedDeployment:
             before()
         tmp = tmp_factory.mktemp("shared")
         d = self.daemon = Supervisor(config(tmp), tmp, "shared")
-        self.key = key
-        d.wait(serving, timeout, "a fresh bring-up SERVING")
+        self.key, self.config = key, d.config.read_bytes()
+        self.config_hash = str(d.wait(serving, timeout, "a fresh bring-up SERVING")["config"]["hash"])
         why = shared_starting_state(d, expect, serving)
         assert not why, f"a fresh bring-up is not a verified SERVING: {why}"
         return d
+
+    def drifted(self) -> list[str]:
+        """Why the shared daemon no longer runs the config it was brought up on (a test that changed it and did
+        not put it back, or put the file back without the daemon reloading it)."""
+        assert self.daemon is not None
+        if self.daemon.config.read_bytes() != self.config:
+            return ["its config file was changed and not put back"]
+        hash_now = str(((self.daemon.status() or {}).get("config") or {}).get("hash"))
+        return [] if hash_now == self.config_hash else [f"it runs config {hash_now}, brought up on {self.config_hash}"]
 
     def respawn(self) -> Supervisor:
         """A new daemon on the shared deployment's config, the shared one from now on (the test stopped the old
