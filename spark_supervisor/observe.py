@@ -67,8 +67,7 @@ class World:
                                  DockerEngine(n.name, n.docker, timeout=docker_timeout))
             for n in cfg.nodes
         }
-        # A kept connection is not reused after 2 s idle: uvicorn (vLLM's server) closes one after 5 s
-        # (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and a request sent as it closes would read as a failed probe.
+        # Let go of a kept connection before vLLM's uvicorn closes it (5 s): a request then would fail a probe.
         self.http = httpx.Client(trust_env=False, limits=httpx.Limits(keepalive_expiry=self.KEEP_ALIVE_S))
         self.ray = RayDashboard(self.http, view.dashboard, sup.io_timeout)
         self.api = VllmApi(self.http, view.endpoint, api_key=dep.api_key.get_secret_value(),
