@@ -151,11 +151,12 @@ def expected(owned: dict[str, str], ranks: dict[str, int]) -> dict[str, dict[str
 
 
 def settled(s: dict[str, Any]) -> bool:
-    """Nothing carried over that a fresh bring-up does not have, in every deployment: no failures counted or
-    backoff, no probe failing in a row, no user's request in the engine."""
+    """Nothing carried over that a fresh bring-up does not have, in every deployment: no failures counted, no
+    probe failing in a row, no user's request in the engine. (Not backoff_until: SERVING keeps the last one,
+    as a fresh bring-up that once backed off does.)"""
     for d in s.get("deployments") or [s]:
         live, engine = d.get("liveness") or {}, (d.get("liveness") or {}).get("engine") or {}
-        if (d.get("failures") or d.get("backoff_until") or (live.get("health") or {}).get("failures")
+        if (d.get("failures") or (live.get("health") or {}).get("failures")
                 or (live.get("deep") or {}).get("failures") or engine.get("running") or engine.get("waiting")):
             return False
     return True
