@@ -12,7 +12,7 @@ import sys
 import threading
 import tomllib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -240,21 +240,29 @@ def serve_processes(node: str = "spark-1", container: str = "") -> int:
     return len(serve_pids(node, container))
 
 
+def container_violations(expect: dict[str, dict[str, int]], nodes: Iterable[str] | None = None) -> list[str]:
+    """Where the containers differ from ``expect`` (node -> {container: its serve processes}), on each of
+    ``nodes`` (default: expect's): exactly expect's containers there, running, each with its serve processes;
+    none on a node expect does not name."""
+    out = []
+    for node in expect if nodes is None else nodes:
+        now, mine = containers(node), expect.get(node, {})
+        if {name: c["state"] for name, c in now.items()} != dict.fromkeys(mine, "running"):
+            out.append(f"{node}: containers {({name: c['state'] for name, c in now.items()})}, "
+                       f"expected {f'only {sorted(mine)} running' if mine else 'none'}")
+            continue
+        for name, serves in mine.items():
+            if (n := serve_processes(node, name)) != serves:
+                out.append(f"{node}: {n} serve processes in {name}, expected {serves}")
+    return out
+
+
 def invariant_violations(owned: dict[str, dict[str, str]] | None = None) -> list[str]:
     """What must never be true after a repair: foreign or duplicate containers, two serves or none.
     owned: node -> {container: deployment} (default: the testbed's one deployment; STACK_OWNED)."""
     owned = owned or {n: {c: "testbed"} for n, c in OWNED.items()}
-    out = []
-    for node, mine in owned.items():
-        now = containers(node)
-        if set(now) != set(mine):
-            out.append(f"{node}: containers {sorted(now)}")
-            continue
-        for container, dep in mine.items():
-            want = RANKS[node] if dep == "testbed" else 1
-            if (n := serve_processes(node, container)) != want:
-                out.append(f"{node}: {n} serve processes in {container}")
-    return out
+    return container_violations({node: {c: RANKS[node] if dep == "testbed" else 1 for c, dep in mine.items()}
+                                 for node, mine in owned.items()})
 
 
 # The runbook's stack on three nodes (tests/integration/test_stack.py, `make chaos`): the LLM (the testbed's

@@ -35,7 +35,7 @@ from spark_testbed.harness import (
     OWNED,
     RANKS,
     Supervisor,
-    serve_processes,
+    container_violations,
     verify_serving,
     write_config,
 )
@@ -94,8 +94,6 @@ def supervisor(clean: None, tmp_path: Path) -> Iterator[Callable[..., Supervisor
         return s
     yield start
     for s in started:
-        if s.proc.poll() is None:
-            s.proc.kill()
         s.stop(signal.SIGKILL)
 
 
@@ -179,16 +177,7 @@ def shared_starting_state(d: Supervisor, expect: dict[str, dict[str, int]],
     out = []
     out += [f"{node}: sshd not running" for node in nodes if node != next(iter(testbed.NODES))  # the head: none
             if not testbed._alive(testbed._ssh_dir(node) / "sshd.pid")]
-    for node in testbed.running_nodes():  # a node the deployment does not use has no container at all
-        now = testbed.docker(node, "ps", "-a", "--format", "{{json .}}").stdout.decode()
-        rows = {r["Names"]: r["State"] for r in map(json.loads, filter(str.strip, now.splitlines()))}
-        mine = expect.get(node, {})
-        if rows != dict.fromkeys(mine, "running"):
-            out.append(f"{node}: containers {rows}, expected {f'only {sorted(mine)} running' if mine else 'none'}")
-            continue
-        for name, serves in mine.items():
-            if (n := serve_processes(node, name)) != serves:
-                out.append(f"{node}: {n} serve processes in {name}, expected {serves}")
+    out += container_violations(expect, testbed.running_nodes())  # a node the deployment does not use: none there
     out += [f"serve fault armed: {p}" for p in testbed.DIR.glob("serve-fault*")]
     out += [f"a process a fault stopped: {p.name}" for p in faults.FROZEN.glob("*")] if faults.FROZEN.is_dir() else []
     for node in nodes:
@@ -218,8 +207,6 @@ class SharedDeployment:
         """Its daemon killed and the testbed reset: nothing of it left."""
         if self.daemon is not None:
             d, self.daemon, self.key = self.daemon, None, ""
-            if d.proc.poll() is None:
-                d.proc.kill()
             d.stop(signal.SIGKILL)
             reset_testbed()
 
@@ -239,8 +226,10 @@ class SharedDeployment:
                 return self.daemon
             self.fresh.append(f"{item.nodeid}: {'; '.join(why)[:600]}")
             print(f"the shared deployment is not reused: {why}; a fresh bring-up")
-        self.drop()
-        reset_testbed()
+        if self.daemon is not None:
+            self.drop()  # the testbed reset with it
+        else:
+            reset_testbed()
         if before is not None:
             before()
         tmp = tmp_factory.mktemp("shared")
