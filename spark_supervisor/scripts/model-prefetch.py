@@ -125,10 +125,11 @@ try:
     state["state"] = "done"
 except Exception as e:
     state["state"], state["error"] = "failed", f"{type(e).__name__}: {e}"[:300]
-save(True)
 # Kept for the daemon to read the result: until it stops the container (SIGTERM, which PID 1 would otherwise
-# ignore until docker's kill) or, at most, `keep` seconds, so that a forgotten one ends on its own.
+# ignore until docker's kill) or, at most, `keep` seconds, so that a forgotten one ends on its own. Blocked
+# before the result is written: a stop sent the moment it is read ends the wait, not the process by signal.
 import signal
 ends = {signal.SIGTERM, signal.SIGINT}
 signal.pthread_sigmask(signal.SIG_BLOCK, ends)
+save(True)
 signal.sigtimedwait(ends, float(keep))
