@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -54,7 +53,7 @@ class Actor:
         self.world, self.log, self.heartbeat = world, log, heartbeat
         # A transient engine/SSH hiccup is retried within one operation, as the config's [retry] says.
         self._retry = retry_mod.from_config(world.cfg.retry)
-        self._images_lock = threading.Lock()
+        self.models = modelcheck.Kept(world.cfg.supervisor.state_dir)
         self.pins: dict[str, str] = {}  # node -> image ID its repairs start (Status.pinned)
 
     def run(self, action: Action) -> Outcome:
@@ -138,16 +137,13 @@ class Actor:
         """A helper's output (the image could echo its environment) fit for a reason or a log line."""
         return redaction.text(out, self.world.view.secrets)
 
-    IMAGES = "images.json"  # image checks by node, kept for as long as the image's ID and the spec stay the same
-
     def _check(self, a: Any, model_later: bool) -> ImageReport:
         """The image check, and the model check with it unless it may wait for the Ray join (``model_later``
         and the model complete at the node's last check)."""
         report = self._check_image(a)
         if not self.world.view.dep.model.check:
             return report
-        state_dir, key = self.world.cfg.supervisor.state_dir, modelcheck.key(self.world.cfg, self.world.view.dep)
-        if model_later and modelcheck.was_complete(state_dir, a.node.name, key):
+        if model_later and self.models.complete(a.node.name, modelcheck.key(self.world.cfg, self.world.view.dep)):
             return dataclasses.replace(report, model_later=True)
         return dataclasses.replace(report, model=self._check_model(a))
 
@@ -160,8 +156,8 @@ class Actor:
         self._ensure_image(a, spec.image)
         (image_id, digests), key = a.docker.image_ref(spec.image), self.world.view.ray_hash
         state_dir = cfg.supervisor.state_dir
-        kept = statefile.read_json(state_dir, self.IMAGES).get(node)
-        if isinstance(kept, dict) and kept.get("image_id") == image_id and kept.get("key") == key:
+        kept = statefile.read_node(state_dir, node)
+        if kept.get("image_id") == image_id and kept.get("key") == key:
             report = kept_report(kept.get("report"), image_id, digests)
             if report is not None:
                 summary = report.summary(dep.uses_ray)
@@ -178,12 +174,9 @@ class Actor:
                       vllm=report.vllm_version or None, vllm_present=bool(report.vllm_path),
                       python=report.ray_python or report.vllm_python, summary=report.summary(dep.uses_ray))
         try:
-            with self._images_lock:  # the nodes are checked at once
-                kept_all = statefile.read_json(state_dir, self.IMAGES)
-                statefile.write_json(state_dir, self.IMAGES, {**kept_all, node: {
-                    "image_id": image_id, "key": key, "report": dataclasses.asdict(report)}})
+            statefile.update_node(state_dir, node, image_id=image_id, key=key, report=dataclasses.asdict(report))
         except OSError as e:  # only a saving lost: the next start checks again
-            self.log.warning("state.write_failed", file=self.IMAGES, error=str(e))
+            self.log.warning("state.write_failed", file=statefile.NODES, error=str(e))
         return report
 
     def _check_model(self, a: Any) -> ModelReport:
@@ -222,9 +215,9 @@ class Actor:
             raise ActionFailed(Kind.MODEL_CHECK_FAILED, f"{node.name}: {e}") from None
         report = dataclasses.replace(report, prefetched=found is not None, detail=detail)
         try:  # for the next start's CheckImage(model_later=True)
-            modelcheck.keep(cfg.supervisor.state_dir, node.name, key, not report.missing and not report.unchecked)
-        except OSError as e:  # only a saving lost: the next start checks before it starts
-            self.log.warning("state.write_failed", file=modelcheck.KEPT, error=str(e))
+            self.models.note(node.name, key, not report.missing and not report.unchecked)
+        except OSError as e:  # only a saving lost: a restarted daemon checks before it starts
+            self.log.warning("state.write_failed", file=statefile.NODES, error=str(e))
         (self.log.warning if report.missing or report.unchecked else self.log.info)(
             "model.checked", node=node.name, model=dep.serve.model, path=report.path, complete=not report.missing,
             missing=list(report.missing[:10]), missing_count=len(report.missing), files=report.files,

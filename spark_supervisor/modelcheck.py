@@ -65,29 +65,42 @@ def key(cfg: Config, dep: Deployment) -> str:
 
 
 # ------------------------------------------------------------------------------------- what was found
-KEPT = "models.json"  # in the state directory: node -> {key: when its check last found the model complete}
-KEPT_KEYS = 8  # keys kept per node
-_kept_lock = threading.Lock()  # the nodes are checked at once
+class Kept:
+    """What each node's last model check found, by key: the one source the put-off check asks (the actor's
+    CheckImage(model_later=True)). Read from the node's findings in the state directory (statefile.NODES)
+    once per node, then kept here and written back when it changes: a write that failed loses only the
+    saving, and cannot put the check off into a loop of starts."""
 
+    KEYS = 8  # keys kept per node
 
-def was_complete(state_dir: str, node: str, check_key: str) -> bool:
-    """The node's last model check for this key found the model complete."""
-    kept = statefile.read_json(state_dir, KEPT).get(node)
-    return isinstance(kept, dict) and check_key in kept
+    def __init__(self, state_dir: str):
+        self.state_dir = state_dir
+        self._lock = threading.Lock()  # the nodes are checked at once
+        self._nodes: dict[str, dict[str, int]] = {}
 
+    def _of(self, node: str) -> dict[str, int]:
+        if node not in self._nodes:
+            kept = statefile.read_node(self.state_dir, node).get("models")
+            self._nodes[node] = dict(kept) if isinstance(kept, dict) else {}
+        return self._nodes[node]
 
-def keep(state_dir: str, node: str, check_key: str, complete: bool) -> None:
-    """What a check found (complete or not), written only when that changed; OSError when it cannot be."""
-    with _kept_lock:
-        doc = statefile.read_json(state_dir, KEPT)
-        was = doc.get(node)
-        kept: dict[str, Any] = was if isinstance(was, dict) else {}
-        if complete == (check_key in kept):
-            return
-        kept = {k: v for k, v in kept.items() if k != check_key}
-        if complete:
-            kept = dict(list(kept.items())[-(KEPT_KEYS - 1):]) | {check_key: round(time.time())}
-        statefile.write_json(state_dir, KEPT, {**doc, node: kept})
+    def complete(self, node: str, check_key: str) -> bool:
+        """The node's last model check for this key found the model complete."""
+        with self._lock:
+            return check_key in self._of(node)
+
+    def note(self, node: str, check_key: str, complete: bool) -> None:
+        """What a check found (complete or not); written only when that changed. OSError when it cannot be
+        written (it is kept here all the same)."""
+        with self._lock:
+            kept = self._of(node)
+            if complete == (check_key in kept):
+                return
+            kept = {k: v for k, v in kept.items() if k != check_key}
+            if complete:
+                kept = dict(list(kept.items())[-(self.KEYS - 1):]) | {check_key: round(time.time())}
+            self._nodes[node] = kept
+            statefile.update_node(self.state_dir, node, models=kept)
 
 
 # ----------------------------------------------------------------------------------------------- parsing

@@ -11,6 +11,7 @@ import math
 import os
 import secrets
 import stat
+import threading
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -187,6 +188,30 @@ def read_json(state_dir: str, name: str) -> dict[str, Any]:
 
 def write_json(state_dir: str, name: str, doc: Mapping[str, object]) -> None:
     _write_retry(atomic_write)(Path(state_dir) / name, json.dumps(doc, indent=1))
+
+
+# What the checks of each node found, in one file: its image's (by the image's ID and the spec's key, while
+# both stay the same) and its model's (by the model's key: when its last check found it complete).
+NODES = "images.json"
+_nodes_lock = threading.Lock()  # the nodes are checked at once
+
+
+def read_node(state_dir: str, node: str) -> dict[str, Any]:
+    """A node's entry in the findings file ({}: none, or not an object)."""
+    entry = read_json(state_dir, NODES).get(node)
+    return entry if isinstance(entry, dict) else {}
+
+
+def update_node(state_dir: str, node: str, **fields: object) -> None:
+    """Some fields of a node's findings replaced, the others kept (the image's check and the model's are
+    written apart); not written when nothing changed. OSError when it cannot be written."""
+    with _nodes_lock:
+        doc = read_json(state_dir, NODES)
+        entry = doc.get(node)
+        was: dict[str, Any] = entry if isinstance(entry, dict) else {}
+        now = {**was, **fields}
+        if now != was:
+            write_json(state_dir, NODES, {**doc, node: now})
 
 
 PAUSE = "pause.json"  # maintenance mode outlives a restart of the daemon

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .. import logscan, statefile, statusdoc
-from ..act import Actor, kept_report
+from ..act import kept_report
 from ..deployment import DeploymentView
 from ..identity import node_container_name
 from ..model import ImageReport, Observation, Phase, Status
@@ -184,7 +184,7 @@ def checks(view: DeploymentView, st: Status, ids: dict[str, str]) -> dict[str, I
     restarted) the check kept of the very image its container runs (images.json, by image ID), if any."""
     found = dict(st.images)
     missing = [n for n in ids if n not in found]
-    kept = statefile.read_json(view.state_dir, Actor.IMAGES) if missing else {}
+    kept = statefile.read_json(view.state_dir, statefile.NODES) if missing else {}
     for node in missing:
         entry = kept.get(node)
         if isinstance(entry, dict) and entry.get("image_id") == ids[node]:

@@ -20,18 +20,11 @@ def image_gate(st: Status, view: DeploymentView) -> Decision | None:
     if todo:  # part of getting ready to start: no phase of its own (CLEANING stays CLEANING)
         phase = st.phase if st.phase in (Phase.DETECTING, Phase.CLEANING) else Phase.DETECTING
         return Decision(phase, Reason(Kind.CHECKING_IMAGE, f"{dep.ray.image} on {', '.join(todo)}"),
-                        tuple(CheckImage(n, model_later=not _found_missing(st, n)) for n in todo))
+                        tuple(CheckImage(n, model_later=True) for n in todo))
     problem = image_problem(view.cfg, dep, st.images)
     if problem is not None:
         return Decision(Phase.FAILED, Reason(*problem), fatal=True)
     return None
-
-
-def _found_missing(st: Status, node: str) -> bool:
-    """This daemon's last look at the node found the model missing: checked before the next start, whatever
-    models.json says (a write of it that failed must not put the check off into a loop of starts)."""
-    r = st.images.get(node)
-    return r is not None and r.model is not None and bool(r.model.missing)
 
 
 def model_gate(f: Facts, phase: Phase, *, started: bool = False) -> Decision | None:

@@ -363,7 +363,7 @@ def test_a_damaged_image_record_is_checked_again_not_a_crash(tmp_path: Path, kep
     world = SimpleNamespace(cfg=c, view=as_view(c), nodes={node.name: SimpleNamespace(node=node, docker=engine)})
     if isinstance(kept, dict):
         kept = {"image_id": engine.image_id(""), "key": ray_hash(c, c.deployment), **kept}
-    statefile.write_json(str(tmp_path / "state"), Actor.IMAGES, {node.name: kept})
+    statefile.write_json(str(tmp_path / "state"), statefile.NODES, {node.name: kept})
     r = Actor(world, structlog.get_logger())._check_image(world.nodes[node.name])  # type: ignore[arg-type]
     assert isinstance(r, ImageReport) and engine.probes == 1  # checked again, from the image itself
 
@@ -386,7 +386,7 @@ def test_a_sound_image_record_is_still_used(tmp_path: Path) -> None:
     key = ray_hash(c, c.deployment)
     report = ImageReport(node.name, c.deployment.ray.image, key, ray_path="/usr/bin/ray", ray_version="2.49.0",
                          vllm_path="/usr/bin/vllm", vllm_version="0.11.0", dashboard=True)
-    statefile.write_json(str(tmp_path / "state"), Actor.IMAGES, {node.name: {
+    statefile.write_json(str(tmp_path / "state"), statefile.NODES, {node.name: {
         "image_id": engine.image_id(""), "key": key, "report": dataclasses.asdict(report)}})
     world = SimpleNamespace(cfg=c, view=as_view(c), nodes={node.name: SimpleNamespace(node=node, docker=engine)})
     got = Actor(world, structlog.get_logger())._check_image(world.nodes[node.name])  # type: ignore[arg-type]

@@ -420,21 +420,44 @@ def test_a_prefetch_that_would_not_fit_on_the_disk_copies_nothing_and_says_why(t
 def test_the_last_checks_finding_is_kept_per_node_and_key_written_only_when_it_changes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from spark_supervisor import statefile
-    writes = counted(monkeypatch, statefile, "write_json")
     sd = str(tmp_path)
-    assert not modelcheck.was_complete(sd, "spark-1", "k1")
-    modelcheck.keep(sd, "spark-1", "k1", True)
-    modelcheck.keep(sd, "spark-1", "k1", True)  # the same finding again: not written
-    assert modelcheck.was_complete(sd, "spark-1", "k1") and len(writes) == 1
-    assert not modelcheck.was_complete(sd, "spark-2", "k1") and not modelcheck.was_complete(sd, "spark-1", "k2")
-    modelcheck.keep(sd, "spark-1", "k1", False)  # found incomplete since: the next start checks before it starts
-    assert not modelcheck.was_complete(sd, "spark-1", "k1") and len(writes) == 2
+    statefile.update_node(sd, "spark-1", image_id="sha256:i", key="r")  # the image's check, kept beside it
+    writes = counted(monkeypatch, statefile, "write_json")
+    kept = modelcheck.Kept(sd)
+    assert not kept.complete("spark-1", "k1")
+    kept.note("spark-1", "k1", True)
+    kept.note("spark-1", "k1", True)  # the same finding again: not written
+    assert kept.complete("spark-1", "k1") and len(writes) == 1
+    assert not kept.complete("spark-2", "k1") and not kept.complete("spark-1", "k2")
+    assert modelcheck.Kept(sd).complete("spark-1", "k1")  # a restarted daemon reads it
+    assert statefile.read_node(sd, "spark-1")["image_id"] == "sha256:i"  # the image's check kept
+    kept.note("spark-1", "k1", False)  # found incomplete since: the next start checks before it starts
+    assert not kept.complete("spark-1", "k1") and len(writes) == 2
     for i in range(20):
-        modelcheck.keep(sd, "spark-1", f"k{i}", True)
-    kept = json.loads((tmp_path / modelcheck.KEPT).read_text())["spark-1"]
-    assert len(kept) == modelcheck.KEPT_KEYS and "k19" in kept and "k0" not in kept
-    (tmp_path / modelcheck.KEPT).write_text("[not an object")  # damaged: no evidence, checked before the start
-    assert not modelcheck.was_complete(sd, "spark-1", "k19")
+        kept.note("spark-1", f"k{i}", True)
+    models = statefile.read_node(sd, "spark-1")["models"]
+    assert len(models) == modelcheck.Kept.KEYS and "k19" in models and "k0" not in models
+    (tmp_path / statefile.NODES).write_text("[not an object")  # damaged: no evidence, checked before the start
+    assert not modelcheck.Kept(sd).complete("spark-1", "k19")
+
+
+def test_a_finding_that_could_not_be_written_is_kept_all_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found gone while Ray joined, and the file not writable: the next start checks before it starts, not
+    put off again on the file's word into a loop of starts."""
+    from spark_supervisor import statefile
+    sd = str(tmp_path)
+    modelcheck.Kept(sd).note("spark-2", "k", True)
+    kept = modelcheck.Kept(sd)
+    assert kept.complete("spark-2", "k")
+
+    def full(*_: Any) -> None:
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(statefile, "write_json", full)
+    with pytest.raises(OSError):
+        kept.note("spark-2", "k", False)
+    assert not kept.complete("spark-2", "k")
+    assert modelcheck.Kept(sd).complete("spark-2", "k")  # the file still says so: only a saving lost
 
 
 def test_an_image_check_puts_the_model_check_off_only_when_asked_and_the_last_one_found_it_complete(
@@ -457,7 +480,7 @@ def test_an_image_check_puts_the_model_check_off_only_when_asked_and_the_last_on
     a = actor.world.nodes["spark-2"]
     key = modelcheck.key(c, c.deployment)
     assert actor._check(a, model_later=True).model is not None and made == ["spark-2"]  # no finding kept yet
-    modelcheck.keep(str(tmp_path), "spark-2", key, True)
+    actor.models.note("spark-2", key, True)
     r = actor._check(a, model_later=True)
     assert r.model is None and r.model_later and made == ["spark-2"]
     assert actor._check(a, model_later=False).model is not None and made == ["spark-2", "spark-2"]  # a proof's
@@ -484,8 +507,10 @@ def test_a_start_whose_checks_were_forgotten_checks_before_the_launch() -> None:
     assert d.actions == (CheckImage("spark-1"), CheckImage("spark-2")) and d.phase == Phase.STARTING_VLLM
 
 
-def test_a_model_this_daemon_found_missing_is_checked_before_the_next_start_whatever_the_file_says() -> None:
-    st = later(**{"spark-2": missing("spark-2")})  # found gone while Ray joined; models.json may not say so
+def test_every_start_asks_for_the_model_check_to_wait_and_the_actor_decides() -> None:
+    """The planner lets every start's image check put the model check off; the actor alone decides, on what
+    each node's last check found (modelcheck.Kept): a model found gone while Ray joined is checked first."""
+    st = later(**{"spark-2": missing("spark-2")})  # found gone while Ray joined
     st.starts = 1  # the containers went: the next start checks its images again
     d = plan(obs(C), st, C, 100)
-    assert d.actions == (CheckImage("spark-1", model_later=True), CheckImage("spark-2", model_later=False))
+    assert d.actions == (CheckImage("spark-1", model_later=True), CheckImage("spark-2", model_later=True))

@@ -111,9 +111,9 @@ def test_the_image_check_keeps_the_id_and_digests_and_checks_a_report_of_an_earl
     assert r.image_id == "sha256:" + "a" * 64 and r.repo_digests == ("vllm/vllm-openai@sha256:" + "d" * 64,)
     assert r.torch_version == "2.9.0" and engine.probes == 1
     assert actor._check_image(world.nodes[node.name]) == r and engine.probes == 1  # kept, by its ID
-    kept = statefile.read_json(str(tmp_path / "state"), Actor.IMAGES)
+    kept = statefile.read_json(str(tmp_path / "state"), statefile.NODES)
     del kept[node.name]["report"]["torch_version"]  # what an earlier version kept: it did not read torch
-    statefile.write_json(str(tmp_path / "state"), Actor.IMAGES, kept)
+    statefile.write_json(str(tmp_path / "state"), statefile.NODES, kept)
     assert actor._check_image(world.nodes[node.name]) == r and engine.probes == 2  # checked again
 
 
