@@ -11,11 +11,12 @@ from typing import Any
 from . import commands, identity, modelcheck, perf, redaction, statefile
 from . import retry as retry_mod
 from .adapters import AdapterError, NotFoundError
-from .config import Node
+from .config import Deployment, Node
 from .model import (
     Action,
     CheckImage,
     CheckModel,
+    Container,
     DropPageCache,
     ImageReport,
     Kind,
@@ -120,11 +121,11 @@ class Actor:
 
     def _stop_units(self, a: Any, units: tuple[str, ...], disable: bool, mask: bool) -> None:
         for unit in units:  # in the configured order
-            self._systemctl(a, "stop", unit)
+            systemctl(a, "stop", unit)
             self.log.info("clean.unit_stopped", node=a.node.name, unit=unit)
             if mask or disable:
                 verb, done = ("mask", "masked") if mask else ("disable", "disabled")
-                self._systemctl(a, verb, unit)
+                systemctl(a, verb, unit)
                 self.log.info(f"clean.unit_{done}", node=a.node.name, unit=unit)
 
     def _pinned(self, node: str, spec: commands.ContainerSpec) -> commands.ContainerSpec:
@@ -140,16 +141,21 @@ class Actor:
     def _check(self, a: Any, model_later: bool) -> ImageReport:
         """The image check, and the model check with it unless it may wait for the Ray join (``model_later``
         and the model complete at the node's last check)."""
-        report = self._check_image(a)
-        if not self.world.view.dep.model.check:
+        dep = self.world.view.dep
+        model_due = dep.model.check and not (model_later and self.models.complete(a.node.name,
+                                                                                   modelcheck.key(self.world.cfg, dep)))
+        report = self._check_image(a, with_model=model_due)
+        if not dep.model.check:
             return report
-        if model_later and self.models.complete(a.node.name, modelcheck.key(self.world.cfg, self.world.view.dep)):
+        if not model_due:
             return dataclasses.replace(report, model_later=True)
-        return dataclasses.replace(report, model=self._check_model(a))
+        return report if report.model is not None else dataclasses.replace(report, model=self._check_model(a))
 
-    def _check_image(self, a: Any) -> ImageReport:
+    def _check_image(self, a: Any, *, with_model: bool = False) -> ImageReport:
         """commands.IMAGE_PROBE in a short-lived container of the image on the node; a check already made
-        of this very image (its ID) for this spec is not made again (a reboot does not change the image)."""
+        of this very image (its ID) for this spec is not made again (a reboot does not change the image).
+        with_model: the model check made in the same container (the report's model) when the image is checked
+        afresh and no prefetch is there: a first start, or a new image, saves a container's start."""
         cfg = self.world.cfg
         dep, node = self.world.view.dep, a.node.name
         spec = self._pinned(node, commands.image_probe(cfg, dep, a.node))
@@ -163,11 +169,14 @@ class Actor:
                 summary = report.summary(dep.uses_ray)
                 self.log.info("image.checked", node=node, image=spec.image, kept=True, summary=summary)
                 return report
-        code, out = a.docker.run_once(spec)
-        if code != 0:  # the probe itself always exits 0: the image could not even run sh
-            raise ActionFailed(Kind.IMAGE_CHECK_FAILED, f"{node}: {spec.image} exited {code}: {self._redact(out.strip()[-200:])}",
-                               deterministic=code in (126, 127))  # the image cannot run sh: the case decides
-        report = dataclasses.replace(parse_image_probe(node, spec.image, key, out), image_id=image_id,
+        both = with_model and prefetch_container(a, dep) is None
+        code, out = a.docker.run_once(self._pinned(node, commands.checks_probe(cfg, dep, a.node)) if both else spec)
+        image_code, image_out, model_out = commands.split_checks(code, out) if both else (code, out, "")
+        if image_code != 0:  # the probe itself always exits 0: the image could not even run sh
+            raise ActionFailed(Kind.IMAGE_CHECK_FAILED, f"{node}: {spec.image} exited {image_code}: "
+                               f"{self._redact(image_out.strip()[-200:])}",
+                               deterministic=image_code in (126, 127))  # the image cannot run sh: the case decides
+        report = dataclasses.replace(parse_image_probe(node, spec.image, key, image_out), image_id=image_id,
                                      repo_digests=digests)
         self.log.info("image.checked", node=node, image=spec.image, ray=report.ray_version or None,
                       ray_present=bool(report.ray_path), dashboard=report.dashboard,
@@ -177,7 +186,7 @@ class Actor:
             statefile.update_node(state_dir, node, image_id=image_id, key=key, report=dataclasses.asdict(report))
         except OSError as e:  # only a saving lost: the next start checks again
             self.log.warning("state.write_failed", file=statefile.NODES, error=str(e))
-        return report
+        return dataclasses.replace(report, model=self._model_checked(a, spec.image, code, model_out)) if both else report
 
     def _check_model(self, a: Any) -> ModelReport:
         """modelcheck.PROBE_PY in a short-lived container of the image on the node, every time (files come
@@ -185,18 +194,16 @@ class Actor:
         the node is checked again."""
         cfg = self.world.cfg
         dep, node = self.world.view.dep, a.node
-        key = modelcheck.key(cfg, dep)
-        name = identity.prefetch_name(dep, node)
-        found = next((c for c in a.docker.containers() if c.name == name), None)
+        found = prefetch_container(a, dep)
         detail = ""
         if found is not None:
             p: dict[str, Any] = {}
             if found.running:
-                code, out = a.docker.exec(name, ["cat", modelcheck.PROGRESS], what="prefetch progress")
+                code, out = a.docker.exec(found.name, ["cat", modelcheck.PROGRESS], what="prefetch progress")
                 p = modelcheck.parse_progress(out) if code == 0 else {}
                 if p.get("state", "running") == "running":
                     n = {k: int(p.get(k) or 0) for k in ("files_done", "files_total", "bytes_done", "bytes_total")}
-                    return ModelReport(node.name, dep.serve.model, key, path=str(p.get("target", "")),
+                    return ModelReport(node.name, dep.serve.model, modelcheck.key(cfg, dep), path=str(p.get("target", "")),
                                        prefetch="running", prefetched=True, files_done=n["files_done"],
                                        files_total=n["files_total"], bytes_done=n["bytes_done"],
                                        bytes_total=n["bytes_total"])
@@ -204,17 +211,25 @@ class Actor:
                       f"from {p.get('source')}" if p else f"its container {found.state} without a result")
             (self.log.warning if p.get("error") or not p else self.log.info)(
                 "model.prefetch_ended", node=node.name, state=p.get("state"), detail=detail)
-            a.docker.remove(name)
+            a.docker.remove(found.name)
         spec = self._pinned(node.name, commands.model_probe(cfg, dep, node))
         code, out = a.docker.run_once(spec)
+        return self._model_checked(a, spec.image, code, out, prefetched=found is not None, detail=detail)
+
+    def _model_checked(self, a: Any, image: str, code: int, out: str, *, prefetched: bool = False,
+                       detail: str = "") -> ModelReport:
+        """The model probe's answer judged, kept for the next start's CheckImage(model_later=True), and logged."""
+        cfg = self.world.cfg
+        dep, node = self.world.view.dep, a.node
+        key = modelcheck.key(cfg, dep)
         if code != 0:  # the probe exits 0 whatever it finds: the image could not run it (unknown, not missing)
-            raise ActionFailed(Kind.MODEL_CHECK_FAILED, f"{node.name}: {spec.image} exited {code}: {self._redact(out.strip()[-200:])}")
+            raise ActionFailed(Kind.MODEL_CHECK_FAILED, f"{node.name}: {image} exited {code}: {self._redact(out.strip()[-200:])}")
         try:
             report = modelcheck.judge(node.name, dep.serve.model, key, modelcheck.parse(out))
         except modelcheck.ProbeError as e:
             raise ActionFailed(Kind.MODEL_CHECK_FAILED, f"{node.name}: {e}") from None
-        report = dataclasses.replace(report, prefetched=found is not None, detail=detail)
-        try:  # for the next start's CheckImage(model_later=True)
+        report = dataclasses.replace(report, prefetched=prefetched, detail=detail)
+        try:
             self.models.note(node.name, key, not report.missing and not report.unchecked)
         except OSError as e:  # only a saving lost: a restarted daemon checks before it starts
             self.log.warning("state.write_failed", file=statefile.NODES, error=str(e))
@@ -260,12 +275,6 @@ class Actor:
             raise ActionFailed(Kind.PAGE_CACHE_DROP_FAILED, f"{a.node.name}: helper container exited {code}: {self._redact(out[-200:])} "
                                "(set nodes.drop_caches, or [memory] page_cache = \"never\")")
 
-    def _systemctl(self, a: Any, verb: str, unit: str) -> None:
-        r = a.shell.run(commands.systemctl(verb, [unit]))
-        if r.rc != 0:
-            raise ActionFailed(Kind.SYSTEMCTL_FAILED, f"systemctl {verb} {unit} on {a.node.name}: "
-                               f"{(r.err.strip() or f'exit {r.rc}')[-200:]}")
-
     def _ensure_image(self, a: Any, image: str) -> None:
         if a.docker.has_image(image):
             return
@@ -286,6 +295,19 @@ class Actor:
                               done_mib=done >> 20, total_mib=total >> 20)
         a.docker.pull(image, timeout=timeout, heartbeat=self.heartbeat, progress=progress)
         self.log.info("image.pulled", node=a.node.name, image=image)
+
+
+def prefetch_container(a: Any, dep: Deployment) -> Container | None:
+    """The node's prefetch container, if there is one."""
+    name = identity.prefetch_name(dep, a.node)
+    return next((c for c in a.docker.containers() if c.name == name), None)
+
+
+def systemctl(a: Any, verb: str, unit: str) -> None:
+    r = a.shell.run(commands.systemctl(verb, [unit]))
+    if r.rc != 0:
+        raise ActionFailed(Kind.SYSTEMCTL_FAILED, f"systemctl {verb} {unit} on {a.node.name}: "
+                           f"{(r.err.strip() or f'exit {r.rc}')[-200:]}")
 
 
 def kept_report(kept: Any, image_id: str, digests: tuple[str, ...] | None = None) -> ImageReport | None:

@@ -471,7 +471,7 @@ def test_an_image_check_puts_the_model_check_off_only_when_asked_and_the_last_on
     c = cfg(d)
     actor = Actor(World(c), structlog.get_logger())
     made: list[str] = []
-    actor._check_image = lambda a: images(c)[a.node.name]  # type: ignore[method-assign]
+    actor._check_image = lambda a, **_: images(c)[a.node.name]  # type: ignore[method-assign]
 
     def check_model(a: Any) -> ModelReport:
         made.append(a.node.name)
@@ -514,3 +514,73 @@ def test_every_start_asks_for_the_model_check_to_wait_and_the_actor_decides() ->
     st.starts = 1  # the containers went: the next start checks its images again
     d = plan(obs(C), st, C, 100)
     assert d.actions == (CheckImage("spark-1", model_later=True), CheckImage("spark-2", model_later=True))
+
+
+def test_the_image_and_model_checks_in_one_container_read_as_the_two_apart(tmp_path: Path) -> None:
+    """A first start (or a new image) makes both checks in one container (commands.checks_probe): run here by a
+    real sh, as the container would, its output split (commands.split_checks) reads as the two probes' own."""
+    from spark_supervisor import commands
+    from spark_supervisor.preflight import parse_image_probe
+    d = write_model(tmp_path / "m")
+    dep = config.parse(data(deployments=[{"name": "m", "serve": {"model": str(d), "tensor_parallel_size": 2,
+                                                                 "command": [sys.executable, "-m", "vllm"]},
+                                          "ray": {"command": [str(Path(sys.executable).parent / "ray"), "start"]}}]),
+                       "t.toml", env={}).deployment
+    c = cfg(data(deployments=[{"name": "m", "serve": {"model": str(d), "tensor_parallel_size": 2}}]))
+    env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent"}
+
+    def run(spec: commands.ContainerSpec) -> tuple[int, str]:
+        r = subprocess.run(spec.command, capture_output=True, text=True, timeout=120, env=env)
+        return r.returncode, r.stdout + r.stderr
+    node = c.nodes[1]
+    image_code, image_out = run(commands.image_probe(c, dep, node))
+    model_code, model_out = run(commands.model_probe(c, dep, node))
+    code, out = run(commands.checks_probe(c, dep, node))
+    got_code, got_image, got_model = commands.split_checks(code, out)
+    assert (got_code, code) == (image_code, model_code) == (0, 0), out
+    assert parse_image_probe("n", "i", "k", got_image) == parse_image_probe("n", "i", "k", image_out)
+    assert parse_image_probe("n", "i", "k", got_image).ray_version  # something was read
+    assert modelcheck.parse(got_model) == modelcheck.parse(model_out)
+    assert modelcheck.judge("n", str(d), "k", modelcheck.parse(got_model)).files == 3
+    assert commands.checks_probe(c, dep, node).environment == commands.model_probe(c, dep, node).environment
+    # an image that cannot run the image probe: its code, not the model's; no mark at all: the container's
+    assert commands.split_checks(0, "x\nspark-checks: image exit 127\ny") == (127, "x\n", "y")
+    assert commands.split_checks(126, "sh: not found") == (126, "sh: not found", "")
+
+
+def test_a_first_start_checks_the_image_and_the_model_in_one_container_and_a_later_one_in_none(
+        tmp_path: Path) -> None:
+    """Nothing kept yet (a new state directory, a new image): both checks in one short-lived container. The next
+    start finds the image's check kept by its ID and the model complete at its last check: no container at all
+    before the start (the model is checked while Ray joins). A proof checks the model, in its own container."""
+    import structlog
+
+    from spark_supervisor import commands
+    from spark_supervisor.act import Actor
+    from spark_supervisor.model import ImageReport
+    from tests.fakes import fake_world
+    d = write_model(tmp_path / "m")
+    data_ = data()
+    data_["supervisor"]["state_dir"] = str(tmp_path / "state")
+    data_["deployments"][0]["serve"]["model"] = str(d)
+    c = cfg(data_)
+    model_out = subprocess.run(commands.model_probe(c, c.deployment, c.nodes[1]).command[:4] + [
+        sys.executable, modelcheck.PROBE_PY, *modelcheck.probe_args(c.deployment)], capture_output=True, text=True,
+        timeout=60, env={"PATH": os.environ["PATH"], "HOME": "/nonexistent"}).stdout
+    world, engines, _ = fake_world(c)
+    try:
+        actor, e = Actor(world, structlog.get_logger()), engines["spark-2"]
+        e.once = (0, "ray_path=/usr/bin/ray\nray_version=2.60.0\nray_dashboard=yes\nvllm_path=/usr/bin/vllm\n"
+                     "vllm_version=0.33.0\n" + commands.CHECKS_MARK + "0\n" + model_out)
+        r = actor.run(CheckImage("spark-2", model_later=True))
+        assert isinstance(r, ImageReport) and r.ray_version == "2.60.0" and r.model is not None
+        assert r.model.files == 3 and not r.model.missing and not r.model_later
+        assert [s.command[2] for s in e.ran_once] == [commands.CHECKS]  # one container, both checks
+        r = actor.run(CheckImage("spark-2", model_later=True))  # the next start
+        assert isinstance(r, ImageReport) and r.model is None and r.model_later and len(e.ran_once) == 1
+        e.once = (0, model_out)
+        r = actor.run(CheckImage("spark-2"))  # a proof's
+        assert isinstance(r, ImageReport) and r.model is not None and r.model.files == 3
+        assert [s.command[2] for s in e.ran_once[1:]] == [modelcheck.RUN_PY]  # the model's own container
+    finally:
+        world.close()
