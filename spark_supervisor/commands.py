@@ -345,8 +345,8 @@ def image_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
 
 
 # The image check and then the model check in one container: $1-$5 the image probe's `sh -c` arguments, the
-# rest the model probe's. Its exit code is said between the two (split_checks).
-CHECKS = 'sh -c "$1" "$2" "$3" "$4" "$5"; echo "spark-checks: image exit $?"; shift 5; exec sh -c "$@"'
+# rest the model probe's. Its exit code is said between the two, on a line of its own (split_checks).
+CHECKS = 'sh -c "$1" "$2" "$3" "$4" "$5"; c=$?; echo; echo "spark-checks: image exit $c"; shift 5; exec sh -c "$@"'
 CHECKS_MARK = "spark-checks: image exit "
 
 

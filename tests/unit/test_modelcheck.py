@@ -584,3 +584,11 @@ def test_a_first_start_checks_the_image_and_the_model_in_one_container_and_a_lat
         assert [s.command[2] for s in e.ran_once[1:]] == [modelcheck.RUN_PY]  # the model's own container
     finally:
         world.close()
+
+
+def test_the_image_probes_exit_is_read_after_output_that_does_not_end_its_line() -> None:
+    from spark_supervisor import commands
+    image = 'printf "ray_path=/r"; exit 3'  # what an image's odd shell could leave: no newline at the end
+    r = subprocess.run(["sh", "-c", commands.CHECKS, "spark-checks", image, "n", "", "", "",
+                        "echo model", "m"], capture_output=True, text=True, timeout=30)
+    assert commands.split_checks(r.returncode, r.stdout) == (3, "ray_path=/r\n", "model\n")
