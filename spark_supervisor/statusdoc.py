@@ -12,8 +12,9 @@ is cast to the TypedDict that mirrors the dataclass (tests/unit/test_statusdoc.p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
-from typing import cast
+from typing import Any, cast
 
 from . import fabric, identity, logscan
 from .config import Config, Node
@@ -54,6 +55,23 @@ EVIDENCE = {
     "ray": "proven on a vLLM stand-in only: vLLM's CPU build has no Ray executor, so without GPUs the "
            "tests cannot run it for real (Ray itself is real there)",
 }
+
+
+@functools.lru_cache(maxsize=512)
+def _fields(fact: Any) -> dict[str, Any]:
+    """dataclasses.asdict of a frozen (hashable) model object, kept: the same facts come back tick after tick (an
+    image's check, a node's GPU and memory, Ray's rows), and asdict's deep copies were a fifth of the daemon's
+    idle CPU with the stack (measured). Shared between documents: as_dict copies it, and nothing changes one."""
+    return dataclasses.asdict(fact)
+
+
+def as_dict(fact: Any) -> dict[str, Any]:
+    """A model object's fields as the document holds them (a fresh top level over the kept _fields; one that
+    holds a list, which cannot be hashed, afresh)."""
+    try:
+        return dict(_fields(fact))
+    except TypeError:
+        return dataclasses.asdict(fact)
 
 
 def backend(view: DeploymentView) -> BackendDoc:
@@ -98,9 +116,9 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
                     for t in st.history],
         "failures": st.failures,
         "backoff_until": iso(st.backoff_until + mono_to_wall) if st.backoff_until else "",
-        "verdict": cast(VerdictDoc, dataclasses.asdict(st.verdict)) if st.verdict else None,
-        "liveness": {"health": cast(TrackerDoc, dataclasses.asdict(st.health)),
-                     "deep": cast(TrackerDoc, dataclasses.asdict(st.deep)), "engine": engine(st.heartbeat, now_mono)},
+        "verdict": cast(VerdictDoc, as_dict(st.verdict)) if st.verdict else None,
+        "liveness": {"health": cast(TrackerDoc, as_dict(st.health)),
+                     "deep": cast(TrackerDoc, as_dict(st.deep)), "engine": engine(st.heartbeat, now_mono)},
         "repairs": {"in_window": st.repairs_in_window, "budget": cfg.healing.repair_budget,
                     "window_s": cfg.healing.repair_window},
         "unknown": {what: {"since_s": max(0.0, round(now_mono - since, 1)), "ticks": st.unknown_counts.get(what, 0)}
@@ -109,7 +127,7 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
         "kv_cache": {"tokens": st.kv_cache.tokens, "best": st.kv_cache.best, "warning": st.kv_cache.warning}
                     if st.kv_cache is not None else None,
         "performance": perf(st.perf, mono_to_wall),
-        "load_limits": cast(LoadLimitsDoc, dataclasses.asdict(st.load_limits)) if st.load_limits else None,
+        "load_limits": cast(LoadLimitsDoc, as_dict(st.load_limits)) if st.load_limits else None,
         "transports": [{"rank": t.rank, "node": m.name if (m := fabric.member(view, t)) else "",
                         "net": t.net, "detail": t.detail} for t in st.transports],
         "state_problems": list(state_problems),
@@ -142,8 +160,8 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
             entry["probe_errors"] = list(o.probe_errors)
             entry["containers"] = [{"name": c.name, "state": c.state, "image": c.image}
                                    for c in o.containers if identity.labelled_for(c, dep)]
-            entry["gpu"] = cast(GpuDoc, dataclasses.asdict(o.gpu)) if o.gpu else None
-            entry["memory"] = cast(MemoryDoc, dataclasses.asdict(o.memory)) if o.memory else None
+            entry["gpu"] = cast(GpuDoc, as_dict(o.gpu)) if o.gpu else None
+            entry["memory"] = cast(MemoryDoc, as_dict(o.memory)) if o.memory else None
         if n.name in {m.name for m in view.members}:
             entry["gpu_lost"] = st.gpu_lost.get(n.name, "")
             h = st.hosts.get(n.name)
@@ -152,17 +170,17 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
     if obs and obs.ray:
         doc["ray"] = {"reachable": obs.ray.reachable, "error": obs.ray.error, "via": obs.ray.via,
                       "nodes_alive": len(obs.ray.alive), "gpus": obs.ray.gpus,
-                      "nodes": [cast(RayNodeDoc, dataclasses.asdict(r)) for r in obs.ray.nodes]}
+                      "nodes": [cast(RayNodeDoc, as_dict(r)) for r in obs.ray.nodes]}
     if obs and obs.serve and obs.serve.log_tail:
         p = read if read is not None else logscan.scan(obs.serve.log_tail)
         steps = logscan.timeline(obs.serve.log_tail)
         doc["load"] = {"version": p.version, "milestone": p.milestone, "kv_cache_tokens": p.kv_cache_tokens,
-                       "timeline": [cast(StepDoc, dataclasses.asdict(x)) for x in steps]}
+                       "timeline": [cast(StepDoc, as_dict(x)) for x in steps]}
     if obs and obs.serve:
         s = obs.serve
         serve: ServeDoc = {"pid": s.pid, "running": s.running, "exit_code": s.exit_code,
                            "started_at": s.started_at, "spec_hash": s.spec_hash,
-                           "endpoint": cast(EndpointDoc, dataclasses.asdict(obs.endpoint)) if obs.endpoint else None}
+                           "endpoint": cast(EndpointDoc, as_dict(obs.endpoint)) if obs.endpoint else None}
         if obs.followers:  # mp across nodes: the headless ranks
             serve["ranks"] = {node: None if f is None else {
                 "pid": f.pid, "running": f.running, "exit_code": f.exit_code, "started_at": f.started_at,
@@ -174,21 +192,21 @@ def document(st: Status, obs: Observation | None, on: DeploymentView | Config, c
 def _host(node: Node, h: HostFacts, at_serving: str) -> HostDoc:
     link = fabric.fabric_link(node, h)
     return {"boot_id": h.boot_id, "boot_id_at_serving": at_serving, "machine_id": h.machine_id,
-            "link": cast(LinkDoc, dataclasses.asdict(link)) if link is not None else None,
+            "link": cast(LinkDoc, as_dict(link)) if link is not None else None,
             "rdma": [{"device": p.device, "port": p.port, "state": p.state, "rate_gbps": p.rate_gbps,
                       "firmware": p.firmware, "gid_index": p.roce_v2_index(node.fabric_ip)}
                      for p in h.ports_on(node.fabric_interface, node.fabric_ip)]}
 
 
 def _image(image: ImageReport, uses_ray: bool) -> ImageDoc:
-    doc = cast(ImageDoc, {**dataclasses.asdict(image), "summary": image.summary(uses_ray)})
+    doc = cast(ImageDoc, {**as_dict(image), "summary": image.summary(uses_ray)})
     if image.model is not None:  # shown as the node's "model" (_model), not twice
         del doc["model"]
     return doc
 
 
 def _model(model: ModelReport) -> ModelDoc:
-    return cast(ModelDoc, {**dataclasses.asdict(model), "summary": model.summary()})
+    return cast(ModelDoc, {**as_dict(model), "summary": model.summary()})
 
 
 def bringup(st: Status) -> dict[str, float]:
