@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import ssl
 import urllib.parse
 
 import tenacity
@@ -17,10 +18,18 @@ from .health import observed
 from .ray import parse
 
 
+def connection(url: str, timeout: float) -> http.client.HTTPConnection:
+    """A plain http.client connection to the URL's host (HTTPS, verified as httpx does, for an https URL)."""
+    u = urllib.parse.urlsplit(url)
+    if u.scheme == "https":
+        return http.client.HTTPSConnection(u.hostname or "127.0.0.1", u.port or 443, timeout=timeout,
+                                           context=ssl.create_default_context())
+    return http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=timeout)
+
+
 class KeptAlive:
     def __init__(self, url: str, timeout: float):
-        u = urllib.parse.urlsplit(url)
-        self.host, self.port, self.timeout = u.hostname or "127.0.0.1", u.port or 80, timeout
+        self.url, self.timeout = url, timeout
         self.conn: http.client.HTTPConnection | None = None
 
     # A kept-alive connection the server closed: reconnect once, at once (a refused connect stays refused).
@@ -29,7 +38,7 @@ class KeptAlive:
                     stop=tenacity.stop_after_attempt(2), reraise=True)
     def get(self, path: str) -> tuple[int, bytes]:
         if self.conn is None:
-            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            self.conn = connection(self.url, self.timeout)
         try:
             self.conn.request("GET", path)
             r = self.conn.getresponse()

@@ -232,8 +232,12 @@ def test_a_followers_death_is_seen_while_rank_0_still_answers_health() -> None:
 def test_the_engines_heartbeat_is_read_while_its_health_answers_late() -> None:
     """A loaded server answers /health late while its tokens flow: its /metrics is read all the same, once its
     API has listed the model (the heartbeat is what tells the load from a wedge then)."""
+    import http.server
+    import threading
+
     import httpx
 
+    from spark_supervisor.adapters.vllm import VllmApi
     from spark_supervisor.observe import Observer, World
     c = cfg()
     dep = c.deployment
@@ -243,12 +247,23 @@ def test_the_engines_heartbeat_is_read_while_its_health_answers_late() -> None:
     def answer(req: httpx.Request) -> httpx.Response:
         if req.url.path == "/health" and slow["health"]:
             raise httpx.ReadTimeout("slow", request=req)
-        if req.url.path == "/metrics":
-            return httpx.Response(200, text='vllm:num_requests_running{engine="0"} 2\n'
-                                             'vllm:generation_tokens_total{engine="0"} 500\n')
         return httpx.Response(200, json={"data": [{"id": dep.serve.name}]})
+
+    class Metrics(http.server.BaseHTTPRequestHandler):  # /metrics is read with http.client: a real server
+        def do_GET(self) -> None:  # noqa: N802
+            body = b'vllm:num_requests_running{engine="0"} 2\nvllm:generation_tokens_total{engine="0"} 500\n'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+    metrics = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=metrics.serve_forever, daemon=True).start()
     try:
         serving(w, ServingEngine, answer)
+        w.api = VllmApi(w.api.http, f"http://127.0.0.1:{metrics.server_address[1]}", api_key="", timeout=5)
         o = Observer(w)
         first = o.observe(full=False)
         assert first.engine is not None and (first.engine.running, first.engine.generated) == (2, 500)
@@ -258,6 +273,8 @@ def test_the_engines_heartbeat_is_read_while_its_health_answers_late() -> None:
         assert late.engine is not None and late.engine.running == 2, "the heartbeat read all the same"
     finally:
         w.close()
+        metrics.shutdown()
+        metrics.server_close()
 
 
 def test_the_endpoint_is_asked_before_the_serves_log_is_read() -> None:

@@ -232,7 +232,7 @@ def test_after_a_failure_the_next_call_connects_again(refused_url: str, server: 
         k.get("/health")
     assert k.conn is None  # the failed connection is dropped, not reused
     server.answers["/health"] = (200, b"ok")
-    k.host, k.port = "127.0.0.1", server.server_address[1]
+    k.url = server.url
     try:
         assert k.get("/health") == (200, b"ok")
     finally:
@@ -251,3 +251,27 @@ def test_close_ends_the_kept_connections(server: Server) -> None:
     p.close()
     assert p.api.conn.sock is None and p.ray.conn.sock is None
     QuickProbe("", server.url).close()  # a probe that never connected closes too
+
+
+def test_an_https_endpoint_gets_a_verified_tls_connection_and_a_plain_one_does_not() -> None:
+    """vLLM may serve TLS (--ssl-keyfile): the quick checks and /metrics must then speak it, as httpx does."""
+    import ssl
+
+    from spark_supervisor.adapters.quick import connection
+    tls = connection("https://spark-1:8443", 1)
+    assert isinstance(tls, http.client.HTTPSConnection) and (tls.host, tls.port) == ("spark-1", 8443)
+    assert tls._context.verify_mode == ssl.CERT_REQUIRED  # type: ignore[attr-defined]
+    plain = connection("http://127.0.0.2:8000", 1)
+    assert not isinstance(plain, http.client.HTTPSConnection) and (plain.host, plain.port) == ("127.0.0.2", 8000)
+
+
+def test_metrics_past_the_bound_are_refused_and_the_heartbeat_read_from_a_real_page(server: Server) -> None:
+    from spark_supervisor.adapters import vllm
+    api = vllm.VllmApi(None, server.url, api_key="k", timeout=5)  # type: ignore[arg-type]  # no httpx for /metrics
+    server.answers["/metrics"] = (200, b'vllm:num_requests_running{engine="0"} 1\nvllm:generation_tokens_total 9\n')
+    e = api.engine()
+    assert (e.running, e.generated, e.error) == (1, 9, "")
+    server.answers["/metrics"] = (200, b"#" * (vllm.MAX_METRICS_BYTES + 10))
+    assert api.engine().error == "/metrics: more than 4 MiB"
+    server.answers["/metrics"] = (503, b"")
+    assert api.engine().error == "/metrics answered HTTP 503"
