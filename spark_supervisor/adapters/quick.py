@@ -18,6 +18,11 @@ from .health import observed
 from .ray import parse
 
 
+def path(url: str, to: str) -> str:
+    """``to`` under the URL's own path (an endpoint behind a prefix keeps it)."""
+    return urllib.parse.urlsplit(url).path.rstrip("/") + to
+
+
 def connection(url: str, timeout: float) -> http.client.HTTPConnection:
     """A plain http.client connection to the URL's host (HTTPS, verified as httpx does, for an https URL)."""
     u = urllib.parse.urlsplit(url)
@@ -36,11 +41,11 @@ class KeptAlive:
     @tenacity.retry(retry=tenacity.retry_if_exception_type((http.client.RemoteDisconnected, BrokenPipeError,
                                                             ConnectionResetError)),
                     stop=tenacity.stop_after_attempt(2), reraise=True)
-    def get(self, path: str) -> tuple[int, bytes]:
+    def get(self, to: str) -> tuple[int, bytes]:
         if self.conn is None:
             self.conn = connection(self.url, self.timeout)
         try:
-            self.conn.request("GET", path)
+            self.conn.request("GET", path(self.url, to))
             r = self.conn.getresponse()
             return r.status, r.read()
         except (OSError, http.client.HTTPException):

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..model import EndpointObservation, EndpointState, EngineStats, Verdict
 from ..probes import chat_request, judge, sanity_request
 from .health import observed
-from .quick import connection
+from .quick import connection, path
 
 # The heartbeat's samples (vLLM's v1 metrics, wire-formats.md §1.6) -> EngineStats' fields. vLLM's page (written by
 # prometheus_client) types a counter under its sample's name, "…_total"; another writer may type the family.
@@ -119,7 +119,7 @@ class VllmApi:
         sweep comes after uvicorn has closed any connection kept since the last (5 s)."""
         conn = connection(self.url, self.timeout)
         try:
-            conn.request("GET", "/metrics", headers=self.headers)
+            conn.request("GET", path(self.url, "/metrics"), headers=self.headers)
             r = conn.getresponse()
             if r.status != 200:
                 return EngineStats(error=f"/metrics answered HTTP {r.status}")

@@ -275,3 +275,15 @@ def test_metrics_past_the_bound_are_refused_and_the_heartbeat_read_from_a_real_p
     assert api.engine().error == "/metrics: more than 4 MiB"
     server.answers["/metrics"] = (503, b"")
     assert api.engine().error == "/metrics answered HTTP 503"
+
+
+def test_an_endpoint_behind_a_path_keeps_it(server: Server) -> None:
+    from spark_supervisor.adapters import vllm
+    server.answers["/v/health"] = (200, b"")
+    server.answers["/v/metrics"] = (200, b'vllm:num_requests_running 3\nvllm:generation_tokens_total 1\n')
+    p = QuickProbe("", server.url + "/v/", timeout=5)
+    try:
+        assert p.health().health == 200
+    finally:
+        p.close()
+    assert vllm.VllmApi(None, server.url + "/v", api_key="", timeout=5).engine().running == 3  # type: ignore[arg-type]
