@@ -42,8 +42,8 @@ class DropPageCache:
 @dataclass(frozen=True)
 class CheckImage:
     """Run the image check (commands.IMAGE_PROBE) on a node before the deployment's first start there, and
-    the model check with it. ``model_later``: a model found complete at the node's last check of the same
-    key is checked again while Ray joins (CheckModel) instead of before the start: off the start's path."""
+    the model check with it. ``model_later``: the model check may wait for the Ray join (CheckModel), off the
+    start's path; the actor puts it off where the node's last check of the same key found it complete."""
 
     node: str
     model_later: bool = False
