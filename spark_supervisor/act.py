@@ -170,7 +170,11 @@ class Actor:
                 self.log.info("image.checked", node=node, image=spec.image, kept=True, summary=summary)
                 return report
         both = with_model and prefetch_container(a, dep) is None
-        code, out = a.docker.run_once(self._pinned(node, commands.checks_probe(cfg, dep, a.node)) if both else spec)
+        if both:  # two probes in the one container: each its own time, as in two
+            code, out = a.docker.run_once(self._pinned(node, commands.checks_probe(cfg, dep, a.node)),
+                                          timeout=2 * a.docker.timeout)
+        else:
+            code, out = a.docker.run_once(spec)
         image_code, image_out, model_out = commands.split_checks(code, out) if both else (code, out, "")
         if image_code != 0:  # the probe itself always exits 0: the image could not even run sh
             raise ActionFailed(Kind.IMAGE_CHECK_FAILED, f"{node}: {spec.image} exited {image_code}: "

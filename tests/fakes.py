@@ -183,6 +183,8 @@ class ActorEngine(FakeEngine):
         self.once: tuple[int, str] = (0, "")
         self.started: list[ContainerSpec] = []
         self.ran_once: list[ContainerSpec] = []
+        self.once_timeouts: list[float | None] = []  # each run_once's own timeout (None: the engine's)
+        self.timeout = 45.0  # the engine's call deadline (DockerEngine.timeout)
         self.execs: list[Exec] = []
         self.pulled: list[str] = []
 
@@ -223,9 +225,10 @@ class ActorEngine(FakeEngine):
         self.started.append(spec)
         return "c0ffee000000"
 
-    def run_once(self, spec: ContainerSpec) -> tuple[int, str]:
+    def run_once(self, spec: ContainerSpec, *, timeout: float | None = None) -> tuple[int, str]:
         self._call("run_once")
         self.ran_once.append(spec)
+        self.once_timeouts.append(timeout)
         return self.once
 
     def exec(self, container: str, argv: list[str], *, env: dict[str, str] | None = None,

@@ -229,19 +229,22 @@ class DockerEngine:
         finally:
             LISTINGS.drop(self.url)
 
-    def run_once(self, spec: ContainerSpec) -> tuple[int, str]:
-        """Run a short-lived container to its end and remove it: (exit code, output)."""
+    def run_once(self, spec: ContainerSpec, *, timeout: float | None = None) -> tuple[int, str]:
+        """Run a short-lived container to its end and remove it: (exit code, output). ``timeout``: how long it
+        may run (default: the engine's call deadline)."""
+        wait = timeout or self.timeout
+
         def go() -> tuple[int, str]:
             c = self.client().containers.create(spec.image, spec.command[1:], entrypoint=spec.command[:1],
                                                 environment=spec.environment, labels=spec.labels, **spec.options)
             try:
                 c.start()
-                code = c.wait(timeout=self.timeout).get("StatusCode", -1)
+                code = c.wait(timeout=wait).get("StatusCode", -1)
                 return int(code), c.logs().decode(errors="replace")
             finally:
                 c.remove(force=True)
         try:
-            return self._call(go, what="helper container")  # type: ignore[no-any-return]
+            return self._call(go, timeout=wait + 5, what="helper container")  # type: ignore[no-any-return]
         finally:
             LISTINGS.drop(self.url)
 
