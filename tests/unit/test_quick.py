@@ -287,3 +287,22 @@ def test_an_endpoint_behind_a_path_keeps_it(server: Server) -> None:
     finally:
         p.close()
     assert vllm.VllmApi(None, server.url + "/v", api_key="", timeout=5).engine().running == 3  # type: ignore[arg-type]
+
+
+def test_tls_is_verified_against_httpxs_own_ca_list_made_once() -> None:
+    import ssl
+
+    from spark_supervisor.adapters import quick
+    quick.tls.cache_clear()
+    a, b = quick.connection("https://h:1", 1), quick.connection("https://h:2", 1)
+    assert a._context is b._context is quick.tls()  # type: ignore[attr-defined]
+    assert quick.tls().verify_mode == ssl.CERT_REQUIRED and quick.tls().check_hostname
+
+
+def test_a_path_http_client_cannot_send_is_a_failed_check_not_an_exception() -> None:
+    """A config may hold a non-ASCII path (httpx would percent-encode it; http.client raises ValueError)."""
+    from spark_supervisor.adapters import vllm
+    p = QuickProbe("", "http://127.0.0.1:1/pr\u00e9fix", timeout=1)
+    assert p.health().state == "error"
+    e = vllm.VllmApi(None, "http://127.0.0.1:1/pr\u00e9fix", api_key="", timeout=1).engine()  # type: ignore[arg-type]
+    assert e.error == "/metrics: UnicodeEncodeError", e
