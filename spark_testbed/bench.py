@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -97,6 +98,12 @@ def _serving_after(d: Supervisor, t: float) -> float:
     return datetime.fromisoformat(st["since"]).timestamp()
 
 
+def load_shape(config: Path) -> str:
+    """The stand-in's load as the config sets it: "39 shards x 0.02 s"."""
+    env = tomllib.loads(config.read_text())["deployments"][0]["serve"].get("env", {})
+    return f"{env.get('STANDIN_SHARDS', '39')} shards x {env.get('STANDIN_SHARD_SECONDS', '0.1')} s"
+
+
 def teardown(config: Path, bin_dir: Path = BIN) -> None:
     """`spark-supervisor teardown` of a config, by the spark-supervisor in ``bin_dir`` (the one that ran it)."""
     subprocess.run([str(bin_dir / "spark-supervisor"), "teardown", "--config", str(config)], capture_output=True,
@@ -158,8 +165,6 @@ def fault(d: Supervisor, inject: Callable[[], object]) -> dict[str, float]:
 def change(d: Supervisor, edit: Callable[[dict[str, Any]], None], refused: bool = False) -> dict[str, float]:
     """Reload to the config with ``edit`` made to its deployment; the serving time lost, and the reload's time
     to SERVING on the new spec (or to the refusal). The file is put back (and reloaded) after a refusal."""
-    import tomllib
-
     import tomli_w
     good = d.config.read_text()
     doc = tomllib.loads(good)
@@ -502,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         teardown(d.config)
     table = "\n".join([
         f"# make bench ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, testbed: 2 nodes on loopback, "
-        f"stand-in load 39 shards x 0.1 s; watch at the defaults: 5 s ticks, 1 s quick checks, 60 s deep probe; "
+        f"stand-in load {load_shape(d.config)}; watch at the defaults: 5 s ticks, 1 s quick checks, 60 s deep probe; "
         f"medians)",
         "",
         "| measure | result | goal |",
