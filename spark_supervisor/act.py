@@ -170,9 +170,9 @@ class Actor:
                 self.log.info("image.checked", node=node, image=spec.image, kept=True, summary=summary)
                 return report
         both = with_model and prefetch_container(a, dep) is None
-        if both:  # two probes in the one container: each its own time, as in two
+        if both:
             code, out = a.docker.run_once(self._pinned(node, commands.checks_probe(cfg, dep, a.node)),
-                                          timeout=2 * a.docker.timeout)
+                                          timeout=self.world.view.deadlines.checks.seconds)
         else:
             code, out = a.docker.run_once(spec)
         image_code, image_out, model_out = commands.split_checks(code, out) if both else (code, out, "")

@@ -25,6 +25,7 @@ class Deadline:
 @dataclass(frozen=True)
 class Deadlines:
     docker: Deadline  # one Docker API call (a container stop included)
+    checks: Deadline  # a first start's image and model checks, run in one container
     api: Deadline  # one call to the serve's OpenAI API
     probes: Deadline  # one node's probes (nvidia-smi, meminfo, units, listeners) in one SSH session
     node: Deadline  # one node's whole observation
@@ -35,9 +36,11 @@ class Deadlines:
 def deadlines(cfg: Config, dep: Deployment) -> Deadlines:
     sup = cfg.supervisor
     io, ssh = sup.io_timeout, sup.ssh_connect_timeout
+    docker = max(io, dep.serve.stop_timeout + 15)
     return Deadlines(
-        docker=Deadline(max(io, dep.serve.stop_timeout + 15),
-                        "the larger of io_timeout and serve.stop_timeout + 15 s: a stop waits for the serve to exit"),
+        docker=Deadline(docker, "the larger of io_timeout and serve.stop_timeout + 15 s: a stop waits for the serve to exit"),
+        checks=Deadline(2 * docker, "twice a Docker call's: two probes (a slow `vllm --version`, a model on slow "
+                        "storage), each within its own time, must not time out together"),
         api=Deadline(min(io, 5), "io_timeout, at most 5 s: the API answers at once or is judged by its probe"),
         probes=Deadline(io + ssh, "io_timeout + ssh_connect_timeout: a connection and one call"),
         node=Deadline(io + ssh + 5, "io_timeout + ssh_connect_timeout + 5 s: its probes and 5 s of slack"),

@@ -70,8 +70,8 @@ def test_each_deadline_follows_its_settings_and_says_why() -> None:
     d["supervisor"].update(io_timeout=20, ssh_connect_timeout=5)
     d["deployments"][0]["serve"]["stop_timeout"] = 30
     t = views(cfg(d))["qwen"].deadlines
-    assert (t.docker.seconds, t.api.seconds, t.probes.seconds, t.node.seconds, t.follower.seconds,
-            t.ray_gcs.seconds) == (45, 5, 25, 30, 30, 20)
+    assert (t.docker.seconds, t.checks.seconds, t.api.seconds, t.probes.seconds, t.node.seconds, t.follower.seconds,
+            t.ray_gcs.seconds) == (45, 90, 5, 25, 30, 30, 20)
     assert "stop_timeout + 15" in t.docker.why and "ssh_connect_timeout + 5" in t.node.why
     d["deployments"][0]["serve"]["stop_timeout"] = 1
     d["supervisor"]["io_timeout"] = 3

@@ -576,7 +576,7 @@ def test_a_first_start_checks_the_image_and_the_model_in_one_container_and_a_lat
         assert isinstance(r, ImageReport) and r.ray_version == "2.60.0" and r.model is not None
         assert r.model.files == 3 and not r.model.missing and not r.model_later
         assert [s.command[2] for s in e.ran_once] == [commands.CHECKS]  # one container, both checks
-        assert e.once_timeouts == [2 * e.timeout]  # each probe its own time, as in two containers
+        assert e.once_timeouts == [world.view.deadlines.checks.seconds]  # each probe its own time, as in two
         r = actor.run(CheckImage("spark-2", model_later=True))  # the next start
         assert isinstance(r, ImageReport) and r.model is None and r.model_later and len(e.ran_once) == 1
         e.once = (0, model_out)
