@@ -20,10 +20,14 @@ from ..model import EndpointObservation, RayObservation
 from .health import observed
 from .ray import parse
 
+# What RFC 3986 allows in a path as it is: anything else (non-ASCII, spaces, controls) is percent-encoded, as
+# httpx sends it, where http.client would refuse it (InvalidURL, UnicodeEncodeError).
+PATH_SAFE = "/%!$&'()*+,;=:@~-._"
+
 
 def path(url: str, to: str) -> str:
-    """``to`` under the URL's own path (an endpoint behind a prefix keeps it)."""
-    return urllib.parse.urlsplit(url).path.rstrip("/") + to
+    """``to`` under the URL's own path (an endpoint behind a prefix keeps it), percent-encoded as httpx does."""
+    return urllib.parse.quote(urllib.parse.urlsplit(url).path.rstrip("/"), safe=PATH_SAFE) + to
 
 
 @functools.cache
@@ -82,7 +86,7 @@ class QuickProbe:
     def health(self) -> EndpointObservation:
         try:
             status, _ = self.api.get("/health")
-        except (OSError, http.client.HTTPException, ValueError) as e:  # ValueError: a path http.client cannot send
+        except (OSError, http.client.HTTPException) as e:
             return observed(failure=e)
         return observed(status)
 

@@ -124,7 +124,7 @@ class VllmApi:
             if r.status != 200:
                 return EngineStats(error=f"/metrics answered HTTP {r.status}")
             body = r.read(MAX_METRICS_BYTES + 1)
-        except (OSError, http.client.HTTPException, ValueError) as e:  # ValueError: a path it cannot send
+        except (OSError, http.client.HTTPException) as e:
             return EngineStats(error=f"/metrics: {type(e).__name__}")
         finally:
             conn.close()

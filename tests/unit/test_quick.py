@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from spark_supervisor.adapters.quick import KeptAlive, QuickProbe
@@ -299,10 +300,14 @@ def test_tls_is_verified_against_httpxs_own_ca_list_made_once() -> None:
     assert quick.tls().verify_mode == ssl.CERT_REQUIRED and quick.tls().check_hostname
 
 
-def test_a_path_http_client_cannot_send_is_a_failed_check_not_an_exception() -> None:
-    """A config may hold a non-ASCII path (httpx would percent-encode it; http.client raises ValueError)."""
-    from spark_supervisor.adapters import vllm
+def test_a_path_http_client_cannot_send_is_sent_percent_encoded_as_httpx_sends_it() -> None:
+    """A config may hold a non-ASCII path, or a space: http.client would raise (UnicodeEncodeError, InvalidURL)
+    out of the check; it is sent as httpx sends it, and a refused connection is a failed check."""
+    from spark_supervisor.adapters import quick, vllm
+    for url in ("http://h:1/pr\u00e9fix a%20b", "http://h:1/pr\u00e9fix a%20b/"):
+        assert quick.path(url, "/health").encode() == httpx.URL(url.rstrip("/") + "/health").raw_path
+    assert quick.path("http://h:1", "/health") == "/health"
     p = QuickProbe("", "http://127.0.0.1:1/pr\u00e9fix", timeout=1)
-    assert p.health().state == "error"
+    assert p.health().state == "refused"  # it got as far as the connection
     e = vllm.VllmApi(None, "http://127.0.0.1:1/pr\u00e9fix", api_key="", timeout=1).engine()  # type: ignore[arg-type]
-    assert e.error == "/metrics: UnicodeEncodeError", e
+    assert e.error == "/metrics: ConnectionRefusedError", e
