@@ -80,9 +80,18 @@ class Kept:
 
     def _of(self, node: str) -> dict[str, int]:
         if node not in self._nodes:
-            kept = statefile.read_node(self.state_dir, node).get("models")
-            self._nodes[node] = dict(kept) if isinstance(kept, dict) else {}
+            self._nodes[node] = self._models(statefile.read_node(self.state_dir, node))
         return self._nodes[node]
+
+    @staticmethod
+    def _models(entry: dict[str, Any]) -> dict[str, int]:
+        kept = entry.get("models")
+        return dict(kept) if isinstance(kept, dict) else {}
+
+    def _with(self, kept: dict[str, int], check_key: str, complete: bool) -> dict[str, int]:
+        """``kept`` with this key's finding (complete: kept, the newest of KEYS; else gone)."""
+        kept = {k: v for k, v in kept.items() if k != check_key}
+        return dict(list(kept.items())[-(self.KEYS - 1):]) | {check_key: round(time.time())} if complete else kept
 
     def complete(self, node: str, check_key: str) -> bool:
         """The node's last model check for this key found the model complete."""
@@ -96,11 +105,10 @@ class Kept:
             kept = self._of(node)
             if complete == (check_key in kept):
                 return
-            kept = {k: v for k, v in kept.items() if k != check_key}
-            if complete:
-                kept = dict(list(kept.items())[-(self.KEYS - 1):]) | {check_key: round(time.time())}
-            self._nodes[node] = kept
-            statefile.update_node(self.state_dir, node, models=kept)
+            self._nodes[node] = self._with(kept, check_key, complete)
+            # Only this key changed in the file: another Kept of the same directory (a change's proof) keeps its own.
+            statefile.edit_node(self.state_dir, node, lambda was: {
+                **was, "models": self._with(self._models(was), check_key, complete)})
 
 
 # ----------------------------------------------------------------------------------------------- parsing

@@ -13,7 +13,7 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -203,16 +203,22 @@ def read_node(state_dir: str, node: str) -> dict[str, Any]:
     return entry if isinstance(entry, dict) else {}
 
 
-def update_node(state_dir: str, node: str, **fields: object) -> None:
-    """Some fields of a node's findings replaced, the others kept (the image's check and the model's are
-    written apart); not written when nothing changed. OSError when it cannot be written."""
+def edit_node(state_dir: str, node: str, edit: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """A node's findings made ``edit(what the file holds now)``, read and written under one lock, so that what
+    one writer did not touch is kept (the image's check and the model's are written apart, and the change's
+    proof keeps findings of its own); not written when nothing changed. OSError when it cannot be written."""
     with _nodes_lock:
         doc = read_json(state_dir, NODES)
         entry = doc.get(node)
         was: dict[str, Any] = entry if isinstance(entry, dict) else {}
-        now = {**was, **fields}
+        now = edit(dict(was))
         if now != was:
             write_json(state_dir, NODES, {**doc, node: now})
+
+
+def update_node(state_dir: str, node: str, **fields: object) -> None:
+    """Some fields of a node's findings replaced, the others kept (edit_node)."""
+    edit_node(state_dir, node, lambda was: {**was, **fields})
 
 
 PAUSE = "pause.json"  # maintenance mode outlives a restart of the daemon

@@ -441,6 +441,20 @@ def test_the_last_checks_finding_is_kept_per_node_and_key_written_only_when_it_c
     assert not modelcheck.Kept(sd).complete("spark-1", "k19")
 
 
+def test_two_keepers_of_one_directory_each_write_only_their_own_finding(tmp_path: Path) -> None:
+    """The daemon's and a change's proof's: what one found is not written over by the other's older view."""
+    from spark_supervisor import statefile
+    sd = str(tmp_path)
+    daemon, proof = modelcheck.Kept(sd), modelcheck.Kept(sd)
+    assert not daemon.complete("spark-1", "old") and not proof.complete("spark-1", "new")  # both read the file
+    daemon.note("spark-1", "old", True)
+    proof.note("spark-1", "new", True)
+    assert set(statefile.read_node(sd, "spark-1")["models"]) == {"old", "new"}
+    daemon.note("spark-1", "old", False)
+    proof.note("spark-1", "other", True)
+    assert set(statefile.read_node(sd, "spark-1")["models"]) == {"new", "other"}
+
+
 def test_a_finding_that_could_not_be_written_is_kept_all_the_same(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found gone while Ray joined, and the file not writable: the next start checks before it starts, not
