@@ -303,8 +303,7 @@ class Actor:
 
 def prefetch_container(a: Any, dep: Deployment) -> Container | None:
     """The node's prefetch container, if there is one."""
-    name = identity.prefetch_name(dep, a.node)
-    return next((c for c in a.docker.containers() if c.name == name), None)
+    return identity.named(a.docker.containers(), identity.prefetch_name(dep, a.node))
 
 
 def systemctl(a: Any, verb: str, unit: str) -> None:

@@ -65,7 +65,8 @@ def _layers(world: World, a: NodeAdapters, timeout: float) -> list[Layer]:
         if out[-1].ok:
             return out
     try:
-        state = next((c.state for c in a.docker.containers() if c.name == container), "absent")
+        c = identity.named(a.docker.containers(), container)
+        state = c.state if c is not None else "absent"
         out.append(Layer("container", state == "running", f"{container}: {state}"))
         out.append(Layer("Docker engine", True, f"{redaction.url(a.node.docker)}: version {a.docker.version()}"))
     except AdapterError as e:

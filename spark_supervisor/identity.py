@@ -79,6 +79,11 @@ def labelled_for(c: Container, dep: Deployment) -> bool:
     return owner(c) == dep.name
 
 
+def named(containers: Iterable[Container], name: str) -> Container | None:
+    """The container of that name in a node's listing (an engine's names are unique), or None."""
+    return next((c for c in containers if c.name == name), None)
+
+
 def owns(c: Container, dep: Deployment) -> bool:
     """One of the deployment's node containers: labelled for it, and not its prefetch."""
     return labelled_for(c, dep) and c.labels.get(ROLE_LABEL) != PREFETCH_ROLE

@@ -423,8 +423,7 @@ class Observer:
         pending = {}
         for node in view.serve_nodes[1:]:
             o, last = nodes[node.name], self._followers.get(node.name)
-            name = identity.node_container_name(dep, node)
-            c = next((x for x in o.containers if x.name == name), None)
+            c = identity.named(o.containers, identity.node_container_name(dep, node))
             if o.error:
                 out[node.name] = dataclasses.replace(last or ServeObservation(False), error=f"its node: {o.error}")
             else:
@@ -473,8 +472,7 @@ class Observer:
             except cf.TimeoutError:
                 nodes[name] = NodeObservation(name, error=f"ObserveTimeout: no answer within {timeout:.0f}s")
         home = view.serve_node
-        head_name = identity.node_container_name(dep, home)
-        head_c = next((c for c in nodes[home.name].containers if c.name == head_name), None)
+        head_c = identity.named(nodes[home.name].containers, identity.node_container_name(dep, home))
         if head_c is not None and not nodes[home.name].error:
             self.ray_via = identity.ray_via(head_c)
         ray: RayObservation | None = ray_recent if dep.uses_ray and self.ray_via == "dashboard" else None

@@ -28,7 +28,7 @@ from typing import Any
 from .. import statefile
 from ..config.schema import Readiness
 from ..deployment import DeploymentView
-from ..identity import node_container_name
+from ..identity import named, node_container_name
 from ..model import Kind, LoadLimits, Observation, Phase, Status
 
 FILE = "loads.json"
@@ -48,8 +48,8 @@ def key(view: DeploymentView, obs: Observation, full: Observation | None, pinned
     images = []
     for n in view.members:
         node = obs.nodes.get(n.name)
-        ids = [c.image_id for c in node.containers if c.name == node_container_name(dep, n) and c.image_id] if node else []
-        images.append(ids[0] if ids else pinned.get(n.name) or dep.ray.image)
+        c = named(node.containers, node_container_name(dep, n)) if node else None
+        images.append(c.image_id if c is not None and c.image_id else pinned.get(n.name) or dep.ray.image)
     drivers = {g.driver for n in view.members if full is not None and (o := full.nodes.get(n.name)) is not None
                and (g := o.gpu) is not None and g.driver}
     parts: dict[str, object] = {"images": sorted(set(images)), "driver": sorted(drivers),
