@@ -14,7 +14,7 @@ from spark_testbed import testbed
 from spark_testbed.harness import OWNED, Supervisor, containers, serve_processes, write_config
 from spark_testbed.testbed import until
 
-SLOW_LOAD = {"serve": {"env": {"STANDIN_SHARDS": "39", "STANDIN_SHARD_SECONDS": "0.4",
+SLOW_LOAD = {"serve": {"env": {"STANDIN_SHARDS": "39", "STANDIN_SHARD_SECONDS": "0.2",
                                "STANDIN_FAULT_FILE": str(testbed.DIR / "serve-fault")}}}
 
 

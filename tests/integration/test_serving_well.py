@@ -33,7 +33,7 @@ FAULT = fault_file()
 DEFAULTS = {"supervisor": {"interval": 5, "transition_interval": 1},
             "healing": {"quick_check_interval": 1, "deep_probe_interval": 60, "deep_probe_timeout": 30,
                         "heartbeat_stall": 20}}
-REMEASURE_S = 30  # the verdict's schedule, short here so a test can see it
+REMEASURE_S = 15  # the verdict's schedule, short here so a test can see it
 
 
 @pytest.fixture(scope="module")
