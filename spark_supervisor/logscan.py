@@ -132,6 +132,23 @@ FAILURES: tuple[tuple[Kind, str, tuple[str, ...]], ...] = (
 _FAILURES = tuple((r, h, tuple(re.compile(p) for p in ps)) for r, h, ps in FAILURES)
 
 
+# A tail of a serve that has run a while is mostly access lines: each pattern is first searched for once in the
+# whole tail (its lines joined by newlines; ^ at each line's start), and only one found there is tried line by
+# line. A match in a line is a match in the joined text, so a pattern not found there is in no line; one found
+# across two lines is only tried line by line for nothing.
+def _whole(pattern: re.Pattern[str]) -> re.Pattern[str]:
+    return re.compile(pattern.pattern, pattern.flags | re.MULTILINE)
+
+
+_ANY_FAILURE = tuple(_whole(p) for _, _, ps in _FAILURES for p in ps)
+_MILESTONES_WHOLE = tuple((name, rx, _whole(rx)) for name, rx in MILESTONES)
+
+
+def _present(joined: str) -> tuple[tuple[str, re.Pattern[str]], ...]:
+    """The milestones found anywhere in the joined lines, in load order."""
+    return tuple((name, rx) for name, rx, whole in _MILESTONES_WHOLE if whole.search(joined))
+
+
 _TQDM_RATE = re.compile(r"\d+/\d+ \[[^<\]]*<[^,\]]*,\s*([\d.]+)(s/it|it/s)\]")
 _STAMP = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d)")
 
@@ -210,6 +227,12 @@ def classify(text: str) -> Failure | None:
     is the root cause: the first ``SomethingError: ...`` line that is not itself one of the generic ones
     (vLLM prints the cause in the worker's traceback, several lines above "EngineCore encountered ...")."""
     all_lines = lines(text)
+    return _classify(all_lines, "\n".join(all_lines))
+
+
+def _classify(all_lines: list[str], joined: str) -> Failure | None:
+    if not any(p.search(joined) for p in _ANY_FAILURE):
+        return None
     for line in all_lines:
         for reason, hint, pats in _FAILURES:
             if any(p.search(line) for p in pats):
@@ -242,8 +265,11 @@ def port_in_use(text: str) -> PortInUse | None:
 @functools.lru_cache(maxsize=16)  # the planner and the daemon read the same tail (per deployment), often unchanged
 def scan(text: str) -> LoadProgress:
     milestone, done, total, graphs, version, pg, rate, kv = "", 0, 0, 0, "", 0, 0.0, 0
-    for line in lines(text):
-        for name, rx in MILESTONES:
+    all_lines = lines(text)
+    joined = "\n".join(all_lines)
+    present = _present(joined)
+    for line in all_lines if present else ():
+        for name, rx in present:
             m = rx.search(line)
             if not m:
                 continue
@@ -262,7 +288,8 @@ def scan(text: str) -> LoadProgress:
                 kv = int(m.group(1).replace(",", ""))
             elif name == "placement_group":
                 pg = int(m.group(1))
-    return LoadProgress(milestone, done, total, graphs, version, milestone == "ready", pg, classify(text), rate, kv)
+    return LoadProgress(milestone, done, total, graphs, version, milestone == "ready", pg, _classify(all_lines, joined),
+                        rate, kv)
 
 
 @dataclass(frozen=True)
@@ -278,11 +305,13 @@ def timeline(text: str) -> list[Step]:
     from datetime import datetime
     first: dict[str, str] = {}
     stamp = ""
-    for line in lines(text):
+    all_lines = lines(text)
+    present = _present("\n".join(all_lines))
+    for line in all_lines if present else ():
         m = _STAMP.search(line)
         if m:
             stamp = m.group(1)
-        for name, rx in MILESTONES:
+        for name, rx in present:
             if name not in first and rx.search(line):
                 first[name] = stamp
     ordered = sorted(first.items(), key=lambda kv: _ORDER[kv[0]])

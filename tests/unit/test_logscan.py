@@ -1,5 +1,7 @@
 """Captured-format vLLM logs: 0.11-style ANSI tags, 0.15-style, 0.33-style."""
 
+import pytest
+
 from spark_supervisor import logscan
 
 ESC = "\x1b[1;36m"
@@ -115,3 +117,33 @@ def test_the_wrappers_refusal_of_a_cache_it_did_not_make_is_deterministic() -> N
     line = f"spark-serve: {commands.NOT_OURS}: /models/testbed holds files spark-supervisor did not create (Qwen3-8B)\n"
     f = logscan.scan("INFO starting\n" + line).failure
     assert f is not None and f.reason == "CacheDirNotOurs" and f.deterministic
+
+
+def test_the_whole_tail_search_finds_what_the_line_by_line_reading_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pattern is searched for in the whole tail before it is tried line by line: never a line missed. The
+    same tails read with every pattern tried on every line (the filter switched off) read the same: captured
+    logs, cut anywhere (a tail starts mid-line), and every failure's and milestone's line after access lines."""
+    import random
+    import re
+    from pathlib import Path
+    fixtures = Path(__file__).parent.parent / "fixtures" / "real_vllm"
+    logs = [p.read_text(errors="replace") for p in sorted(fixtures.rglob("*.log"))] + [V011, V015, V033]
+    access = "".join(f'(APIServer pid=1) INFO:     127.0.0.1:{40000 + i} - "GET /health HTTP/1.1" 200 OK\n'
+                     for i in range(50))
+    said = ["spark-serve: CacheDirNotOurs: /cache/x holds files", "sh: 1: vllm: not found",
+            "setsid: failed to execute vllm: No such file or directory", "ERROR port 8000 is already in use",
+            "OSError: [Errno 98] Address already in use", "Cannot provide a placement group of x within 60 seconds"]
+    logs += [access + line + "\n" + access for line in said]
+    rng = random.Random(7)
+    tails = logs + [t[rng.randrange(len(t)):] for t in logs for _ in range(5)]
+
+    def read(text: str) -> tuple[object, ...]:
+        return (logscan.scan.__wrapped__(text), logscan.classify(text),  # type: ignore[attr-defined]
+                logscan.timeline.__wrapped__(text))  # type: ignore[attr-defined]
+    filtered = [read(t) for t in tails]
+    everything = re.compile("")
+    with monkeypatch.context() as m:
+        m.setattr(logscan, "_ANY_FAILURE", (everything,))
+        m.setattr(logscan, "_MILESTONES_WHOLE", tuple((n, rx, everything) for n, rx in logscan.MILESTONES))
+        assert filtered == [read(t) for t in tails]
+    assert sum(f[1] is not None for f in filtered) >= len(said) and sum(bool(f[2]) for f in filtered) > 10
