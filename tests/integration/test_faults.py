@@ -37,7 +37,9 @@ from spark_testbed.testbed import until
 
 HEAD = OWNED["spark-1"]
 FAULT_FILE = testbed.DIR / "serve-fault"
-PATCH: dict[str, Any] = {"healing": {"repair_budget": 50, "node_patience": 60, "unknown_patience": 5},
+# deep_probe_interval 5 (the testbed's is 10): the wedge below is caught by two failed probes in a row.
+PATCH: dict[str, Any] = {"healing": {"repair_budget": 50, "node_patience": 60, "unknown_patience": 5,
+                                     "deep_probe_interval": 5},
                          "supervisor": {"backoff_base": 0.5, "backoff_max": 2}}
 
 # The reasons the planner gives for each kind of loss (spark_supervisor/plan/): which one a fault shows depends

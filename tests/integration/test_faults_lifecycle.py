@@ -48,7 +48,7 @@ def _first(event: str, **match: str) -> Callable[[Supervisor], bool]:
 
 
 # The slow load only where the kill falls in the load: a kill before it leaves no load to catch, and the
-# testbed's own (39 shards of 0.02 s) is all the restart then waits for.
+# testbed's own (39 shards of 0.01 s) is all the restart then waits for.
 @pytest.mark.parametrize("phase, moment, load", [
     ("CLEANING", _first("clean.container_removed"), None),
     ("STARTING_RAY", _first("ray.container_started", role="head"), None),

@@ -35,7 +35,7 @@ def serving(tb: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Ite
         testbed.write_gpu(node)
     tmp = tmp_path_factory.mktemp("operator")
     port = free_port()
-    # The testbed's load (39 shards of 0.02 s) is over before `--follow` could draw it: this one takes 4 s.
+    # The testbed's load (39 shards of 0.01 s) is over before `--follow` could draw it: this one takes 4 s.
     d = Supervisor(write_config(tmp, {"metrics": {"listen": f"127.0.0.1:{port}"}},
                                 deployment={"serve": {"env": {"STANDIN_SHARD_SECONDS": "0.1"}}}), tmp)
     follow = subprocess.run([str(BIN / "spark-supervisor"), "status", "--follow", "--config", str(d.config)],
