@@ -138,8 +138,7 @@ def test_the_whole_tail_search_finds_what_the_line_by_line_reading_finds(monkeyp
     tails = logs + [t[rng.randrange(len(t)):] for t in logs for _ in range(5)]
 
     def read(text: str) -> tuple[object, ...]:
-        return (logscan.scan.__wrapped__(text), logscan.classify(text),  # type: ignore[attr-defined]
-                logscan.timeline.__wrapped__(text))  # type: ignore[attr-defined]
+        return logscan.scan.__wrapped__(text), logscan.classify(text), logscan.timeline.__wrapped__(text)
     filtered = [read(t) for t in tails]
     everything = re.compile("")
     with monkeypatch.context() as m:
