@@ -20,9 +20,9 @@ from ..model import EndpointObservation, RayObservation
 from .health import observed
 from .ray import parse
 
-# What RFC 3986 allows in a path as it is: anything else (non-ASCII, spaces, controls) is percent-encoded, as
-# httpx sends it, where http.client would refuse it (InvalidURL, UnicodeEncodeError).
-PATH_SAFE = "/%!$&'()*+,;=:@~-._"
+# What httpx sends in a path as it is (RFC 3986's characters, and "[]\\^|"): anything else (non-ASCII, controls)
+# is percent-encoded as httpx does, where http.client would refuse it (InvalidURL, UnicodeEncodeError).
+PATH_SAFE = "/%!$&'()*+,;=:@~-._[]\\^|"
 
 
 def path(url: str, to: str) -> str:

@@ -301,11 +301,15 @@ def test_tls_is_verified_against_httpxs_own_ca_list_made_once() -> None:
 
 
 def test_a_path_http_client_cannot_send_is_sent_percent_encoded_as_httpx_sends_it() -> None:
-    """A config may hold a non-ASCII path, or a space: http.client would raise (UnicodeEncodeError, InvalidURL)
-    out of the check; it is sent as httpx sends it, and a refused connection is a failed check."""
+    """A config may hold a non-ASCII path: http.client would raise (UnicodeEncodeError) out of the check. The path
+    is sent as httpx sends it (every printable ASCII character too), and a refused connection is a failed check."""
+    import string
+
     from spark_supervisor.adapters import quick, vllm
-    for url in ("http://h:1/pr\u00e9fix a%20b", "http://h:1/pr\u00e9fix a%20b/"):
-        assert quick.path(url, "/health").encode() == httpx.URL(url.rstrip("/") + "/health").raw_path
+    prefixes = [f"/a{c}b" for c in string.printable.strip() if c not in "?#"] + ["/pr\u00e9fix a%20b", "/x/", "/\u200b"]
+    for prefix in prefixes:  # every printable ASCII character, as httpx sends it
+        url = f"http://h:1{prefix}"
+        assert quick.path(url, "/health").encode() == httpx.URL(url.rstrip("/") + "/health").raw_path, prefix
     assert quick.path("http://h:1", "/health") == "/health"
     p = QuickProbe("", "http://127.0.0.1:1/pr\u00e9fix", timeout=1)
     assert p.health().state == "refused"  # it got as far as the connection
