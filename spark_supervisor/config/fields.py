@@ -311,5 +311,10 @@ def _endpoint(v: str) -> str:
         raise bad from None
     if port is not None and not 1 <= port <= 65535:
         raise bad
+    try:  # what the socket layer does to a host name (IDNA): one it cannot encode fails every request
+        u.hostname.encode("idna")
+    except UnicodeError:
+        raise ValueError(f"{_q(v)}: {u.hostname!r} is not a host name (an empty label, or one over 63 "
+                         "characters?)") from None
     return v
 

@@ -235,6 +235,8 @@ CASES: list[tuple[Any, ...]] = [
     ("endpoint-scheme", ready, {"endpoint": "ftp://192.168.200.12:8000"}, f"{Q}.endpoint",
      "expected an http:// or https:// URL with a host"),
     ("endpoint-no-host", ready, {"endpoint": "http://"}, f"{Q}.endpoint", "with a host"),
+    ("endpoint-empty-label", ready, {"endpoint": "http://a..b:8000"}, f"{Q}.endpoint", "'a..b' is not a host name"),
+    ("endpoint-long-label", ready, {"endpoint": f"http://{'x' * 64}.lan:8000"}, f"{Q}.endpoint", "over 63 characters"),
     # and the operator's commonest mistake
     ("typo", sup, {"intervall": 3}, "supervisor.intervall", "unknown key (did you mean 'interval'?)"),
 ]
