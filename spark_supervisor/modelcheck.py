@@ -99,16 +99,16 @@ class Kept:
             return check_key in self._of(node)
 
     def note(self, node: str, check_key: str, complete: bool) -> None:
-        """What a check found (complete or not); written only when that changed. OSError when it cannot be
-        written (it is kept here all the same)."""
+        """What a check found (complete or not); written only when the file says otherwise. OSError when it
+        cannot be written (it is kept here all the same)."""
         with self._lock:
             kept = self._of(node)
-            if complete == (check_key in kept):
-                return
-            self._nodes[node] = self._with(kept, check_key, complete)
-            # Only this key changed in the file: another Kept of the same directory (a change's proof) keeps its own.
-            statefile.edit_node(self.state_dir, node, lambda was: {
-                **was, "models": self._with(self._models(was), check_key, complete)})
+            if complete != (check_key in kept):
+                self._nodes[node] = self._with(kept, check_key, complete)
+            # The file decides whether to write (another Kept of the same directory, a change's proof, may have
+            # written this key since), and only this key changes in it: the other's keys stay.
+            statefile.edit_node(self.state_dir, node, lambda was: was if complete == (check_key in self._models(was))
+                                else {**was, "models": self._with(self._models(was), check_key, complete)})
 
 
 # ----------------------------------------------------------------------------------------------- parsing

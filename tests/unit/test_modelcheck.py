@@ -453,6 +453,8 @@ def test_two_keepers_of_one_directory_each_write_only_their_own_finding(tmp_path
     daemon.note("spark-1", "old", False)
     proof.note("spark-1", "other", True)
     assert set(statefile.read_node(sd, "spark-1")["models"]) == {"new", "other"}
+    daemon.note("spark-1", "new", False)  # found gone since the proof found it: the file says so, whatever it held
+    assert set(statefile.read_node(sd, "spark-1")["models"]) == {"other"}
 
 
 def test_a_finding_that_could_not_be_written_is_kept_all_the_same(
