@@ -146,3 +146,12 @@ def test_the_whole_tail_search_finds_what_the_line_by_line_reading_finds(monkeyp
         m.setattr(logscan, "_MILESTONES_WHOLE", tuple((n, rx, everything) for n, rx in logscan.MILESTONES))
         assert filtered == [read(t) for t in tails]
     assert sum(f[1] is not None for f in filtered) >= len(said) and sum(bool(f[2]) for f in filtered) > 10
+
+
+def test_no_pattern_reads_past_its_line() -> None:
+    """What makes the whole tail's search exact: no pattern anchors on the text's ends, looks around or lets "."
+    match a newline. A pattern that did must be tried line by line only."""
+    import re
+    patterns = [p for _, _, ps in logscan._FAILURES for p in ps] + [rx for _, rx in logscan.MILESTONES]
+    for p in patterns:
+        assert not re.search(r"\\[AZ]|\$|\(\?<?[=!]|\(\?[a-z]*s", p.pattern) and not p.flags & re.DOTALL, p.pattern
