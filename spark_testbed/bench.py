@@ -99,7 +99,7 @@ def _serving_after(d: Supervisor, t: float) -> float:
 
 
 def load_shape(config: Path) -> str:
-    """The stand-in's load as the config sets it: "39 shards x 0.02 s"."""
+    """The stand-in's load as the config sets it: "39 shards x 0.01 s"."""
     env = tomllib.loads(config.read_text())["deployments"][0]["serve"].get("env", {})
     return f"{env.get('STANDIN_SHARDS', '39')} shards x {env.get('STANDIN_SHARD_SECONDS', '0.1')} s"
 

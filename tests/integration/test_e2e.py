@@ -18,7 +18,9 @@ def test_reboot_mess_to_serving_then_a_restarted_daemon_adopts(clean: None, supe
     for node in testbed.NODES:
         testbed.plant_stale(node)
     assert set(containers("spark-2")) == set(testbed.STALE)
-    config = write_config(tmp_path)
+    # A load a tick cannot miss (the testbed's 39 x 0.01 s may be over before the first tick after the launch):
+    # the phases below name LOADING.
+    config = write_config(tmp_path, deployment={"serve": {"env": {"STANDIN_SHARD_SECONDS": "0.1"}}})
 
     first = supervisor(config, "first")
     st = first.wait_phase("SERVING", timeout=180)
