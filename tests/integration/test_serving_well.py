@@ -40,7 +40,10 @@ REMEASURE_S = 15  # the verdict's schedule, short here so a test can see it
 def daemon(tb: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
     reset_testbed()
     tmp = tmp_path_factory.mktemp("serving-well")
-    config = write_config(tmp, DEFAULTS, deployment={"performance": {"interval": REMEASURE_S}})
+    # A load the daemon's ticks see (the testbed's 39 x 0.01 s can be over before the first one after the launch,
+    # and a load never seen LOADING gets no limits): the last test reads the limits its load was given.
+    config = write_config(tmp, DEFAULTS, deployment={"performance": {"interval": REMEASURE_S},
+                                                     "serve": {"env": {"STANDIN_SHARD_SECONDS": "0.1"}}})
     d = Supervisor(config, tmp)
     d.wait_phase("SERVING", 240)
     yield d
