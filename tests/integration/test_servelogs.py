@@ -53,8 +53,11 @@ def serving_since(d: Supervisor, t: float) -> dict[str, Any]:
 def follow(config: Path, *args: str) -> None:
     """`logs -f` prints the current launch's last lines, keeps going, and ends at Ctrl-C with nothing left
     behind (a `tail -F` over SSH too: it ends when the session's input closes)."""
+    # SIGINT at its default in the child, as at a terminal: a suite started in the background (a non-interactive
+    # shell's `&`) ignores SIGINT, and a child would inherit that and never see the Ctrl-C sent below.
     with subprocess.Popen([str(BIN / "spark-supervisor"), "logs", "-f", "--lines", "3", "--config", str(config),
-                           *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as p:
+                           *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as p:
         lines: list[bytes] = []  # by "\n" only: tqdm's bars in a log are "\r"-separated within one line
         reader = threading.Thread(target=lambda: lines.extend(p.stdout or ()), daemon=True)
         reader.start()
