@@ -223,10 +223,23 @@ def real_restarts(workdir: Path, cold_repair: bool = True, bin_dir: Path = BIN) 
         teardown(cfg, bin_dir)
 
 
+def started_work_done(d: Supervisor) -> Callable[[dict[str, Any]], bool]:
+    """Whether a start's own work after SERVING is over: every deployment that takes the performance verdict
+    (a chat probe, performance.check on) has it. That measurement (a streamed completion) is made once after a
+    start, seconds after SERVING: work of the start, not of the idle watch. A status without the field (a
+    release from before the verdict) has nothing to wait for."""
+    deps = tomllib.loads(d.config.read_text())["deployments"]
+    measures = {x["name"] for x in deps if x.get("performance", {}).get("check", True)
+                and x.get("readiness", {}).get("probe", "chat") == "chat"}
+    return lambda s: all(x.get("performance", True) is not None for x in s.get("deployments", [])
+                         if x.get("deployment", {}).get("name") in measures)
+
+
 def idle(d: Supervisor, seconds: float) -> dict[str, float]:
     """The daemon's CPU (user and system, all its threads) over ``seconds`` of wall time, as a percent of one
     core to two decimals (psutil's cpu_percent rounds to 0.1, too coarse for goals of 0.25 %), and its
-    largest resident memory sampled once a second."""
+    largest resident memory sampled once a second; from when the start's own work is over (started_work_done)."""
+    d.wait(started_work_done(d), 120, "the performance verdict after the start")
     p = psutil.Process(d.proc.pid)
     before, start = p.cpu_times(), time.monotonic()
     rss = []
