@@ -106,11 +106,13 @@ class Start:
 
 def serving(p: Pair, timeout: float = 900, after: float = 0.0) -> Start:
     """SERVING (written by this daemon, entered after wall time `after`) with nothing unknown; exactly our
-    container, running, and one rank on each node."""
+    container, running, and one rank on each node. DEGRADED ThroughputRegression counts too: it serves, and
+    a verdict taken while the machine is busy may say slow (the pair is never repaired for it)."""
     if p.daemon.proc.poll() is not None:
         p.restart_daemon()
     pid = p.daemon.proc.pid
-    st = p.daemon.wait(lambda s: s["phase"] == "SERVING" and s["daemon"]["pid"] == pid and not s.get("unknown")
+    st = p.daemon.wait(lambda s: (s["phase"] == "SERVING" or (s["phase"], s.get("reason_kind")) == (
+                           "DEGRADED", "ThroughputRegression")) and s["daemon"]["pid"] == pid and not s.get("unknown")
                        and datetime.fromisoformat(s["since"]).timestamp() > after
                        and not s["reason"].startswith("ObservationUnknown"), timeout, "the real pair SERVING")
     ids, pids = {}, {}
