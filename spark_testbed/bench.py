@@ -35,6 +35,8 @@ from typing import Any, TypeVar
 import httpx
 import psutil
 
+from spark_supervisor.config import load as load_config
+
 from . import harness, testbed
 from .harness import BIN, OWNED, Streams, Supervisor, event_time, fault_file, stack_config, write_config
 from .testbed import until
@@ -228,9 +230,8 @@ def started_work_done(d: Supervisor) -> Callable[[dict[str, Any]], bool]:
     (a chat probe, performance.check on) has it. That measurement (a streamed completion) is made once after a
     start, seconds after SERVING: work of the start, not of the idle watch. A status without the field (a
     release from before the verdict) has nothing to wait for."""
-    deps = tomllib.loads(d.config.read_text())["deployments"]
-    measures = {x["name"] for x in deps if x.get("performance", {}).get("check", True)
-                and x.get("readiness", {}).get("probe", "chat") == "chat"}
+    measures = {x.name for x in load_config(d.config).deployments
+                if x.performance.check and x.readiness.probe == "chat"}
     return lambda s: all(x.get("performance", True) is not None for x in s.get("deployments", [])
                          if x.get("deployment", {}).get("name") in measures)
 
