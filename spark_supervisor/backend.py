@@ -53,7 +53,7 @@ class Backend(Protocol):
 class RealBackend:
     def __init__(self, view: DeploymentView, log: Any, heartbeat: Callable[[], None] | None = None):
         cfg = view.cfg
-        self.world = World(view, control_dir=control_dir(cfg.supervisor.state_dir))
+        self.world = World(view, control_dir=control_dir(cfg.supervisor.state_dir), follow_events=True)
         self.observer = Observer(self.world, recent=self._recent)
         self.actor, self.log = Actor(self.world, log, heartbeat), log
         self.quick_probe = QuickProbe(self.world.ray.url if self.world.view.dep.uses_ray else "", self.world.api.url)

@@ -55,7 +55,8 @@ class World:
 
     KEEP_ALIVE_S = 2.0
 
-    def __init__(self, on: DeploymentView | Config, control_dir: str = ""):
+    def __init__(self, on: DeploymentView | Config, control_dir: str = "", follow_events: bool = False):
+        """follow_events: the daemon's world, which follows each engine's container events (DockerEngine)."""
         self.view = view = as_view(on)
         cfg, dep = view.cfg, view.dep
         sup = cfg.supervisor
@@ -64,7 +65,7 @@ class World:
         self.nodes = {
             n.name: NodeAdapters(n, NodeShell(n.name, n.ssh, timeout=sup.io_timeout,
                                               connect_timeout=sup.ssh_connect_timeout, control_dir=control_dir),
-                                 DockerEngine(n.name, n.docker, timeout=docker_timeout))
+                                 DockerEngine(n.name, n.docker, timeout=docker_timeout, follow=follow_events))
             for n in cfg.nodes
         }
         # Let go of a kept connection before vLLM's uvicorn closes it (5 s): a request then would fail a probe.
@@ -80,7 +81,7 @@ class World:
         self.probes.shutdown(wait=False, cancel_futures=True)
         self.http.close()
         for a in self.nodes.values():
-            a.docker.reset()
+            a.docker.close()
 
     def head(self) -> NodeAdapters:
         """The node the serve runs on."""
@@ -229,7 +230,7 @@ def observe_node(a: NodeAdapters, on: DeploymentView | Config, full: bool, probe
     try:
         if a.node.remote and not a.docker.connected:
             a.shell.reachable()  # fail fast on a dead host before docker-py's SSH transport hangs on it
-        containers = tuple(a.docker.containers())
+        containers = tuple(a.docker.containers(trusted=not full))  # a full observation lists afresh
     except AdapterError as e:
         return NodeObservation(name, error=str(e))
     containers = _ended(a, view, containers)

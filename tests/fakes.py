@@ -132,7 +132,7 @@ class FakeEngine:
         elif err is not None:
             raise err
 
-    def containers(self) -> list[Container]:
+    def containers(self, trusted: bool = False) -> list[Container]:  # noqa: ARG002 (nothing kept: always listed)
         self._call("containers")
         return list(self.listed)
 
@@ -155,6 +155,9 @@ class FakeEngine:
 
     def reset(self) -> None:
         self._call("reset")
+
+    def close(self) -> None:
+        self.reset()
 
 
 @dataclass(frozen=True)

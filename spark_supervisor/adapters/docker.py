@@ -9,6 +9,7 @@ from typing import Any
 import docker
 import docker.errors
 import paramiko
+import tenacity
 from docker.types import DeviceRequest
 
 from ..commands import ContainerSpec
@@ -34,60 +35,187 @@ def _reason(e: BaseException) -> AdapterError:
     return Unreachable("DockerUnreachable", f"{type(e).__name__}: {e}"[:300])
 
 
+def _client(url: str, timeout: float) -> docker.DockerClient:
+    """A client of the engine at ``url`` ("local": this host's socket) that reads no proxy settings: its
+    requests.Session would read the environment's proxies (and ~/.netrc) on every request, a quarter of a
+    listing's CPU, for settings no Docker socket or SSH channel takes."""
+    try:
+        if url == "local":
+            c = docker.DockerClient(base_url="unix:///var/run/docker.sock", timeout=int(timeout))
+        else:
+            c = docker.DockerClient(base_url=url, timeout=int(timeout), max_pool_size=4)
+    except Exception as e:  # docker-py raises DockerException, paramiko's, OSError...
+        raise _reason(e) from None
+    c.api.trust_env = False
+    return c
+
+
+# The events that change what a listing holds (a container's presence, name, state or labels); an exec's
+# or a health check's events change none of it and would only make a steady sweep list again.
+CHANGES = ["create", "start", "restart", "die", "kill", "stop", "oom", "pause", "unpause", "destroy", "rename",
+           "update"]
+
+
+class _Follower:
+    """One engine's container events, followed in a thread of its own over a client of its own while some
+    daemon watches the engine (``users``). ``gen`` moves on every event and whenever the stream opens or
+    ends: a listing taken at one generation is still the engine's while the generation has not moved and the
+    stream is open. An ended or failing stream is not trusted (every listing is fresh until it is back, its
+    reconnects backed off); a silent one no longer than _Listings.TRUST_S."""
+
+    def __init__(self, node: str, url: str, timeout: float, changed: threading.Lock):
+        self.node, self.url, self.timeout = node, url, timeout
+        self.users, self.gen, self.live = 1, 0, False
+        self._changed = changed  # the listings' lock: a generation and a listing move together
+        self._stop = threading.Event()
+        self._client: docker.DockerClient | None = None
+        self._stream: Any = None
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"events {node}")
+        self.thread.start()
+
+    def _bump(self, live: bool) -> None:
+        with self._changed:
+            self.gen += 1
+            self.live = live and not self._stop.is_set()
+
+    LIVED_S = 10.0  # a stream that lived this long and ended is followed again at once, its backoff afresh
+
+    def _run(self) -> None:
+        retrying = tenacity.Retrying(retry=tenacity.retry_if_exception_type(Exception),
+                                     wait=tenacity.wait_exponential(multiplier=0.5, max=30),
+                                     stop=tenacity.stop_when_event_set(self._stop), sleep=self._pause)
+        while not self._stop.is_set():
+            try:
+                retrying(self._follow)
+            except tenacity.RetryError:  # stopped
+                return
+
+    def _pause(self, seconds: float) -> None:
+        self._stop.wait(seconds)  # a stop ends the wait between reconnects
+
+    def _follow(self) -> None:
+        self._client = client = _client(self.url, self.timeout)
+        try:
+            if self._stop.is_set():
+                return
+            self._stream = stream = client.api.events(decode=True, filters={"type": "container", "event": CHANGES})
+            if self._stop.is_set():  # stopped while it opened: stop() may have missed this stream
+                stream.close()
+                return
+            self._bump(live=True)  # the response began: from here on every change comes through it
+            opened = time.monotonic()
+            ended: Exception = Unreachable("DockerEventsEnded", f"the event stream of {self.node} ended")
+            try:
+                for _ in stream:
+                    self._bump(live=True)
+            except Exception as e:  # a reset channel, an engine gone: the same end
+                ended = e
+            if time.monotonic() - opened < self.LIVED_S:  # one that ends as it opens is backed off
+                raise ended
+        finally:
+            self._bump(live=False)
+            client.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._bump(live=False)
+        for close in (getattr(self._stream, "close", None), getattr(self._client, "close", None)):
+            try:  # the stream ends a local socket's read; over SSH it cannot, and the client's close ends it
+                if close is not None:
+                    close()
+            except Exception:
+                pass
+
+
 class _Listings:
-    """Each engine's container list, shared for a moment by everything in this process that asks it: the
-    deployments placed on one node sweep it in the same pass, and one listing serves them all. Dropped at
-    once when this process changes that engine's containers (so a plan never reads its own past)."""
+    """Each engine's container list, shared by everything in this process that asks it: for a moment (TTL_S:
+    the deployments placed on one node sweep it in the same pass, and one listing serves them all), or, for a
+    steady sweep (``trusted``), for as long as the engine's followed event stream says nothing changed, at most
+    TRUST_S. Dropped at once when this process changes that engine's containers (so a plan never reads its own
+    past) or an event comes."""
 
     TTL_S = 0.5
+    TRUST_S = 30.0  # a silent stream is believed this long: a listing at least this often, whatever it says
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.seen: dict[str, tuple[float, list[Container]]] = {}
+        self.seen: dict[str, tuple[float, list[Container], int]] = {}
+        self.followers: dict[str, _Follower] = {}
 
-    def get(self, url: str) -> list[Container] | None:
+    def generation(self, url: str) -> int:
+        """Read before a listing is asked: a change told while the answer travels makes it stale at once."""
         with self.lock:
-            at, found = self.seen.get(url, (0.0, []))
-        return found if time.monotonic() - at < self.TTL_S else None
+            f = self.followers.get(url)
+            return f.gen if f is not None and f.live else -1
 
-    def put(self, url: str, found: list[Container], at: float) -> None:
+    def get(self, url: str, trusted: bool = False) -> list[Container] | None:
+        now = time.monotonic()
         with self.lock:
-            self.seen[url] = (at, found)
+            at, found, gen = self.seen.get(url, (-1e9, [], -1))
+            f = self.followers.get(url)
+            if now - at < self.TTL_S:
+                return found
+            if trusted and f is not None and f.live and gen == f.gen and now - at < self.TRUST_S:
+                return found
+        return None
+
+    def put(self, url: str, found: list[Container], at: float, gen: int) -> None:
+        with self.lock:
+            self.seen[url] = (at, found, gen)
 
     def drop(self, url: str) -> None:
         with self.lock:
             self.seen.pop(url, None)
+
+    def follow(self, node: str, url: str, timeout: float) -> None:
+        with self.lock:
+            f = self.followers.get(url)
+            if f is not None:
+                f.users += 1
+            else:
+                self.followers[url] = _Follower(node, url, timeout, self.lock)
+
+    def unfollow(self, url: str) -> None:
+        with self.lock:
+            f = self.followers.get(url)
+            if f is None:
+                return
+            f.users -= 1
+            if f.users > 0:
+                return
+            del self.followers[url]
+        f.stop()
 
 
 LISTINGS = _Listings()
 
 
 class DockerEngine:
-    def __init__(self, node: str, url: str, *, timeout: float):
-        self.node, self.url, self.timeout = node, url, timeout
+    def __init__(self, node: str, url: str, *, timeout: float, follow: bool = False):
+        """follow: follow the engine's container events while this engine is open (until close()), so that a
+        steady sweep need not list its containers (the daemon's; a one-shot command lists every time)."""
+        self.node, self.url, self.timeout, self.follow = node, url, timeout, follow
         self._client: docker.DockerClient | None = None
         self._lock = threading.Lock()
+        if follow:
+            LISTINGS.follow(node, url, timeout)
 
     def client(self) -> docker.DockerClient:
         with self._lock:
             if self._client is None:
-                try:
-                    if self.url == "local":
-                        self._client = docker.DockerClient(base_url="unix:///var/run/docker.sock",
-                                                           timeout=int(self.timeout))
-                    else:
-                        self._client = docker.DockerClient(base_url=self.url, timeout=int(self.timeout),
-                                                           max_pool_size=4)
-                except Exception as e:  # docker-py raises DockerException, paramiko's, OSError...
-                    raise _reason(e) from None
-                # Its requests.Session would read the environment's proxies (and ~/.netrc) on every request:
-                # a quarter of a listing's CPU, for settings no Docker socket or SSH channel takes.
-                self._client.api.trust_env = False
+                self._client = _client(self.url, self.timeout)
             return self._client
 
     @property
     def connected(self) -> bool:
         return self._client is not None
+
+    def close(self) -> None:
+        """Done with the engine: its connection dropped, its events no longer followed for it."""
+        self.reset()
+        if self.follow:
+            self.follow = False
+            LISTINGS.unfollow(self.url)
 
     def reset(self) -> None:
         """Drop the connection after a failure; the next call reconnects."""
@@ -124,17 +252,20 @@ class DockerEngine:
         """Where the engine keeps its images (docker info's DockerRootDir): what a pull fills."""
         return str(self._call(lambda: self.client().info().get("DockerRootDir", "")))
 
-    def containers(self) -> list[Container]:
-        kept = LISTINGS.get(self.url)
+    def containers(self, trusted: bool = False) -> list[Container]:
+        """The engine's containers. trusted: a steady sweep's, which may take a listing kept while the
+        engine's followed events say nothing changed (_Listings)."""
+        kept = LISTINGS.get(self.url, trusted)
         if kept is not None:
             return kept
-        at = time.monotonic()  # taken before asking: a change made while the answer travels is not hidden
+        # Both taken before asking: a change made while the answer travels is not hidden.
+        at, gen = time.monotonic(), LISTINGS.generation(self.url)
         raw = self._call(lambda: self.client().api.containers(all=True))
         found = [Container(id=c["Id"][:12], name=(c.get("Names") or ["/?"])[0].lstrip("/"),
                            image=c.get("Image", ""), state=c.get("State", ""), labels=c.get("Labels") or {},
                            image_id=c.get("ImageID", ""))
                  for c in raw]
-        LISTINGS.put(self.url, found, at)
+        LISTINGS.put(self.url, found, at, gen)
         return found
 
     LOG_LINES, LOG_CHARS = 40, 8000

@@ -37,6 +37,8 @@ class Engine:
     def reset(self) -> None:
         pass
 
+    close = reset
+
 
 class Shell:
     def __init__(self, out: str) -> None:
