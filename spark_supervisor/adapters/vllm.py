@@ -25,6 +25,10 @@ _TYPED = {*HEARTBEAT, *(n.removesuffix("_total") for n in HEARTBEAT)}
 MAX_METRICS_BYTES = 4 << 20  # the real page is ~50 KB; a page past this is not vLLM's
 
 
+# What a heartbeat line starts with: a page's other lines (a real one has 600) are passed over by one C call each.
+_STARTS = (*HEARTBEAT, *(f"# TYPE {n}" for n in _TYPED))
+
+
 def _heartbeat_line(line: str) -> bool:
     if line.startswith("#"):
         parts = line.split(" ", 3)
@@ -38,7 +42,8 @@ def engine_stats(text: str) -> EngineStats:
     ~10 ms of CPU each tick, these ~0.2 ms. A page without them is an error (not vLLM's, or not yet up)."""
     got: dict[str, float] = {}
     try:
-        for family in text_string_to_metric_families("\n".join(filter(_heartbeat_line, text.splitlines())) + "\n"):
+        lines = [x for x in text.splitlines() if x.startswith(_STARTS) and _heartbeat_line(x)]
+        for family in text_string_to_metric_families("\n".join(lines) + "\n"):
             for sample in family.samples:
                 field = HEARTBEAT.get(sample.name)
                 if field and math.isfinite(sample.value):  # a NaN would never equal itself: a beat each tick
