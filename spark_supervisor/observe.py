@@ -218,11 +218,11 @@ def _run_batch(a: NodeAdapters, argvs: list[list[str]]) -> list[Result | None]:
     return [None if x is None else Result(x[0], x[1], r.err) for x in commands.parse_probes(r.out, len(argvs))]
 
 
-def observe_node(a: NodeAdapters, on: DeploymentView | Config, full: bool, probes: cf.Executor | None = None
-                 ) -> NodeObservation:
+def observe_node(a: NodeAdapters, on: DeploymentView | Config, full: bool, probes: cf.Executor | None = None,
+                 steady: bool = False) -> NodeObservation:
     """Containers every tick; on a full observation also units, GPU, memory and interfaces, read in
     parallel with the Docker calls (on a worker each is an SSH round trip). ``on``: the deployment's view
-    (a one-deployment config: its)."""
+    (a one-deployment config: its). steady: a quick sweep of a healthy serve, which may keep a listing."""
     view = as_view(on)
     cfg, name = view.cfg, a.node.name
     wanted = _probes(a, cfg) if full and probes is not None else {}
@@ -230,7 +230,7 @@ def observe_node(a: NodeAdapters, on: DeploymentView | Config, full: bool, probe
     try:
         if a.node.remote and not a.docker.connected:
             a.shell.reachable()  # fail fast on a dead host before docker-py's SSH transport hangs on it
-        containers = tuple(a.docker.containers(trusted=not full))  # a full observation lists afresh
+        containers = tuple(a.docker.containers(trusted=steady and not full))  # a full observation lists afresh
     except AdapterError as e:
         return NodeObservation(name, error=str(e))
     containers = _ended(a, view, containers)
@@ -460,9 +460,10 @@ class Observer:
 
     def observe(self, full: bool) -> Observation:
         w, view = self.world, self.world.view
-        dep = view.dep
-        timeout = view.deadlines.node.seconds
-        futures = {name: w.pool.submit(observe_node, a, view, full, w.probes) for name, a in w.nodes.items()}
+        dep, timeout = view.dep, view.deadlines.node.seconds
+        last, ep = self._serve, self._endpoint  # a healthy serve's quick sweep may keep a node's listing
+        steady = last is not None and last.running and health_result(ep) == ProbeResult.SUCCESS
+        futures = {name: w.pool.submit(observe_node, a, view, full, w.probes, steady) for name, a in w.nodes.items()}
         ray_recent = self.recent()[0] if not full else None
         ray_f = (w.pool.submit(w.ray.observe) if dep.uses_ray and self.ray_via == "dashboard"
                  and (ray_recent is None or not ray_recent.reachable) else None)

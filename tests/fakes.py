@@ -122,6 +122,7 @@ class FakeEngine:
         self.listed, self.fail, self.connected = containers, fail or {}, True
         self.calls: list[str] = []
         self.removed: list[str] = []
+        self.trusted: list[bool] = []  # each listing: whether a kept one would have done (a steady sweep's)
 
     def _call(self, what: str) -> None:
         self.calls.append(what)
@@ -132,7 +133,8 @@ class FakeEngine:
         elif err is not None:
             raise err
 
-    def containers(self, trusted: bool = False) -> list[Container]:  # noqa: ARG002 (nothing kept: always listed)
+    def containers(self, trusted: bool = False) -> list[Container]:
+        self.trusted.append(trusted)  # nothing kept here: always listed
         self._call("containers")
         return list(self.listed)
 

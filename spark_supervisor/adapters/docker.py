@@ -194,13 +194,14 @@ LISTINGS = _Listings()
 
 class DockerEngine:
     def __init__(self, node: str, url: str, *, timeout: float, follow: bool = False):
-        """follow: follow the engine's container events while this engine is open (until close()), so that a
-        steady sweep need not list its containers (the daemon's; a one-shot command lists every time)."""
+        """follow: follow the engine's container events from its first steady sweep until close(), so that a
+        steady sweep need not list its containers (the daemon's; a one-shot command lists every time). Not
+        before: a start has no steady sweep, and its stream's connection (an SSH handshake) would only compete
+        with the start."""
         self.node, self.url, self.timeout, self.follow = node, url, timeout, follow
+        self.following = False
         self._client: docker.DockerClient | None = None
         self._lock = threading.Lock()
-        if follow:
-            LISTINGS.follow(node, url, timeout)
 
     def client(self) -> docker.DockerClient:
         with self._lock:
@@ -215,8 +216,9 @@ class DockerEngine:
     def close(self) -> None:
         """Done with the engine: its connection dropped, its events no longer followed for it."""
         self.reset()
-        if self.follow:
-            self.follow = False
+        self.follow = False
+        if self.following:
+            self.following = False
             LISTINGS.unfollow(self.url)
 
     def reset(self) -> None:
@@ -256,7 +258,10 @@ class DockerEngine:
 
     def containers(self, trusted: bool = False) -> list[Container]:
         """The engine's containers. trusted: a steady sweep's, which may take a listing kept while the
-        engine's followed events say nothing changed (_Listings)."""
+        engine's followed events say nothing changed (_Listings); the first starts following them."""
+        if trusted and self.follow and not self.following:
+            self.following = True
+            LISTINGS.follow(self.node, self.url, self.timeout)
         kept = LISTINGS.get(self.url, trusted)
         if kept is not None:
             return kept

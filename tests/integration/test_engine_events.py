@@ -21,6 +21,7 @@ def test_a_container_made_and_removed_beside_the_daemon_is_in_the_next_steady_li
     testbed.docker(node, "rm", "-f", name, check=False)
     engine = DockerEngine(node, ENGINES[node], timeout=30, follow=True)
     try:
+        engine.containers(trusted=True)  # the first steady sweep starts following
         testbed.until(lambda: LISTINGS.generation(engine.url) >= 0, 60, f"{node}'s event stream open")
         kept = engine.containers(trusted=True)
         assert name not in {c.name for c in kept}

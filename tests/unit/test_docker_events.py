@@ -104,10 +104,19 @@ def live(engine: DockerEngine) -> Callable[[], bool]:
     return lambda: LISTINGS.generation(engine.url) >= 0
 
 
+def follow(engine: DockerEngine) -> None:
+    """The first steady sweep starts following the engine's events (none before it: a start has no steady sweep)."""
+    assert engine.url not in LISTINGS.followers
+    engine.containers()
+    assert engine.url not in LISTINGS.followers, "a full observation's listing started following"
+    engine.containers(trusted=True)
+    until(live(engine), 10, "the event stream open")
+
+
 def test_a_steady_sweep_keeps_its_listing_until_the_engine_tells_of_a_change(
         followed: tuple[FakeEngine, DockerEngine]) -> None:
     fake, engine = followed
-    until(live(engine), 10, "the event stream open")
+    follow(engine)
     assert fake.filters and "die" in fake.filters[0] and "exec_start" not in fake.filters[0]  # changes only
     assert [c.name for c in engine.containers(trusted=True)] == ["ray"]
     n = fake.listings
@@ -128,7 +137,7 @@ def test_a_steady_sweep_keeps_its_listing_until_the_engine_tells_of_a_change(
 def test_a_silent_stream_is_believed_no_longer_than_its_bound(
         followed: tuple[FakeEngine, DockerEngine], monkeypatch: pytest.MonkeyPatch) -> None:
     fake, engine = followed
-    until(live(engine), 10, "the event stream open")
+    follow(engine)
     engine.containers(trusted=True)
     monkeypatch.setattr(LISTINGS, "TRUST_S", 0.0)
     n = fake.listings
@@ -139,7 +148,7 @@ def test_a_silent_stream_is_believed_no_longer_than_its_bound(
 def test_an_ended_stream_is_unknown_every_sweep_lists_until_it_is_back(
         followed: tuple[FakeEngine, DockerEngine]) -> None:
     fake, engine = followed
-    until(live(engine), 10, "the event stream open")
+    follow(engine)
     engine.containers(trusted=True)
     fake.refuse.set()
     fake.events.put(None)  # the engine ends the stream and refuses a new one (a restart, a dropped SSH channel)
@@ -165,8 +174,9 @@ def test_the_engines_of_one_url_share_one_follower_which_ends_with_the_last(tmp_
     a = DockerEngine("spark-1", url, timeout=5, follow=True)
     b = DockerEngine("spark-1", url, timeout=5, follow=True)
     try:
+        follow(a)
+        b.containers(trusted=True)
         follower = LISTINGS.followers[url]
-        until(lambda: LISTINGS.generation(url) >= 0, 10, "the event stream open")
         assert fake.streams == 1
         a.close()
         assert LISTINGS.followers.get(url) is follower and follower.thread.is_alive()

@@ -306,3 +306,36 @@ def test_the_endpoint_is_asked_before_the_serves_log_is_read() -> None:
         assert "/health" in order and "log" in order and order.index("/health") < order.index("log"), order
     finally:
         w.close()
+
+
+def test_only_a_healthy_serves_quick_sweep_may_keep_its_listing() -> None:
+    """A kept listing (one the engine's events say is still right) is for a steady sweep: a serve seen running
+    and answering. A start, a full observation and a sweep after a failed /health list afresh."""
+    import httpx
+
+    from spark_supervisor.observe import Observer, World
+    c = cfg()
+    w = World(c)
+    health = {"status": 200}
+
+    def answer(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/health":
+            return httpx.Response(health["status"])
+        return httpx.Response(200, json={"data": [{"id": c.deployment.serve.name}]})
+    try:
+        serving(w, ServingEngine, answer)
+        o = Observer(w)
+        head = w.nodes["spark-1"].docker
+        assert isinstance(head, FakeEngine)
+
+        def asked(full: bool) -> bool:
+            o.observe(full)
+            return head.trusted[-1]
+        assert not asked(False), "no serve seen yet: not a steady sweep"
+        assert asked(False), "a serve seen running and answering: the next quick sweep may keep the listing"
+        assert not asked(True), "a full observation lists afresh"
+        health["status"] = 503
+        asked(False)
+        assert not asked(False), "its /health failed: the sweep after lists afresh"
+    finally:
+        w.close()
