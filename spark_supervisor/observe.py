@@ -58,10 +58,8 @@ class World:
     def __init__(self, on: DeploymentView | Config, control_dir: str = "", follow_events: bool = False):
         """follow_events: the daemon's world, which follows each engine's container events (DockerEngine)."""
         self.view = view = as_view(on)
-        cfg, dep = view.cfg, view.dep
-        sup = cfg.supervisor
-        docker_timeout = view.deadlines.docker.seconds
-        self.cfg = cfg
+        self.cfg = cfg = view.cfg
+        dep, sup, docker_timeout = view.dep, cfg.supervisor, view.deadlines.docker.seconds
         self.nodes = {
             n.name: NodeAdapters(n, NodeShell(n.name, n.ssh, timeout=sup.io_timeout,
                                               connect_timeout=sup.ssh_connect_timeout, control_dir=control_dir),
@@ -80,6 +78,7 @@ class World:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.probes.shutdown(wait=False, cancel_futures=True)
         self.http.close()
+        self.api.kept.close()
         for a in self.nodes.values():
             a.docker.close()
 
@@ -222,7 +221,7 @@ def observe_node(a: NodeAdapters, on: DeploymentView | Config, full: bool, probe
                  steady: bool = False) -> NodeObservation:
     """Containers every tick; on a full observation also units, GPU, memory and interfaces, read in
     parallel with the Docker calls (on a worker each is an SSH round trip). ``on``: the deployment's view
-    (a one-deployment config: its). steady: a quick sweep of a healthy serve, which may keep a listing."""
+    (a one-deployment config: its). steady: a quick sweep (not full) of a healthy serve, which may keep a listing."""
     view = as_view(on)
     cfg, name = view.cfg, a.node.name
     wanted = _probes(a, cfg) if full and probes is not None else {}
@@ -230,7 +229,7 @@ def observe_node(a: NodeAdapters, on: DeploymentView | Config, full: bool, probe
     try:
         if a.node.remote and not a.docker.connected:
             a.shell.reachable()  # fail fast on a dead host before docker-py's SSH transport hangs on it
-        containers = tuple(a.docker.containers(trusted=steady and not full))  # a full observation lists afresh
+        containers = tuple(a.docker.containers(trusted=steady))
     except AdapterError as e:
         return NodeObservation(name, error=str(e))
     containers = _ended(a, view, containers)
@@ -462,7 +461,7 @@ class Observer:
         w, view = self.world, self.world.view
         dep, timeout = view.dep, view.deadlines.node.seconds
         last, ep = self._serve, self._endpoint  # a healthy serve's quick sweep may keep a node's listing
-        steady = last is not None and last.running and health_result(ep) == ProbeResult.SUCCESS
+        steady = not full and last is not None and last.running and health_result(ep) == ProbeResult.SUCCESS
         futures = {name: w.pool.submit(observe_node, a, view, full, w.probes, steady) for name, a in w.nodes.items()}
         ray_recent = self.recent()[0] if not full else None
         ray_f = (w.pool.submit(w.ray.observe) if dep.uses_ray and self.ray_via == "dashboard"

@@ -198,8 +198,8 @@ class DockerEngine:
         steady sweep need not list its containers (the daemon's; a one-shot command lists every time). Not
         before: a start has no steady sweep, and its stream's connection (an SSH handshake) would only compete
         with the start."""
-        self.node, self.url, self.timeout, self.follow = node, url, timeout, follow
-        self.following = False
+        self.node, self.url, self.timeout = node, url, timeout
+        self._events: bool | None = False if follow else None  # None: never followed; False: not yet; True: followed
         self._client: docker.DockerClient | None = None
         self._lock = threading.Lock()
 
@@ -216,10 +216,10 @@ class DockerEngine:
     def close(self) -> None:
         """Done with the engine: its connection dropped, its events no longer followed for it."""
         self.reset()
-        self.follow = False
-        if self.following:
-            self.following = False
-            LISTINGS.unfollow(self.url)
+        with self._lock:
+            if self._events:
+                LISTINGS.unfollow(self.url)
+            self._events = None
 
     def reset(self) -> None:
         """Drop the connection after a failure; the next call reconnects."""
@@ -259,9 +259,11 @@ class DockerEngine:
     def containers(self, trusted: bool = False) -> list[Container]:
         """The engine's containers. trusted: a steady sweep's, which may take a listing kept while the
         engine's followed events say nothing changed (_Listings); the first starts following them."""
-        if trusted and self.follow and not self.following:
-            self.following = True
-            LISTINGS.follow(self.node, self.url, self.timeout)
+        if trusted and self._events is False:
+            with self._lock:  # observations of one engine may overlap: it is followed once
+                if self._events is False:
+                    self._events = True
+                    LISTINGS.follow(self.node, self.url, self.timeout)
         kept = LISTINGS.get(self.url, trusted)
         if kept is not None:
             return kept
