@@ -56,7 +56,8 @@ class RealBackend:
         self.world = World(view, control_dir=control_dir(cfg.supervisor.state_dir), follow_events=True)
         self.observer = Observer(self.world, recent=self._recent)
         self.actor, self.log = Actor(self.world, log, heartbeat), log
-        self.quick_probe = QuickProbe(self.world.ray.url if self.world.view.dep.uses_ray else "", self.world.api.url)
+        self.quick_probe = QuickProbe(self.world.ray.url if self.world.view.dep.uses_ray else "", self.world.api.url,
+                                      api=self.world.api.kept)
         self._seen: tuple[float, RayObservation | None, EndpointObservation | None] = (0.0, None, None)
         self._fresh_s = cfg.healing.quick_check_interval + 0.25
 

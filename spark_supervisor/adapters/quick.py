@@ -45,7 +45,10 @@ def connection(url: str, timeout: float) -> http.client.HTTPConnection:
 
 
 class KeptAlive:
-    """One kept-alive connection, used by one thread (the loop's)."""
+    """One kept-alive connection, used by one thread (the loop's): the quick check's, and the engine's /metrics
+    read on the same server's (adapters.vllm), which so finds it open (uvicorn closes one idle for 5 s)."""
+
+    LIMIT = 4 << 20  # an answer longer than this is not read further (and the connection is dropped)
 
     def __init__(self, url: str, timeout: float):
         self.url, self.timeout = url, timeout
@@ -58,32 +61,50 @@ class KeptAlive:
                                                     ConnectionResetError)),
             stop=tenacity.stop_after_attempt(2), reraise=True)
 
-    def get(self, to: str) -> tuple[int, bytes]:
-        return self._retrying(self._get, to)
+    def get(self, to: str, *, headers: dict[str, str] | None = None, timeout: float | None = None,
+            limit: int = LIMIT) -> tuple[int, bytes]:
+        """The status and at most ``limit`` + 1 bytes of the body (more than ``limit``: cut short), each
+        socket operation within ``timeout`` (default: the connection's)."""
+        return self._retrying(self._get, to, headers or {}, timeout or self.timeout, limit)
 
-    def _get(self, to: str) -> tuple[int, bytes]:
+    def _get(self, to: str, headers: dict[str, str], timeout: float, limit: int) -> tuple[int, bytes]:
         if self.conn is None:
-            self.conn = connection(self.url, self.timeout)
+            self.conn = connection(self.url, timeout)
+        conn = self.conn
         try:
-            self.conn.request("GET", path(self.url, to))
-            r = self.conn.getresponse()
-            return r.status, r.read()
+            conn.timeout = timeout  # a connect's
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout)
+            conn.request("GET", path(self.url, to), headers=headers)
+            r = conn.getresponse()
+            body = r.read(limit + 1)  # unlike read(), a bounded read returns a body cut short by the server
+            if len(body) <= limit and r.length:
+                raise http.client.IncompleteRead(body, r.length)
         except (OSError, http.client.HTTPException):
+            self.close()
+            raise
+        if not r.isclosed():  # cut short: the rest of the body would be read as the next answer
+            self.close()
+        return r.status, body
+
+    def close(self) -> None:
+        if self.conn is not None:
             self.conn.close()
             self.conn = None
-            raise
 
 
 class QuickProbe:
-    def __init__(self, ray_url: str, api_url: str, timeout: float = 1.0):
-        self.ray, self.api = KeptAlive(ray_url or "http://0.0.0.0", timeout), KeptAlive(api_url, timeout)
+    def __init__(self, ray_url: str, api_url: str, timeout: float = 1.0, api: KeptAlive | None = None):
+        """api: the connection to the API server to use (shared with the engine's /metrics read), else its own."""
+        self.timeout = timeout
+        self.ray, self.api = KeptAlive(ray_url or "http://0.0.0.0", timeout), api or KeptAlive(api_url, timeout)
         self.watch_ray = bool(ray_url)  # "" for a deployment without Ray
 
     def ray_nodes(self) -> RayObservation | None:
         if not self.watch_ray:
             return None
         try:
-            status, body = self.ray.get("/api/v0/nodes?limit=100")
+            status, body = self.ray.get("/api/v0/nodes?limit=100", timeout=self.timeout)
             if status != 200:
                 return RayObservation(False, f"HTTP {status}")
             return parse(json.loads(body))
@@ -92,12 +113,11 @@ class QuickProbe:
 
     def health(self) -> EndpointObservation:
         try:
-            status, _ = self.api.get("/health")
+            status, _ = self.api.get("/health", timeout=self.timeout)
         except (OSError, http.client.HTTPException) as e:
             return observed(failure=e)
         return observed(status)
 
     def close(self) -> None:
-        for k in (self.ray, self.api):
-            if k.conn is not None:
-                k.conn.close()
+        self.ray.close()
+        self.api.close()

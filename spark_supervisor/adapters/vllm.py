@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..model import EndpointObservation, EndpointState, EngineStats, Verdict
 from ..probes import chat_request, judge, sanity_request
 from .health import observed
-from .quick import connection, path
+from .quick import KeptAlive
 
 # The heartbeat's samples (vLLM's v1 metrics, wire-formats.md §1.6) -> EngineStats' fields. vLLM's page (written by
 # prometheus_client) types a counter under its sample's name, "…_total"; another writer may type the family.
@@ -95,6 +95,7 @@ class VllmApi:
     def __init__(self, client: httpx.Client, url: str, *, api_key: str, timeout: float):
         self.http, self.url, self.timeout = client, url.rstrip("/"), timeout
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.kept = KeptAlive(self.url, timeout)
 
     def observe_health(self) -> EndpointObservation:
         """/health alone (the cheap check). Refused is a load in progress: vLLM listens only once loaded."""
@@ -120,19 +121,15 @@ class VllmApi:
 
     def engine(self) -> EngineStats:
         """The engine's heartbeat from its own /metrics (cheap: read each tick while it serves). Plain http.client
-        on a connection of its own, read to at most MAX_METRICS_BYTES: httpx cost four times the CPU, and a
-        sweep comes after uvicorn has closed any connection kept since the last (5 s)."""
-        conn = connection(self.url, self.timeout)
+        over the kept-alive connection the quick check keeps to the same server (``kept``, adapters.quick): httpx
+        cost four times the CPU, and a connection of its own, read every 5 s, would find it closed by uvicorn."""
         try:
-            conn.request("GET", path(self.url, "/metrics"), headers=self.headers)
-            r = conn.getresponse()
-            if r.status != 200:
-                return EngineStats(error=f"/metrics answered HTTP {r.status}")
-            body = r.read(MAX_METRICS_BYTES + 1)
+            status, body = self.kept.get("/metrics", headers=self.headers, timeout=self.timeout,
+                                         limit=MAX_METRICS_BYTES)
         except (OSError, http.client.HTTPException) as e:
             return EngineStats(error=f"/metrics: {type(e).__name__}")
-        finally:
-            conn.close()
+        if status != 200:
+            return EngineStats(error=f"/metrics answered HTTP {status}")
         if len(body) > MAX_METRICS_BYTES:
             return EngineStats(error=f"/metrics: more than {MAX_METRICS_BYTES >> 20} MiB")
         return engine_stats(body.decode("utf-8", "replace"))

@@ -247,10 +247,12 @@ def test_close_ends_the_kept_connections(server: Server) -> None:
     p = QuickProbe(server.url, server.url, timeout=5)
     p.health()
     p.ray_nodes()
-    assert p.api.conn is not None and p.api.conn.sock is not None
-    assert p.ray.conn is not None and p.ray.conn.sock is not None
+    api, ray = p.api.conn, p.ray.conn
+    assert api is not None and api.sock is not None
+    assert ray is not None and ray.sock is not None
     p.close()
-    assert p.api.conn.sock is None and p.ray.conn.sock is None
+    assert api.sock is None and ray.sock is None
+    assert p.api.conn is None and p.ray.conn is None  # the next call connects afresh
     QuickProbe("", server.url).close()  # a probe that never connected closes too
 
 
@@ -270,12 +272,18 @@ def test_metrics_past_the_bound_are_refused_and_the_heartbeat_read_from_a_real_p
     from spark_supervisor.adapters import vllm
     api = vllm.VllmApi(None, server.url, api_key="k", timeout=5)  # type: ignore[arg-type]  # no httpx for /metrics
     server.answers["/metrics"] = (200, b'vllm:num_requests_running{engine="0"} 1\nvllm:generation_tokens_total 9\n')
-    e = api.engine()
-    assert (e.running, e.generated, e.error) == (1, 9, "")
-    server.answers["/metrics"] = (200, b"#" * (vllm.MAX_METRICS_BYTES + 10))
-    assert api.engine().error == "/metrics: more than 4 MiB"
-    server.answers["/metrics"] = (503, b"")
-    assert api.engine().error == "/metrics answered HTTP 503"
+    try:
+        e = api.engine()
+        assert (e.running, e.generated, e.error) == (1, 9, "")
+        server.answers["/metrics"] = (200, b"#" * (vllm.MAX_METRICS_BYTES + 10))
+        assert api.engine().error == "/metrics: more than 4 MiB"
+        assert api.kept.conn is None  # the rest of that body is not taken for the next answer
+        server.answers["/metrics"] = (503, b"")
+        assert api.engine().error == "/metrics answered HTTP 503"
+        assert api.engine().error == "/metrics answered HTTP 503"
+        assert server.connections == 2  # kept alive, but for the page cut short
+    finally:
+        api.kept.close()
 
 
 def test_an_endpoint_behind_a_path_keeps_it(server: Server) -> None:
@@ -287,7 +295,11 @@ def test_an_endpoint_behind_a_path_keeps_it(server: Server) -> None:
         assert p.health().health == 200
     finally:
         p.close()
-    assert vllm.VllmApi(None, server.url + "/v", api_key="", timeout=5).engine().running == 3  # type: ignore[arg-type]
+    api = vllm.VllmApi(None, server.url + "/v", api_key="", timeout=5)  # type: ignore[arg-type]
+    try:
+        assert api.engine().running == 3
+    finally:
+        api.kept.close()
 
 
 def test_tls_is_verified_against_httpxs_own_ca_list_made_once() -> None:
@@ -315,3 +327,24 @@ def test_a_path_http_client_cannot_send_is_sent_percent_encoded_as_httpx_sends_i
     assert p.health().state == "refused"  # it got as far as the connection
     e = vllm.VllmApi(None, "http://127.0.0.1:1/pr\u00e9fix", api_key="", timeout=1).engine()  # type: ignore[arg-type]
     assert e.error == "/metrics: ConnectionRefusedError", e
+
+
+def test_the_engines_metrics_ride_the_quick_checks_kept_connection(server: Server) -> None:
+    """Read every 5 s on a connection of its own, /metrics would find it closed by uvicorn (5 s keep-alive) and
+    connect afresh each sweep; the quick check's, used every second, is open (RealBackend shares it)."""
+    from spark_supervisor.adapters import vllm
+    server.answers["/health"] = (200, b"")
+    server.answers["/metrics"] = (200, b"vllm:num_requests_running 2\nvllm:generation_tokens_total 5\n")
+    api = vllm.VllmApi(None, server.url, api_key="k", timeout=5)  # type: ignore[arg-type]
+    p = QuickProbe("", server.url, timeout=5, api=api.kept)
+    try:
+        for _ in range(3):
+            assert p.health().health == 200
+            assert api.engine().running == 2
+        assert server.connections == 1
+        server.hang_up = True  # the server closes it after an answer: the next call connects again, once
+        assert api.engine().running == 2
+        assert p.health().health == 200
+        assert server.connections == 2
+    finally:
+        p.close()
