@@ -217,9 +217,9 @@ class DockerEngine:
         """Done with the engine: its connection dropped, its events no longer followed for it."""
         self.reset()
         with self._lock:
-            if self._events:
-                LISTINGS.unfollow(self.url)
-            self._events = None
+            followed, self._events = self._events, None
+        if followed:  # outside the lock: stopping a stream over SSH may take a moment
+            LISTINGS.unfollow(self.url)
 
     def reset(self) -> None:
         """Drop the connection after a failure; the next call reconnects."""

@@ -79,11 +79,14 @@ class KeptAlive:
             r = conn.getresponse()
             body = r.read(limit + 1)  # unlike read(), a bounded read returns a body cut short by the server
             if len(body) <= limit and r.length:
-                raise http.client.IncompleteRead(body, r.length)
+                missing = r.length
+                r.close()
+                raise http.client.IncompleteRead(body, missing)
         except (OSError, http.client.HTTPException):
             self.close()
             raise
         if not r.isclosed():  # cut short: the rest of the body would be read as the next answer
+            r.close()
             self.close()
         return r.status, body
 

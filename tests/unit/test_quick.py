@@ -281,7 +281,10 @@ def test_metrics_past_the_bound_are_refused_and_the_heartbeat_read_from_a_real_p
         server.answers["/metrics"] = (503, b"")
         assert api.engine().error == "/metrics answered HTTP 503"
         assert api.engine().error == "/metrics answered HTTP 503"
-        assert server.connections == 2  # kept alive, but for the page cut short
+        assert server.connections == 2  # kept alive, but for the page over the bound
+        server.short, server.answers["/metrics"] = True, (200, b"vllm:num_requests_running 1\n")
+        assert api.engine().error == "/metrics: IncompleteRead"  # a page cut short is not read as a whole one
+        assert api.kept.conn is None
     finally:
         api.kept.close()
 
