@@ -98,16 +98,18 @@ class KeptAlive:
 
 class QuickProbe:
     def __init__(self, ray_url: str, api_url: str, timeout: float = 1.0, api: KeptAlive | None = None):
-        """api: the connection to the API server to use (shared with the engine's /metrics read), else its own."""
+        """api: the connection to the API server to use (shared with the engine's /metrics read, and closed by its
+        owner), else its own."""
         self.timeout = timeout
         self.ray, self.api = KeptAlive(ray_url or "http://0.0.0.0", timeout), api or KeptAlive(api_url, timeout)
+        self._own_api = api is None
         self.watch_ray = bool(ray_url)  # "" for a deployment without Ray
 
     def ray_nodes(self) -> RayObservation | None:
         if not self.watch_ray:
             return None
         try:
-            status, body = self.ray.get("/api/v0/nodes?limit=100", timeout=self.timeout)
+            status, body = self.ray.get("/api/v0/nodes?limit=100")
             if status != 200:
                 return RayObservation(False, f"HTTP {status}")
             return parse(json.loads(body))
@@ -116,11 +118,12 @@ class QuickProbe:
 
     def health(self) -> EndpointObservation:
         try:
-            status, _ = self.api.get("/health", timeout=self.timeout)
+            status, _ = self.api.get("/health", timeout=self.timeout)  # the shared connection's is the API's
         except (OSError, http.client.HTTPException) as e:
             return observed(failure=e)
         return observed(status)
 
     def close(self) -> None:
         self.ray.close()
-        self.api.close()
+        if self._own_api:
+            self.api.close()

@@ -124,8 +124,7 @@ class VllmApi:
         over the kept-alive connection the quick check keeps to the same server (``kept``, adapters.quick): httpx
         cost four times the CPU, and a connection of its own, read every 5 s, would find it closed by uvicorn."""
         try:
-            status, body = self.kept.get("/metrics", headers=self.headers, timeout=self.timeout,
-                                         limit=MAX_METRICS_BYTES)
+            status, body = self.kept.get("/metrics", headers=self.headers, limit=MAX_METRICS_BYTES)
         except (OSError, http.client.HTTPException) as e:
             return EngineStats(error=f"/metrics: {type(e).__name__}")
         if status != 200:

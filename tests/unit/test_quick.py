@@ -349,5 +349,12 @@ def test_the_engines_metrics_ride_the_quick_checks_kept_connection(server: Serve
         assert api.engine().running == 2
         assert p.health().health == 200
         assert server.connections == 2
+        server.hang_up = False
+        assert api.engine().running == 2
+        opened = server.connections
+        p.close()  # the probe closes only what it opened: the shared connection is its owner's (World.close)
+        assert api.engine().running == 2
+        assert server.connections == opened
     finally:
         p.close()
+        api.kept.close()
