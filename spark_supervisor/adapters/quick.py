@@ -1,7 +1,7 @@
 """The once-a-second watch between ticks: Ray's node list and vLLM's /health over kept-alive connections.
 
-Plain http.client rather than httpx here: this runs every second for the daemon's whole life and must cost
-next to nothing (about a quarter of httpx's CPU per request); so does the engine's /metrics each sweep
+A socket and httptools' parser rather than httpx here: this runs every second for the daemon's whole life and must
+cost next to nothing (a tenth of httpx's CPU per request); so does the engine's /metrics each sweep
 (adapters/vllm.py). Every other HTTP call goes through httpx.
 """
 
@@ -10,9 +10,12 @@ from __future__ import annotations
 import functools
 import http.client
 import json
+import re
+import socket
 import ssl
 import urllib.parse
 
+import httptools
 import httpx
 import tenacity
 
@@ -36,23 +39,56 @@ def tls() -> ssl.SSLContext:
     return httpx.create_ssl_context(trust_env=False)
 
 
-def connection(url: str, timeout: float) -> http.client.HTTPConnection:
-    """A plain http.client connection to the URL's host (HTTPS, verified as httpx does, for an https URL)."""
+def endpoint(url: str) -> tuple[str, int, bool, str]:
+    """(host, port, TLS, the Host header) of the URL: the header as httpx sends it (IDNA, brackets, no default port)."""
     u = urllib.parse.urlsplit(url)
-    if u.scheme == "https":
-        return http.client.HTTPSConnection(u.hostname or "127.0.0.1", u.port or 443, timeout=timeout, context=tls())
-    return http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=timeout)
+    tls_ = u.scheme == "https"
+    return u.hostname or "127.0.0.1", u.port or (443 if tls_ else 80), tls_, httpx.URL(url).netloc.decode("ascii")
+
+
+_SENDABLE = re.compile(r"[!-9;-~]+: [ -~]*")  # a header http.client would send (no line breaks, no controls)
+
+
+class Answer:
+    """httptools' callbacks for one answer: its body up to a bound, whether it is whole, and whether the server keeps
+    the connection."""
+
+    __slots__ = ("parser", "body", "size", "limit", "headers", "whole", "framed", "keep")
+
+    def __init__(self, limit: int):
+        self.parser = httptools.HttpResponseParser(self)
+        self.body: list[bytes] = []
+        self.size, self.limit = 0, limit
+        self.headers = self.whole = self.framed = self.keep = False
+
+    def on_header(self, name: bytes, _value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self.framed = True  # else the body runs to the connection's close
+
+    def on_headers_complete(self) -> None:
+        self.headers, self.keep = True, self.parser.should_keep_alive()
+
+    def on_body(self, chunk: bytes) -> None:
+        if self.size <= self.limit:
+            self.body.append(chunk[:self.limit + 1 - self.size])
+        self.size += len(chunk)
+
+    def on_message_complete(self) -> None:
+        self.whole = True
 
 
 class KeptAlive:
-    """One kept-alive connection, used by one thread (the loop's): the quick check's, and the engine's /metrics
-    read on the same server's (adapters.vllm), which so finds it open (uvicorn closes one idle for 5 s)."""
+    """One kept-alive HTTP/1.1 connection, used by one thread (the loop's): the quick check's, and the engine's
+    /metrics read on the same server's (adapters.vllm), which so finds it open (uvicorn closes one idle for 5 s).
+    A socket and httptools' parser (llhttp, uvicorn's): a third of http.client's CPU a request (measured, cold:
+    http.client's header parsing alone cost more than the whole exchange here)."""
 
     LIMIT = 4 << 20  # an answer longer than this is not read further (and the connection is dropped)
 
     def __init__(self, url: str, timeout: float):
         self.url, self.timeout = url, timeout
-        self.conn: http.client.HTTPConnection | None = None
+        self.sock: socket.socket | None = None
+        self._requests: dict[tuple[str, tuple[tuple[str, str], ...]], bytes] = {}
         # A kept-alive connection the server closed: reconnect once, at once (a refused connect stays refused).
         # One Retrying kept for the connection: tenacity's decorator copies its own for every call, which costs
         # an idle daemon about 0.06 ms of CPU a request (measured, cold), a third of a kept-alive GET.
@@ -64,36 +100,63 @@ class KeptAlive:
     def get(self, to: str, *, headers: dict[str, str] | None = None, timeout: float | None = None,
             limit: int = LIMIT) -> tuple[int, bytes]:
         """The status and at most ``limit`` + 1 bytes of the body (more than ``limit``: cut short), each
-        socket operation within ``timeout`` (default: the connection's)."""
-        return self._retrying(self._get, to, headers or {}, timeout or self.timeout, limit)
+        socket operation within ``timeout`` (default: the connection's). Raises OSError or HTTPException:
+        RemoteDisconnected (closed before an answer), IncompleteRead (closed within one), HTTPException (not HTTP)."""
+        return self._retrying(self._get, self._request(to, headers or {}), timeout or self.timeout, limit)
 
-    def _get(self, to: str, headers: dict[str, str], timeout: float, limit: int) -> tuple[int, bytes]:
-        if self.conn is None:
-            self.conn = connection(self.url, timeout)
-        conn = self.conn
+    def _request(self, to: str, headers: dict[str, str]) -> bytes:
+        key = (to, tuple(headers.items()))
+        if (request := self._requests.get(key)) is None:
+            lines = [f"GET {path(self.url, to)} HTTP/1.1", f"Host: {endpoint(self.url)[3]}",
+                     "Accept-Encoding: identity", *(f"{k}: {v}" for k, v in headers.items())]
+            if not all(_SENDABLE.fullmatch(line) for line in lines[1:]):
+                raise http.client.HTTPException("a header that cannot be sent")
+            request = self._requests[key] = "\r\n".join([*lines, "", ""]).encode("ascii")
+        return request
+
+    def _connect(self, timeout: float) -> socket.socket:
+        host, port, tls_, _ = endpoint(self.url)
+        sock = socket.create_connection((host, port), timeout)
+        if tls_:
+            try:
+                sock = tls().wrap_socket(sock, server_hostname=host)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
+        return sock
+
+    def _get(self, request: bytes, timeout: float, limit: int) -> tuple[int, bytes]:
+        answer, got = Answer(limit), False
         try:
-            conn.timeout = timeout  # a connect's
-            if conn.sock is not None:
-                conn.sock.settimeout(timeout)
-            conn.request("GET", path(self.url, to), headers=headers)
-            r = conn.getresponse()
-            body = r.read(limit + 1)  # unlike read(), a bounded read returns a body cut short by the server
-            if len(body) <= limit and r.length:
-                missing = r.length
-                r.close()
-                raise http.client.IncompleteRead(body, missing)
+            sock = self.sock or self._connect(timeout)
+            sock.settimeout(timeout)
+            sock.sendall(request)
+            while not answer.whole and answer.size <= limit:
+                data = sock.recv(65536)
+                if not data:
+                    if not got:
+                        raise http.client.RemoteDisconnected("closed without an answer")
+                    if answer.headers and not answer.framed:  # its body ran to the close
+                        answer.whole = answer.keep = False
+                        break
+                    raise http.client.IncompleteRead(b"".join(answer.body))
+                got = True
+                answer.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
+            self.close()
+            raise http.client.HTTPException(f"not an HTTP answer: {e}") from e
         except (OSError, http.client.HTTPException):
             self.close()
             raise
-        if not r.isclosed():  # cut short: the rest of the body would be read as the next answer
-            r.close()
+        if not (answer.whole and answer.keep):  # cut short: the rest would be read as the next answer
             self.close()
-        return r.status, body
+        return answer.parser.get_status_code(), b"".join(answer.body)
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
 class QuickProbe:

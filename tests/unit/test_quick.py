@@ -5,12 +5,14 @@ refused or in error), never an exception, and never a wait past the probe's time
 
 from __future__ import annotations
 
+import http.client
 import http.server
 import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -231,14 +233,14 @@ def test_after_a_failure_the_next_call_connects_again(refused_url: str, server: 
     k = KeptAlive(refused_url, timeout=5)
     with pytest.raises(ConnectionRefusedError):
         k.get("/health")
-    assert k.conn is None  # the failed connection is dropped, not reused
+    assert k.sock is None  # the failed connection is dropped, not reused
     server.answers["/health"] = (200, b"ok")
-    k.url = server.url
+    k = KeptAlive(server.url, timeout=5)
     try:
         assert k.get("/health") == (200, b"ok")
+        assert k.sock is not None
     finally:
-        assert k.conn is not None
-        k.conn.close()
+        k.close()
 
 
 def test_close_ends_the_kept_connections(server: Server) -> None:
@@ -247,25 +249,48 @@ def test_close_ends_the_kept_connections(server: Server) -> None:
     p = QuickProbe(server.url, server.url, timeout=5)
     p.health()
     p.ray_nodes()
-    api, ray = p.api.conn, p.ray.conn
-    assert api is not None and api.sock is not None
-    assert ray is not None and ray.sock is not None
+    api, ray = p.api.sock, p.ray.sock
+    assert api is not None and ray is not None and api.fileno() >= 0 and ray.fileno() >= 0
     p.close()
-    assert api.sock is None and ray.sock is None
-    assert p.api.conn is None and p.ray.conn is None  # the next call connects afresh
+    assert api.fileno() == -1 and ray.fileno() == -1
+    assert p.api.sock is None and p.ray.sock is None  # the next call connects afresh
     QuickProbe("", server.url).close()  # a probe that never connected closes too
 
 
-def test_an_https_endpoint_gets_a_verified_tls_connection_and_a_plain_one_does_not() -> None:
-    """vLLM may serve TLS (--ssl-keyfile): the quick checks and /metrics must then speak it, as httpx does."""
+def test_an_https_endpoint_is_spoken_to_in_tls_verified_against_httpxs_ca_list(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM may serve TLS (--ssl-keyfile): the quick checks and /metrics must then speak it, verified as httpx
+    verifies (its own CA list, made once). A real TLS server with a certificate of its own: refused as unverified
+    by that list, answered over one kept connection once the test trusts it."""
     import ssl
+    import subprocess
 
-    from spark_supervisor.adapters.quick import connection
-    tls = connection("https://spark-1:8443", 1)
-    assert isinstance(tls, http.client.HTTPSConnection) and (tls.host, tls.port) == ("spark-1", 8443)
-    assert tls._context.verify_mode == ssl.CERT_REQUIRED  # type: ignore[attr-defined]
-    plain = connection("http://127.0.0.2:8000", 1)
-    assert not isinstance(plain, http.client.HTTPSConnection) and (plain.host, plain.port) == ("127.0.0.2", 8000)
+    from spark_supervisor.adapters import quick
+    quick.tls.cache_clear()
+    assert quick.tls() is quick.tls() and quick.tls().verify_mode == ssl.CERT_REQUIRED and quick.tls().check_hostname
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost"], check=True, capture_output=True, timeout=60)
+    s = Server()
+    side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    side.load_cert_chain(cert, key)
+    s.socket = side.wrap_socket(s.socket, server_side=True)
+    threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    s.answers["/health"] = (200, b"")
+    url = f"https://localhost:{s.server_address[1]}"
+    try:
+        p = QuickProbe("", url, timeout=5)
+        assert p.health() == EndpointObservation(EndpointState.ERROR, "/health: SSLCertVerificationError")
+        trusting = ssl.create_default_context(cafile=str(cert))
+        monkeypatch.setattr(quick, "tls", lambda: trusting)
+        for _ in range(3):
+            assert p.health() == EndpointObservation(EndpointState.UP, "", 200)
+        assert s.connections == 1  # one kept (the refused handshake never reached a handler)
+        p.close()
+    finally:
+        s.shutdown()
+        s.server_close()
 
 
 def test_metrics_past_the_bound_are_refused_and_the_heartbeat_read_from_a_real_page(server: Server) -> None:
@@ -275,16 +300,16 @@ def test_metrics_past_the_bound_are_refused_and_the_heartbeat_read_from_a_real_p
     try:
         e = api.engine()
         assert (e.running, e.generated, e.error) == (1, 9, "")
-        server.answers["/metrics"] = (200, b"#" * (vllm.MAX_METRICS_BYTES + 10))
+        server.answers["/metrics"] = (200, b"#" * (vllm.MAX_METRICS_BYTES + (1 << 20)))
         assert api.engine().error == "/metrics: more than 4 MiB"
-        assert api.kept.conn is None  # the rest of that body is not taken for the next answer
+        assert api.kept.sock is None  # the rest of that body is not taken for the next answer
         server.answers["/metrics"] = (503, b"")
         assert api.engine().error == "/metrics answered HTTP 503"
         assert api.engine().error == "/metrics answered HTTP 503"
         assert server.connections == 2  # kept alive, but for the page over the bound
         server.short, server.answers["/metrics"] = True, (200, b"vllm:num_requests_running 1\n")
         assert api.engine().error == "/metrics: IncompleteRead"  # a page cut short is not read as a whole one
-        assert api.kept.conn is None
+        assert api.kept.sock is None
     finally:
         api.kept.close()
 
@@ -303,16 +328,6 @@ def test_an_endpoint_behind_a_path_keeps_it(server: Server) -> None:
         assert api.engine().running == 3
     finally:
         api.kept.close()
-
-
-def test_tls_is_verified_against_httpxs_own_ca_list_made_once() -> None:
-    import ssl
-
-    from spark_supervisor.adapters import quick
-    quick.tls.cache_clear()
-    a, b = quick.connection("https://h:1", 1), quick.connection("https://h:2", 1)
-    assert a._context is b._context is quick.tls()  # type: ignore[attr-defined]
-    assert quick.tls().verify_mode == ssl.CERT_REQUIRED and quick.tls().check_hostname
 
 
 def test_a_path_http_client_cannot_send_is_sent_percent_encoded_as_httpx_sends_it() -> None:
@@ -358,3 +373,82 @@ def test_the_engines_metrics_ride_the_quick_checks_kept_connection(server: Serve
     finally:
         p.close()
         api.kept.close()
+
+
+# ------------------------------------------------------------------------------------------- the answer's framing
+@pytest.fixture
+def canned() -> Iterator[Any]:
+    """canned(answer, close): a server that reads each request and sends ``answer`` as it is, closing the connection
+    after it if told: framings ThreadingHTTPServer never sends."""
+    made: list[socket.socket] = []
+
+    def make(answer: bytes, close: bool) -> str:
+        listener = socket.create_server(("127.0.0.1", 0))
+        made.append(listener)
+
+        def serve() -> None:
+            while True:
+                try:
+                    c, _ = listener.accept()
+                except OSError:
+                    return
+                with c:
+                    while c.recv(65536):
+                        c.sendall(answer)
+                        if close:
+                            break
+        threading.Thread(target=serve, daemon=True).start()
+        return f"http://127.0.0.1:{listener.getsockname()[1]}"
+    yield make
+    for s in made:
+        s.close()
+
+
+def test_a_chunked_answer_is_read_whole_and_the_connection_kept(canned: Any) -> None:
+    k = KeptAlive(canned(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n", False), 5)
+    try:
+        assert k.get("/metrics") == (200, b"abcde")
+        sock = k.sock
+        assert k.get("/metrics") == (200, b"abcde") and k.sock is sock
+    finally:
+        k.close()
+
+
+def test_an_answer_that_runs_to_the_close_is_read_whole_and_the_connection_not_kept(canned: Any) -> None:
+    k = KeptAlive(canned(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it", True), 5)
+    assert k.get("/metrics") == (200, b"all of it")
+    assert k.sock is None
+    assert k.get("/metrics") == (200, b"all of it")  # and the next one connects again
+    k.close()
+
+
+def test_an_answer_that_says_close_is_read_and_the_connection_not_kept(canned: Any) -> None:
+    k = KeptAlive(canned(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok", True), 5)
+    assert k.get("/health") == (200, b"ok")
+    assert k.sock is None
+
+
+@pytest.mark.parametrize("answer", [b"SSH-2.0-OpenSSH_9.6\r\n", b"HTTP/1.1 abc OK\r\n\r\n",
+                                    b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n"])
+def test_an_answer_that_is_not_http_is_an_error_and_the_connection_dropped(canned: Any, answer: bytes) -> None:
+    url = canned(answer, False)
+    k = KeptAlive(url, 5)
+    with pytest.raises(http.client.HTTPException, match="not an HTTP answer"):
+        k.get("/health")
+    assert k.sock is None
+    assert QuickProbe("", url, timeout=5).health() == EndpointObservation(EndpointState.ERROR, "/health: HTTPException")
+
+
+def test_an_answer_with_nothing_before_the_close_is_a_remote_disconnect(canned: Any) -> None:
+    k = KeptAlive(canned(b"", True), 5)
+    with pytest.raises(http.client.RemoteDisconnected):
+        k.get("/health")
+    assert k.sock is None
+
+
+def test_a_header_that_cannot_be_sent_is_refused_before_anything_is_sent(server: Server) -> None:
+    k = KeptAlive(server.url, 5)
+    for bad in ({"Authorization": "Bearer a\r\nX-Injected: 1"}, {"X\nY": "1"}, {"Authorization": "caf\u00e9"}):
+        with pytest.raises(http.client.HTTPException, match="cannot be sent"):
+            k.get("/health", headers=bad)
+    assert server.requests == [] and k.sock is None
