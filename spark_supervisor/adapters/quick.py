@@ -13,6 +13,7 @@ import json
 import re
 import socket
 import ssl
+import time
 import urllib.parse
 
 import httptools
@@ -100,7 +101,7 @@ class KeptAlive:
     def get(self, to: str, *, headers: dict[str, str] | None = None, timeout: float | None = None,
             limit: int = LIMIT) -> tuple[int, bytes]:
         """The status and at most ``limit`` + 1 bytes of the body (more than ``limit``: cut short), each
-        socket operation within ``timeout`` (default: the connection's). Raises OSError or HTTPException:
+        socket operation and the answer as a whole within ``timeout`` (default: the connection's). Raises OSError or HTTPException:
         RemoteDisconnected (closed before an answer), IncompleteRead (closed within one), HTTPException (not HTTP)."""
         return self._retrying(self._get, self._request(to, headers or {}), timeout or self.timeout, limit)
 
@@ -127,7 +128,7 @@ class KeptAlive:
         return sock
 
     def _get(self, request: bytes, timeout: float, limit: int) -> tuple[int, bytes]:
-        answer, got = Answer(limit), False
+        answer, got, deadline = Answer(limit), False, time.monotonic() + timeout
         try:
             sock = self.sock or self._connect(timeout)
             sock.settimeout(timeout)
@@ -138,11 +139,13 @@ class KeptAlive:
                     if not got:
                         raise http.client.RemoteDisconnected("closed without an answer")
                     if answer.headers and not answer.framed:  # its body ran to the close
-                        answer.whole = answer.keep = False
+                        answer.whole, answer.keep = True, False
                         break
                     raise http.client.IncompleteRead(b"".join(answer.body))
                 got = True
                 answer.parser.feed_data(data)
+                if not answer.whole and time.monotonic() > deadline:  # a server that drips it out
+                    raise TimeoutError("the answer took longer than its timeout")
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
             self.close()
             raise http.client.HTTPException(f"not an HTTP answer: {e}") from e

@@ -452,3 +452,26 @@ def test_a_header_that_cannot_be_sent_is_refused_before_anything_is_sent(server:
         with pytest.raises(http.client.HTTPException, match="cannot be sent"):
             k.get("/health", headers=bad)
     assert server.requests == [] and k.sock is None
+
+
+def test_an_answer_dripped_out_byte_by_byte_is_a_timeout_not_a_wait_without_end() -> None:
+    """Each read within the timeout is not enough: a server sending a byte every 50 ms would hold the loop for days."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        stop = threading.Event()
+
+        def drip() -> None:
+            c, _ = listener.accept()
+            with c:
+                c.recv(65536)
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n")
+                while not stop.wait(0.05):
+                    c.sendall(b"#")
+        threading.Thread(target=drip, daemon=True).start()
+        k = KeptAlive(f"http://127.0.0.1:{listener.getsockname()[1]}", 0.5)
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(TimeoutError):
+                k.get("/metrics")
+            assert time.monotonic() - t0 < 30 and k.sock is None
+        finally:
+            stop.set()
