@@ -11,6 +11,7 @@ import functools
 import http.client
 import json
 import re
+import select
 import socket
 import ssl
 import time
@@ -18,7 +19,6 @@ import urllib.parse
 
 import httptools
 import httpx
-import tenacity
 
 from ..model import EndpointObservation, RayObservation
 from .health import observed
@@ -90,20 +90,19 @@ class KeptAlive:
         self.url, self.timeout = url, timeout
         self.sock: socket.socket | None = None
         self._requests: dict[tuple[str, tuple[tuple[str, str], ...]], bytes] = {}
-        # A kept-alive connection the server closed: reconnect once, at once (a refused connect stays refused).
-        # One Retrying kept for the connection: tenacity's decorator copies its own for every call, which costs
-        # an idle daemon about 0.06 ms of CPU a request (measured, cold), a third of a kept-alive GET.
-        self._retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type((http.client.RemoteDisconnected, BrokenPipeError,
-                                                    ConnectionResetError)),
-            stop=tenacity.stop_after_attempt(2), reraise=True)
 
     def get(self, to: str, *, headers: dict[str, str] | None = None, timeout: float | None = None,
             limit: int = LIMIT) -> tuple[int, bytes]:
-        """The status and at most ``limit`` + 1 bytes of the body (more than ``limit``: cut short), each
-        socket operation and the answer as a whole within ``timeout`` (default: the connection's). Raises OSError or HTTPException:
-        RemoteDisconnected (closed before an answer), IncompleteRead (closed within one), HTTPException (not HTTP)."""
-        return self._retrying(self._get, self._request(to, headers or {}), timeout or self.timeout, limit)
+        """The status and at most ``limit`` + 1 bytes of the body (more than ``limit``: cut short), each socket
+        operation and the answer as a whole within ``timeout`` (default: the connection's). Raises OSError or
+        HTTPException: RemoteDisconnected (closed before an answer), IncompleteRead (closed within one),
+        HTTPException (not HTTP). Nothing is retried: a kept connection the server has closed (an idle timeout, a
+        restart) is found so before the request is sent, as urllib3's pool does, and a new one made; a close
+        that crosses the request is that check's failure, and the next check connects again."""
+        request = self._request(to, headers or {})
+        if self.sock is not None and select.select([self.sock], [], [], 0)[0]:
+            self.close()  # readable while idle: closed by the server, or holding what was never asked for
+        return self._get(request, timeout or self.timeout, limit)
 
     def _request(self, to: str, headers: dict[str, str]) -> bytes:
         key = (to, tuple(headers.items()))

@@ -219,14 +219,34 @@ def test_one_connection_serves_every_watch(server: Server, probe: list[QuickProb
     assert len(server.requests) == 10 and server.connections == 2  # one kept alive for each of the two
 
 
-def test_a_kept_alive_connection_the_server_dropped_is_made_again_at_once(server: Server,
-                                                                         probe: list[QuickProbe]) -> None:
+def closed_by_the_server(k: KeptAlive) -> None:
+    """Wait (with a deadline) until the server's close of ``k``'s connection has reached it: a close while idle."""
+    import select
+    assert k.sock is not None
+    deadline = time.monotonic() + 30
+    while not select.select([k.sock], [], [], 0.1)[0]:
+        assert time.monotonic() < deadline, "the server never closed the connection"
+
+
+def test_a_kept_alive_connection_the_server_closed_while_idle_is_made_again_before_the_request(
+        server: Server, probe: list[QuickProbe]) -> None:
+    """uvicorn closes a connection idle for 5 s (Ray's aiohttp, for 75 s): the next check finds it closed before it
+    sends, connects again, and is answered: never a failure in between, and nothing retried."""
     server.hang_up = True  # it answers, then closes the connection the client keeps
     server.answers["/health"] = (200, b"")
     p = quick(probe, "", server.url)
     for _ in range(3):
-        assert p.health() == EndpointObservation(EndpointState.UP, "", 200)  # never a failure in between
-    assert server.connections == 3
+        assert p.health() == EndpointObservation(EndpointState.UP, "", 200)
+        closed_by_the_server(p.api)
+    assert server.connections == 3 and server.requests == ["/health"] * 3
+
+
+def test_a_close_that_crosses_the_request_is_that_checks_failure_and_the_next_connects_again(canned: Any) -> None:
+    url = canned(b"", True)  # reads the request, closes without an answer
+    p = QuickProbe("", url, timeout=5)
+    assert p.health() == EndpointObservation(EndpointState.ERROR, "/health: RemoteDisconnected")
+    assert p.api.sock is None
+    p.close()
 
 
 def test_after_a_failure_the_next_call_connects_again(refused_url: str, server: Server) -> None:
@@ -362,6 +382,7 @@ def test_the_engines_metrics_ride_the_quick_checks_kept_connection(server: Serve
         assert server.connections == 1
         server.hang_up = True  # the server closes it after an answer: the next call connects again, once
         assert api.engine().running == 2
+        closed_by_the_server(api.kept)
         assert p.health().health == 200
         assert server.connections == 2
         server.hang_up = False
