@@ -64,13 +64,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.server.connections += 1
 
     def do_GET(self) -> None:
+        # The switches as they were when the request came: a test flips them once it has its answer.
+        hang_up, short = self.server.hang_up, self.server.short
         self.server.requests.append(self.path)
         status, body = self.server.answers.get(self.path.split("?")[0], (404, b""))
         self.send_response(status)
-        self.send_header("Content-Length", str(len(body) + (100 if self.server.short else 0)))
+        self.send_header("Content-Length", str(len(body) + (100 if short else 0)))
         self.end_headers()
         self.wfile.write(body)
-        self.close_connection = self.server.hang_up or self.server.short
+        self.close_connection = hang_up or short
 
     def log_message(self, format: str, *args: object) -> None:
         pass
