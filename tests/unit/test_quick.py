@@ -385,9 +385,9 @@ def test_the_engines_metrics_ride_the_quick_checks_kept_connection(server: Serve
         server.hang_up = True  # the server closes it after an answer: the next call connects again, once
         assert api.engine().running == 2
         closed_by_the_server(api.kept)
+        server.hang_up = False
         assert p.health().health == 200
         assert server.connections == 2
-        server.hang_up = False
         assert api.engine().running == 2
         opened = server.connections
         p.close()  # the probe closes only what it opened: the shared connection is its owner's (World.close)
