@@ -136,10 +136,11 @@ def _build(src: Path, tag: str, venv: Path, scratch: Path) -> None:
     (own / "zz-spark-dev-site-packages.pth").write_text("".join(f"{p}\n" for p in dev_site_packages()))
 
 
-def release_venv(src: Path, tag: str, cache_dir: Path) -> Path:
-    """The bin/ of a venv holding ``tag``'s spark_supervisor (built once, then reused while it works)."""
+def release_venv(src: Path, tag: str, cache_dir: Path, kind: str = "release") -> Path:
+    """The bin/ of a venv holding ``tag``'s spark_supervisor (built once, then reused while it works). kind:
+    "release", or "current" for HEAD's (`make bench-beside`'s current side; only the newest such venv is kept)."""
     commit = commit_of(src, tag)
-    name = cache_dir / f"release-{tag}-{commit[:12]}"
+    name = cache_dir / f"{kind}-{tag}-{commit[:12]}"
     if not problem(name):
         return name / "bin"
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -158,7 +159,19 @@ def release_venv(src: Path, tag: str, cache_dir: Path) -> Path:
         shutil.rmtree(venv, ignore_errors=True)
         raise
     _publish(name, venv)
+    if kind == "current":
+        for other in cache_dir.glob(f"{kind}-{tag}-*"):
+            if other.is_symlink() and other != name:
+                _unpublish(other)
     return name / "bin"
+
+
+def _unpublish(name: Path) -> None:
+    """A link this bench made, and the venv it names if that is one of ours (in the cache, named after it)."""
+    old = name.resolve()
+    name.unlink()
+    if old.parent == name.parent.resolve() and old.name.startswith(f"{name.name}."):
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _publish(name: Path, venv: Path) -> None:

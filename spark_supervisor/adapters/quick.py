@@ -89,6 +89,7 @@ class KeptAlive:
     def __init__(self, url: str, timeout: float):
         self.url, self.timeout = url, timeout
         self.sock: socket.socket | None = None
+        self._idle = select.poll()  # the kept socket's, registered at connect
         self._requests: dict[tuple[str, tuple[tuple[str, str], ...]], bytes] = {}
 
     def get(self, to: str, *, headers: dict[str, str] | None = None, timeout: float | None = None,
@@ -100,7 +101,7 @@ class KeptAlive:
         restart) is found so before the request is sent, as urllib3's pool does, and a new one made; a close
         that crosses the request is that check's failure, and the next check connects again."""
         request = self._request(to, headers or {})
-        if self.sock is not None and select.select([self.sock], [], [], 0)[0]:
+        if self.sock is not None and self._idle.poll(0):  # poll, not select: any descriptor number
             self.close()  # readable while idle: closed by the server, or holding what was never asked for
         return self._get(request, timeout or self.timeout, limit)
 
@@ -123,6 +124,8 @@ class KeptAlive:
             except BaseException:
                 sock.close()
                 raise
+        self._idle = select.poll()
+        self._idle.register(sock, select.POLLIN)
         self.sock = sock
         return sock
 

@@ -188,3 +188,28 @@ def test_the_bench_beside_runs_only_the_steps_named_in_their_order_and_refuses_a
     assert len(beside.steps({}, 3, 60)) == len(beside.STEPS)
     with pytest.raises(ValueError, match="no such step: idel"):
         beside.steps({}, 3, 60, ("idel",))
+
+
+def test_the_current_side_with_uncommitted_changes_to_the_wheels_sources_is_the_dev_venvs(
+        repo: Path, tmp_path: Path) -> None:
+    from spark_testbed import beside
+    (repo / "spark_supervisor").mkdir()
+    (repo / "spark_supervisor" / "x.py").write_text("A = 1\n")
+    commit(repo, "code")
+    (repo / "spark_supervisor" / "x.py").write_text("A = 2\n")
+    side, note = beside.current_side(repo, tmp_path / "cache", tmp_path / "work")
+    assert side.bin_dir == harness.BIN and "uncommitted" in note
+    assert not (tmp_path / "cache").exists()  # nothing built
+
+
+def test_an_older_current_venv_is_removed_with_its_link_and_a_link_made_by_hand_only_unlinked(tmp_path: Path) -> None:
+    from spark_testbed.release import _unpublish
+    ours = tmp_path / "current-HEAD-aaaa.x1y2"
+    ours.mkdir()
+    (tmp_path / "current-HEAD-aaaa").symlink_to(ours.name)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "current-HEAD-bbbb").symlink_to(elsewhere)
+    _unpublish(tmp_path / "current-HEAD-aaaa")
+    _unpublish(tmp_path / "current-HEAD-bbbb")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import os
 import socket
 import threading
 import time
@@ -498,3 +499,25 @@ def test_an_answer_dripped_out_byte_by_byte_is_a_timeout_not_a_wait_without_end(
             assert time.monotonic() - t0 < 30 and k.sock is None
         finally:
             stop.set()
+
+
+def test_a_connection_past_descriptor_1024_is_kept_alive_as_any_other(server: Server) -> None:
+    """select() refuses a descriptor past FD_SETSIZE (ValueError, out of the check): a daemon holding many files
+    would have had its quick check raise. The idle check is poll()'s."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"at most {hard} files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    server.answers["/health"] = (200, b"")
+    k = KeptAlive(server.url, 5)
+    try:
+        for _ in range(3):
+            assert k.get("/health")[0] == 200
+        assert k.sock is not None and k.sock.fileno() > 1024 and server.connections == 1
+    finally:
+        k.close()
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
