@@ -61,6 +61,8 @@ class FakeBackend:
 
     def __init__(self) -> None:
         self.next: Observation | None = None
+        self.steady: Observation | None = None  # what a steady sweep sees, when told (else ``next``)
+        self.asked: list[bool] = []  # each observation's ``full``
         self.ran: list[Action] = []
         self.fail: dict[type, ActionFailed] = {}
         self.reports: dict[str, ImageReport] = {}  # what CheckImage finds, per node
@@ -69,9 +71,10 @@ class FakeBackend:
         self.proofs = 0
         self.pinned: dict[str, str] = {}  # what pin() was last told
 
-    def observe(self, _full: bool) -> Observation:
+    def observe(self, full: bool) -> Observation:
         assert self.next is not None
-        return self.next
+        self.asked.append(full)
+        return self.next if full or self.steady is None else self.steady
 
     def run(self, action: Action) -> Outcome:
         self.ran.append(action)

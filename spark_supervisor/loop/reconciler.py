@@ -88,8 +88,7 @@ class Reconciler:
 
     # ------------------------------------------------------------------------------------ one tick
     def _want_full(self, now: float) -> bool:
-        return (self.last_full is None or self.status.phase in _FULL_PHASES or self._look_closer
-                or now - self.last_full.at >= self.view.cfg.supervisor.full_observe_interval)
+        return wants_full(self.last_full, self.status.phase, self._look_closer, self.last_seen, now, self.view)
 
     def tick(self) -> float:
         """One reconcile pass; returns the seconds until the next one."""
@@ -312,6 +311,16 @@ def _phase_line(st: Status, view: DeploymentView, now: float) -> str:
     if st.phase == Phase.LOADING:
         return f"LOADING {st.progress}" + (f" ({st.reason})" if st.reason else "")
     return f"{st.phase.value} {st.reason}".strip()
+
+
+def wants_full(last_full: Observation | None, phase: Phase, look_closer: bool, seen: Seen | None, now: float,
+               view: DeploymentView) -> bool:
+    """Whether a tick observes fully: the first, in the phases that act on the slow facts, when the plan asked,
+    at least every full_observe_interval, and while something could not be seen: a steady sweep does not look at
+    a node's engine or the serve's state again (it keeps a listing, it trusts /health), and must not be taken
+    for having seen them (the unknown's run, and so DEGRADED after the patience, would break on every one)."""
+    return (last_full is None or phase in _FULL_PHASES or look_closer or bool(seen is not None and seen.unknown)
+            or now - last_full.at >= view.cfg.supervisor.full_observe_interval)
 
 
 def _interval(st: Status, view: DeploymentView, clock: Callable[[], float]) -> float:

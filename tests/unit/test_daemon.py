@@ -425,7 +425,7 @@ def test_a_tick_that_takes_time_does_not_rewrite_an_unchanged_status_file(tmp_pa
     def slow(full: bool) -> Observation:  # each tick's observation takes its time, a different one each tick
         clock.t += 0.0137 * next(took)
         return seen(full)
-    be.observe = slow  # type: ignore[method-assign,assignment]
+    be.observe = slow  # type: ignore[method-assign]
     status = tmp_path / "state" / "status.json"
     daemon.tick()
     written, measured = status.stat().st_ino, json.loads(status.read_text())["performance"]["measured"]
@@ -434,3 +434,38 @@ def test_a_tick_that_takes_time_does_not_rewrite_an_unchanged_status_file(tmp_pa
         daemon.tick()
         assert json.loads(status.read_text())["performance"]["measured"] == measured
     assert status.stat().st_ino == written  # not replaced: nothing in it changed
+
+
+def test_a_node_unseen_by_full_observations_stays_unknown_until_one_sees_it_and_degrades_after_the_patience(
+        tmp_path: Path) -> None:
+    """A hung containerd: `docker version` and the serve-state exec (full observations) time out, while a steady
+    sweep keeps the engine's listing (its event stream is silent, not ended) and trusts /health. The steady
+    sweep must not count as having seen the node: each tick looks fully while something is unseen, the run of
+    unknowns is unbroken, and DEGRADED comes after the patience, with no flapping "known again" in between."""
+    from dataclasses import replace
+
+    from spark_supervisor.model import EngineStats
+    daemon, be, clock, _, _ = make(tmp_path)
+    c = daemon.cfg
+    up = EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",))
+    fine = replace(obs(c, deployed=True, serve=serve_running(c), endpoint=up), engine=EngineStats())
+    hung = replace(fine, nodes={**fine.nodes, "spark-1": replace(fine.nodes["spark-1"],
+                                                                  error="ObserveTimeout: no answer within 11s")})
+
+    def tick(full: Observation, steady: Observation | None = None) -> None:
+        be.next, be.steady = replace(full, at=clock.t), steady and replace(steady, full=False, at=clock.t)
+        daemon.tick()
+        clock.t += 5
+    for _ in range(3):
+        tick(fine, fine)
+    assert phase_now(daemon.status) == Phase.SERVING and not all(be.asked)  # steady sweeps while all is seen
+    asked = len(be.asked)
+    t0 = clock.t
+    while clock.t - t0 <= c.supervisor.full_observe_interval + c.healing.unknown_patience + 30:
+        tick(hung, fine)  # a steady sweep sees nothing wrong
+        if True in be.asked[asked:]:  # from the first full observation on
+            assert "node spark-1" in daemon.status.unknown_since, "known again while nothing has seen it"
+            assert all(be.asked[be.asked.index(True, asked):]), "a steady sweep while the node is unseen"
+    assert phase_now(daemon.status) == Phase.DEGRADED and daemon.status.why.kind == "ObservationUnknown"
+    tick(fine)  # containerd answers again: a full observation sees it, and it is known again
+    assert "node spark-1" not in daemon.status.unknown_since and phase_now(daemon.status) == Phase.SERVING
