@@ -78,6 +78,7 @@ The bootstrap interface is NCCL_SOCKET_IFNAME's (else the tree's GID netdev, els
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
@@ -1149,12 +1150,15 @@ class Api(BaseHTTPRequestHandler):
             else:
                 for _ in ENGINE.generate(r, len(tokens)):
                     pass
-                self._answer(r.prompt, tokens, finish)
             reason = finish
         except (Stopped, OSError):
             pass
         finally:
             ENGINE.finish(r, reason)
+        if reason == finish and not req.get("stream"):
+            # after the engine's figures moved, as the real server's: its client, answered, reads them moved
+            with contextlib.suppress(OSError):
+                self._answer(r.prompt, tokens, finish)
 
     def _reasoning(self, text: str) -> dict[str, Any]:
         """The reasoning field(s) of this vLLM version (message and streaming delta alike)."""
