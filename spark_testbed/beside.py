@@ -203,11 +203,16 @@ def loadavg() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def facts(src: Path, tag: str, venv_note: str, current_note: str) -> dict[str, str]:
+def uncommitted(src: Path) -> list[str]:
+    """The tracked paths with changes not committed (git status's porcelain lines, a rename's new path)."""
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=src, capture_output=True,
+                         text=True, check=False, timeout=60).stdout
+    return [line[3:].rpartition(" -> ")[2] for line in out.splitlines() if len(line) > 3]
+
+
+def facts(src: Path, tag: str, venv_note: str, current_note: str, dirty: bool) -> dict[str, str]:
     """The machine and the two versions, at the start."""
     head = release.commit_of(src, "HEAD")
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=src, capture_output=True,
-                           text=True, check=False, timeout=60).stdout.strip()
     return {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "cores (nproc)": str(len(os.sched_getaffinity(0))),
             "load average at the start": loadavg(),
@@ -216,14 +221,12 @@ def facts(src: Path, tag: str, venv_note: str, current_note: str) -> dict[str, s
             "release": f"{tag} at {release.commit_of(src, tag)[:12]}, {venv_note}"}
 
 
-def current_side(src: Path, cache: Path, workdir: Path) -> tuple[Side, str]:
+def current_side(src: Path, cache: Path, workdir: Path, dirty: list[str]) -> tuple[Side, str]:
     """The current code as a head node runs it: HEAD's wheel, in a venv built as the release's is (the dev venv's
     editable install puts a finder before every import: measured here, 0.04 s more to import the daemon and 0.17 s
     later to its first log line); with changes to the wheel's sources not committed, the dev venv's install, and
     the facts say so."""
-    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *release.WHEEL_SOURCES],
-                             cwd=src, capture_output=True, text=True, check=False, timeout=60).stdout.strip()
-    if changed:
+    if any(p == w or p.startswith(f"{w}/") for p in dirty for w in release.WHEEL_SOURCES):
         note = "the dev venv's editable install (the wheel's sources have uncommitted changes)"
         print(f"[beside] current: {note}", flush=True)
         return Side("current", BIN, None, workdir / "current"), note
@@ -249,13 +252,14 @@ def main(workdir: Path, watch: dict[str, Any], tag: str, runs: int, idle_seconds
     src = testbed.SRC
     chosen = steps(watch, runs, idle_seconds, only)
     tag = tag or release.previous_release(src)
-    cur, current_note = current_side(src, cache, workdir)
+    dirty = uncommitted(src)
+    cur, current_note = current_side(src, cache, workdir, dirty)
     rel, note = release_side(src, tag, cache, workdir)
     sides = [cur, rel]
     for side in sides:
         side.workdir.mkdir(parents=True, exist_ok=True)
     name = f"results-beside-{'-'.join(k for k in STEPS if k in only)}.md" if only else "results-beside.md"
-    record = Record(src / "bench" / name, facts(src, tag, note, current_note), [s.label for s in sides],
+    record = Record(src / "bench" / name, facts(src, tag, note, current_note, bool(dirty)), [s.label for s in sides],
                     idle_seconds)
     record.write(done=False)
     print(f"[beside] {' beside '.join(s.label for s in sides)}, {runs} runs each, into {record.path}", flush=True)

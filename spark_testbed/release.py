@@ -166,11 +166,19 @@ def release_venv(src: Path, tag: str, cache_dir: Path, kind: str = "release") ->
     return name / "bin"
 
 
+def _ours(name: Path) -> Path | None:
+    """The venv the link ``name`` names if it is one this bench built (in the cache, named after the link)."""
+    if not name.is_symlink():
+        return None
+    target = name.resolve()
+    return target if target.parent == name.parent.resolve() and target.name.startswith(f"{name.name}.") else None
+
+
 def _unpublish(name: Path) -> None:
-    """A link this bench made, and the venv it names if that is one of ours (in the cache, named after it)."""
-    old = name.resolve()
+    """A link this bench made, and the venv it names if that is one of ours."""
+    old = _ours(name)
     name.unlink()
-    if old.parent == name.parent.resolve() and old.name.startswith(f"{name.name}."):
+    if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
 
@@ -178,9 +186,7 @@ def _publish(name: Path, venv: Path) -> None:
     """``name`` made a link to the finished ``venv`` in one rename; a venv it named before is removed if it is
     one of ours (in the cache, named after ``name``), else left where it is. Something else at ``name`` is
     refused, not removed."""
-    old = name.resolve() if name.is_symlink() else None
-    if old is not None and not (old.parent == name.parent.resolve() and old.name.startswith(f"{name.name}.")):
-        old = None  # a link made by hand to elsewhere: only the link is replaced
+    old = _ours(name)  # None for a link made by hand to elsewhere: only the link is replaced
     if name.exists() and not name.is_symlink():
         raise NoRelease(f"{name} is not a link this bench made: move it away")
     link = name.with_name(f".{venv.name}.link")

@@ -15,7 +15,7 @@ import select
 import socket
 import ssl
 import time
-import urllib.parse
+from typing import NamedTuple
 
 import httptools
 import httpx
@@ -25,12 +25,23 @@ from .health import observed
 from .ray import parse
 
 
+class Target(NamedTuple):
+    host: str  # to connect to (IDNA)
+    port: int
+    tls: bool
+    netloc: str  # the Host header
+    path: str  # the endpoint's own path, which every request goes under
+
+
 @functools.lru_cache(maxsize=64)
-def path(url: str, to: str) -> str:
-    """``to`` under the URL's own path (an endpoint behind a prefix keeps it), percent-encoded by httpx itself: a
-    path http.client would refuse (non-ASCII, controls: InvalidURL, UnicodeEncodeError) is sent as the tick's
-    httpx client sends it. Cached: httpx makes it in 31 µs, half of what the rest of a kept-alive GET costs here."""
-    return httpx.URL(url).copy_with(query=None, fragment=None).raw_path.decode("ascii").rstrip("/") + to
+def target(url: str) -> Target:
+    """Where the URL's requests go, parsed once by httpx, as the tick's httpx client sends them: the Host header
+    with IDNA, brackets and no default port; the path percent-encoded by httpx (one http.client would refuse,
+    non-ASCII or controls, is sent as httpx sends it), and an endpoint behind a prefix keeps it."""
+    u = httpx.URL(url)
+    tls_ = u.scheme == "https"
+    return Target(u.raw_host.decode("ascii") or "127.0.0.1", u.port or (443 if tls_ else 80), tls_,
+                  u.netloc.decode("ascii"), u.copy_with(query=None, fragment=None).raw_path.decode("ascii").rstrip("/"))
 
 
 @functools.cache
@@ -38,13 +49,6 @@ def tls() -> ssl.SSLContext:
     """The TLS context of every https endpoint: httpx's own (its CA list, not the environment's, as the tick's
     httpx client has), made once (about 20 ms of CPU each)."""
     return httpx.create_ssl_context(trust_env=False)
-
-
-def endpoint(url: str) -> tuple[str, int, bool, str]:
-    """(host, port, TLS, the Host header) of the URL: the header as httpx sends it (IDNA, brackets, no default port)."""
-    u = urllib.parse.urlsplit(url)
-    tls_ = u.scheme == "https"
-    return u.hostname or "127.0.0.1", u.port or (443 if tls_ else 80), tls_, httpx.URL(url).netloc.decode("ascii")
 
 
 _SENDABLE = re.compile(r"[!-9;-~]+: [ -~]*")  # a header http.client would send (no line breaks, no controls)
@@ -108,7 +112,8 @@ class KeptAlive:
     def _request(self, to: str, headers: dict[str, str]) -> bytes:
         key = (to, tuple(headers.items()))
         if (request := self._requests.get(key)) is None:
-            lines = [f"GET {path(self.url, to)} HTTP/1.1", f"Host: {endpoint(self.url)[3]}",
+            where = target(self.url)
+            lines = [f"GET {where.path}{to} HTTP/1.1", f"Host: {where.netloc}",
                      "Accept-Encoding: identity", *(f"{k}: {v}" for k, v in headers.items())]
             if not all(_SENDABLE.fullmatch(line) for line in lines[1:]):
                 raise http.client.HTTPException("a header that cannot be sent")
@@ -116,11 +121,11 @@ class KeptAlive:
         return request
 
     def _connect(self, timeout: float) -> socket.socket:
-        host, port, tls_, _ = endpoint(self.url)
-        sock = socket.create_connection((host, port), timeout)
-        if tls_:
+        where = target(self.url)
+        sock = socket.create_connection((where.host, where.port), timeout)
+        if where.tls:
             try:
-                sock = tls().wrap_socket(sock, server_hostname=host)
+                sock = tls().wrap_socket(sock, server_hostname=where.host)
             except BaseException:
                 sock.close()
                 raise

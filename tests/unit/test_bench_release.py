@@ -197,7 +197,8 @@ def test_the_current_side_with_uncommitted_changes_to_the_wheels_sources_is_the_
     (repo / "spark_supervisor" / "x.py").write_text("A = 1\n")
     commit(repo, "code")
     (repo / "spark_supervisor" / "x.py").write_text("A = 2\n")
-    side, note = beside.current_side(repo, tmp_path / "cache", tmp_path / "work")
+    assert beside.uncommitted(repo) == ["spark_supervisor/x.py"]
+    side, note = beside.current_side(repo, tmp_path / "cache", tmp_path / "work", beside.uncommitted(repo))
     assert side.bin_dir == harness.BIN and "uncommitted" in note
     assert not (tmp_path / "cache").exists()  # nothing built
 

@@ -362,8 +362,8 @@ def test_a_path_http_client_cannot_send_is_sent_percent_encoded_as_httpx_sends_i
     prefixes = [f"/a{c}b" for c in string.printable.strip() if c not in "?#"] + ["/pr\u00e9fix a%20b", "/x/", "/\u200b"]
     for prefix in prefixes:  # every printable ASCII character, as httpx sends it
         url = f"http://h:1{prefix}"
-        assert quick.path(url, "/health").encode() == httpx.URL(url.rstrip("/") + "/health").raw_path, prefix
-    assert quick.path("http://h:1", "/health") == "/health"
+        assert (quick.target(url).path + "/health").encode() == httpx.URL(url.rstrip("/") + "/health").raw_path, prefix
+    assert quick.target("http://h:1").path + "/health" == "/health"
     p = QuickProbe("", "http://127.0.0.1:1/pr\u00e9fix", timeout=1)
     assert p.health().state == "refused"  # it got as far as the connection
     e = vllm.VllmApi(None, "http://127.0.0.1:1/pr\u00e9fix", api_key="", timeout=1).engine()  # type: ignore[arg-type]
@@ -521,3 +521,28 @@ def test_a_connection_past_descriptor_1024_is_kept_alive_as_any_other(server: Se
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_an_ipv6_endpoint_is_connected_to_and_named_in_the_host_header_as_httpx_names_it() -> None:
+    """The host to connect to without its brackets, the Host header with them (and its port), as httpx sends it."""
+    listener = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    got: list[bytes] = []
+
+    def serve() -> None:
+        c, _ = listener.accept()
+        with c:
+            got.append(c.recv(65536))
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    url = f"http://[::1]:{listener.getsockname()[1]}/v"
+    k = KeptAlive(url, 5)
+    try:
+        assert k.get("/health") == (200, b"ok")
+    finally:
+        k.close()
+        listener.close()
+    th.join(5)
+    lines = got[0].decode().split("\r\n")
+    assert lines[0] == "GET /v/health HTTP/1.1"
+    assert f"Host: {httpx.URL(url).netloc.decode()}" in lines and httpx.URL(url).netloc.startswith(b"[::1]:")
