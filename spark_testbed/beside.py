@@ -204,10 +204,17 @@ def loadavg() -> str:
 
 
 def uncommitted(src: Path) -> list[str]:
-    """The tracked paths with changes not committed (git status's porcelain lines, a rename's new path)."""
-    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=src, capture_output=True,
-                         text=True, check=False, timeout=60).stdout
-    return [line[3:].rpartition(" -> ")[2] for line in out.splitlines() if len(line) > 3]
+    """The tracked paths with changes not committed: git status's porcelain -z entries ("XY path", paths
+    unquoted), a rename's or copy's new path, its old one (the entry after it) skipped."""
+    out = subprocess.run(["git", "status", "--porcelain", "-z", "--untracked-files=no"], cwd=src,
+                         capture_output=True, text=True, check=False, timeout=60).stdout
+    entries, paths = iter(out.split("\0")), []
+    for entry in entries:
+        if len(entry) > 3:
+            paths.append(entry[3:])
+            if entry[0] in "RC":
+                next(entries, None)
+    return paths
 
 
 def facts(src: Path, tag: str, venv_note: str, current_note: str, dirty: bool) -> dict[str, str]:

@@ -203,6 +203,15 @@ def test_the_current_side_with_uncommitted_changes_to_the_wheels_sources_is_the_
     assert not (tmp_path / "cache").exists()  # nothing built
 
 
+def test_uncommitted_names_a_renamed_paths_new_name_unquoted(repo: Path) -> None:
+    from spark_testbed import beside
+    (repo / "spark_supervisor").mkdir()
+    (repo / "spark_supervisor" / "a -> b.py").write_text("A = 1\n")
+    commit(repo, "code")
+    subprocess.run(["git", "mv", "spark_supervisor/a -> b.py", "spark_supervisor/é \"q\".py"], cwd=repo, check=True)
+    assert beside.uncommitted(repo) == ['spark_supervisor/é "q".py']
+
+
 def test_an_older_current_venv_is_removed_with_its_link_and_a_link_made_by_hand_only_unlinked(tmp_path: Path) -> None:
     from spark_testbed.release import _unpublish
     ours = tmp_path / "current-HEAD-aaaa.x1y2"

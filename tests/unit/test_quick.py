@@ -402,12 +402,16 @@ def test_the_engines_metrics_ride_the_quick_checks_kept_connection(server: Serve
 # ------------------------------------------------------------------------------------------- the answer's framing
 @pytest.fixture
 def canned() -> Iterator[Any]:
-    """canned(answer, close): a server that reads each request and sends ``answer`` as it is, closing the connection
-    after it if told: framings ThreadingHTTPServer never sends."""
+    """canned(answer, close, host, heard): a server on ``host`` that reads each request (kept in ``heard``) and sends
+    ``answer`` as it is, closing the connection after it if told: framings ThreadingHTTPServer never sends. Skips
+    the test on a host without an IPv6 loopback when ``host`` is "::1"."""
     made: list[socket.socket] = []
 
-    def make(answer: bytes, close: bool) -> str:
-        listener = socket.create_server(("127.0.0.1", 0))
+    def make(answer: bytes, close: bool, host: str = "127.0.0.1", heard: list[bytes] | None = None) -> str:
+        try:
+            listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        except OSError as e:  # a host without IPv6 on its loopback
+            pytest.skip(f"no {host} here: {e}")
         made.append(listener)
 
         def serve() -> None:
@@ -417,12 +421,15 @@ def canned() -> Iterator[Any]:
                 except OSError:
                     return
                 with c:
-                    while c.recv(65536):
+                    while request := c.recv(65536):
+                        if heard is not None:
+                            heard.append(request)
                         c.sendall(answer)
                         if close:
                             break
         threading.Thread(target=serve, daemon=True).start()
-        return f"http://127.0.0.1:{listener.getsockname()[1]}"
+        port = listener.getsockname()[1]
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     yield make
     for s in made:
         s.close()
@@ -523,29 +530,15 @@ def test_a_connection_past_descriptor_1024_is_kept_alive_as_any_other(server: Se
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_an_ipv6_endpoint_is_connected_to_and_named_in_the_host_header_as_httpx_names_it() -> None:
+def test_an_ipv6_endpoint_is_connected_to_and_named_in_the_host_header_as_httpx_names_it(canned: Any) -> None:
     """The host to connect to without its brackets, the Host header with them (and its port), as httpx sends it."""
-    try:
-        listener = socket.create_server(("::1", 0), family=socket.AF_INET6)
-    except OSError as e:  # a host without IPv6 on its loopback
-        pytest.skip(f"no IPv6 loopback here: {e}")
-    got: list[bytes] = []
-
-    def serve() -> None:
-        c, _ = listener.accept()
-        with c:
-            got.append(c.recv(65536))
-            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-    th = threading.Thread(target=serve, daemon=True)
-    th.start()
-    url = f"http://[::1]:{listener.getsockname()[1]}/v"
+    heard: list[bytes] = []
+    url = canned(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", True, "::1", heard) + "/v"
     k = KeptAlive(url, 5)
     try:
         assert k.get("/health") == (200, b"ok")
     finally:
         k.close()
-        listener.close()
-    th.join(5)
-    lines = got[0].decode().split("\r\n")
+    lines = heard[0].decode().split("\r\n")
     assert lines[0] == "GET /v/health HTTP/1.1"
     assert f"Host: {httpx.URL(url).netloc.decode()}" in lines and httpx.URL(url).netloc.startswith(b"[::1]:")
