@@ -11,6 +11,7 @@ from . import identity, probes
 from . import prove as prove_mod
 from .act import ActionFailed, Actor
 from .adapters import AdapterError
+from .adapters import docker as docker_adapter
 from .adapters.quick import QuickProbe
 from .adapters.shell import control_dir
 from .deployment import DeploymentView
@@ -93,6 +94,13 @@ class RealBackend:
     def close(self) -> None:
         self.quick_probe.close()
         self.world.close()
+
+
+def on_exec_ended(cue: Callable[[], None]) -> Callable[[], None]:
+    """Call ``cue`` (from an engine's event thread) whenever a process run in one of our containers on an engine
+    the daemon follows ends, a serve's wrapper among them: a cue to run the quick checks now, never itself
+    evidence. Returns the call that stops it."""
+    return docker_adapter.LISTINGS.listen(cue)
 
 
 def teardown(world: World, log: Any) -> list[str]:

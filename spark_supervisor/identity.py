@@ -14,7 +14,7 @@ Four kinds of container, by their labels (config/labels.py names them):
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from .config import (
     HASH_LABEL,
@@ -71,7 +71,12 @@ def prefetch_labels(dep: Deployment, node: Node) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------- questions
 def owner(c: Container) -> str | None:
     """The deployment a container is labelled for (None: none)."""
-    return c.labels.get(OWNER_LABEL)
+    return owner_of(c.labels)
+
+
+def owner_of(labels: Mapping[str, str]) -> str | None:
+    """The same from a container's labels, or from an engine event's attributes (which hold them)."""
+    return labels.get(OWNER_LABEL)
 
 
 def labelled_for(c: Container, dep: Deployment) -> bool:

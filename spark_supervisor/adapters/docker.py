@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import docker
@@ -12,6 +13,7 @@ import paramiko
 import tenacity
 from docker.types import DeviceRequest
 
+from .. import identity
 from ..commands import ContainerSpec
 from ..model import Container
 from . import AdapterError, ImageMissingError, NotFoundError, TransientError, Unreachable, within
@@ -56,6 +58,10 @@ def _client(url: str, timeout: float) -> docker.DockerClient:
 # or a health check's events change none of it and would only make a steady sweep list again.
 CHANGES = ["create", "start", "restart", "die", "kill", "stop", "oom", "pause", "unpause", "destroy", "rename",
            "update"]
+# A process run in a container ended (`docker exec`'s; a serve's wrapper is one): it changes no listing, but in a
+# container of ours it is a cue to look now (_Listings.listen), so a serve that dies is seen at once, not at the
+# next quick check. A cue is never evidence: what is looked at decides.
+EXEC_ENDED = "exec_die"
 
 
 class _Follower:
@@ -65,10 +71,12 @@ class _Follower:
     stream is open. An ended or failing stream is not trusted (every listing is fresh until it is back, its
     reconnects backed off); a silent one no longer than _Listings.TRUST_S."""
 
-    def __init__(self, node: str, url: str, timeout: float, changed: threading.Lock):
+    def __init__(self, node: str, url: str, timeout: float, changed: threading.Lock,
+                 exec_ended: Callable[[dict[str, Any]], None]):
         self.node, self.url, self.timeout = node, url, timeout
         self.users, self.gen, self.live = 1, 0, False
         self._changed = changed  # the listings' lock: a generation and a listing move together
+        self._exec_ended = exec_ended
         self._stop = threading.Event()
         self._client: docker.DockerClient | None = None
         self._stream: Any = None
@@ -100,7 +108,8 @@ class _Follower:
         try:
             if self._stop.is_set():
                 return
-            self._stream = stream = client.api.events(decode=True, filters={"type": "container", "event": CHANGES})
+            self._stream = stream = client.api.events(decode=True, filters={"type": "container",
+                                                                            "event": [*CHANGES, EXEC_ENDED]})
             if self._stop.is_set():  # stopped while it opened: stop() may have missed this stream
                 stream.close()
                 return
@@ -108,8 +117,11 @@ class _Follower:
             opened = time.monotonic()
             ended: Exception = Unreachable("DockerEventsEnded", f"the event stream of {self.node} ended")
             try:
-                for _ in stream:
-                    self._bump(live=True)
+                for event in stream:
+                    if _exec_ended(event):
+                        self._exec_ended(event)
+                    else:
+                        self._bump(live=True)
             except Exception as e:  # a reset channel, an engine gone: the same end
                 ended = e
             if time.monotonic() - opened < self.LIVED_S:  # one that ends as it opens is backed off
@@ -143,6 +155,38 @@ class _Listings:
         self.lock = threading.Lock()
         self.seen: dict[str, tuple[float, list[Container], int]] = {}
         self.followers: dict[str, _Follower] = {}
+        self.listeners: list[Callable[[], None]] = []
+        self.awaited: dict[str, bool] = {}  # the execs this process waits on (newest last, at most AWAITED)
+
+    def listen(self, cue: Callable[[], None]) -> Callable[[], None]:
+        """Call ``cue`` (from an event thread: it must only record and wake) whenever a process run in one of our
+        containers on a followed engine ends. Returns the call that stops it."""
+        with self.lock:
+            self.listeners.append(cue)
+
+        def stop() -> None:
+            with self.lock:
+                if cue in self.listeners:
+                    self.listeners.remove(cue)
+        return stop
+
+    AWAITED = 256
+
+    def await_exec(self, exec_id: str) -> None:
+        """An exec this process waits on and reads the end of itself: its end is no cue."""
+        with self.lock:
+            self.awaited[exec_id] = True
+            while len(self.awaited) > self.AWAITED:
+                del self.awaited[next(iter(self.awaited))]
+
+    def _exec_ended(self, event: dict[str, Any]) -> None:
+        attributes = (event.get("Actor") or {}).get("Attributes") or {}
+        with self.lock:
+            if identity.owner_of(attributes) is None or self.awaited.pop(attributes.get("execID", ""), False):
+                return  # not in a container of ours, or one this process waited on
+            listeners = list(self.listeners)
+        for cue in listeners:
+            cue()
 
     def generation(self, url: str) -> int:
         """Read before a listing is asked: a change told while the answer travels makes it stale at once."""
@@ -175,7 +219,7 @@ class _Listings:
             if f is not None:
                 f.users += 1
             else:
-                self.followers[url] = _Follower(node, url, timeout, self.lock)
+                self.followers[url] = _Follower(node, url, timeout, self.lock, self._exec_ended)
 
     def unfollow(self, url: str) -> None:
         with self.lock:
@@ -187,6 +231,12 @@ class _Listings:
                 return
             del self.followers[url]
         f.stop()
+
+
+def _exec_ended(event: Any) -> bool:
+    """An event's action (API 1.22+; "status" before it), an exec's without its command (exec_create: cmd)."""
+    action = (event.get("Action") or event.get("status") or "") if isinstance(event, dict) else ""
+    return isinstance(action, str) and action.partition(":")[0] == EXEC_ENDED
 
 
 LISTINGS = _Listings()
@@ -393,6 +443,8 @@ class DockerEngine:
         def go() -> tuple[int, str]:
             api = self.client().api
             ex = api.exec_create(container, argv, environment=env or None)
+            if not detach:
+                LISTINGS.await_exec(ex["Id"])
             out = api.exec_start(ex["Id"], detach=detach)
             if detach:
                 return 0, ""

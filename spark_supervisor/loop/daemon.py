@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import config as config_mod
 from .. import statefile
-from ..backend import Backend
+from ..backend import Backend, on_exec_ended
 from ..config import Config
 from ..control import ControlServer
 from ..deployment import DeploymentView
@@ -35,6 +35,7 @@ from .reload import Reloader
 from .reporting import Reporter
 from .restart import restart
 from .stack import Stack
+from .waiting import Waiting
 
 
 @dataclasses.dataclass
@@ -56,7 +57,8 @@ class Daemon:
                  backend_factory: Callable[[DeploymentView], Backend] | None = None,
                  notifier: Notifier | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 rng: Callable[[], float] = random.random, prove: proof.Start = proof.start):
+                 rng: Callable[[], float] = random.random, prove: proof.Start = proof.start,
+                 cues: Callable[[Callable[[], None]], Callable[[], None]] = on_exec_ended):
         self.config_path, self.log = config_path, log
         config_hash = config_mod.file_hash(config_path)
         self.notifier = notifier or Notifier()
@@ -70,7 +72,9 @@ class Daemon:
         self._signals: collections.deque[int | str | _Request] = collections.deque()
         self._requests_lock = threading.Lock()
         self.control: ControlServer | None = None
-        self._wake = threading.Event()
+        self.waiting = Waiting(clock, self.notifier)
+        self._cues = cues
+        self._stop_cues: Callable[[], None] = lambda: None
         self.stopped = False
 
     # What the stack holds, as the daemon's callers (and its tests) name it.
@@ -141,6 +145,7 @@ class Daemon:
         self.stack.close()
         if self.control is not None:
             self.control.close()
+        self._stop_cues()
         self.stopped = True
 
     # --------------------------------------------------------------------------- signals and loop
@@ -151,6 +156,7 @@ class Daemon:
             self.control = ControlServer(self.cfg.supervisor.state_dir, self._on_request)
         except OSError as e:  # `reset` then says it cannot reach us; the daemon itself goes on
             self.log.error("control.unavailable", error=str(e))
+        self._stop_cues = self._cues(self.waiting.cue)
         self.log.info("daemon.started", config=self.config_path, config_hash=self.reloader.config_hash,
                       deployments=list(self.reconcilers), nodes=[n.name for n in self.cfg.nodes],
                       state_dir=self.cfg.supervisor.state_dir)
@@ -166,7 +172,7 @@ class Daemon:
             except Exception as e:  # a bug must not kill the supervisor: report it, back off, go on
                 self.log.exception("reconcile.crashed", error=f"{type(e).__name__}: {e}")
                 wait = backoff_delay(2, self.cfg.supervisor.backoff_base, self.cfg.supervisor.backoff_max, self.rng())
-            self._wait(wait)
+            self.waiting.wait(wait, self.reconcilers.values(), lambda: bool(self._signals))
 
     def dispatch(self) -> bool:
         """Carry out the signals and control requests received, in order; True once it has shut down.
@@ -190,39 +196,11 @@ class Daemon:
                 return True
         return False
 
-    def _wait(self, seconds: float) -> None:
-        """Sleep until the next tick is due, a signal, or a change seen by a deployment's quick check."""
-        deadline = self.clock() + seconds
-        while True:
-            self.notifier.watchdog(self.clock())
-            left = deadline - self.clock()
-            if left <= 0:
-                break
-            step = left
-            if self.notifier.watchdog_interval:
-                step = min(step, self.notifier.watchdog_interval)
-            quick = [r for r in self.reconcilers.values() if r.quick_interval()]
-            if quick:
-                step = min(step, *(r.quick_interval() for r in quick))
-            if self._wake.wait(step):
-                break
-            if self.clock() < deadline and self._quick_changed(quick):
-                break
-        self._wake.clear()
-
-    @staticmethod
-    def _quick_changed(quick: list[Reconciler]) -> bool:
-        """The quick checks between ticks: a deployment that saw a change ticks at once."""
-        changed = [r for r in quick if r.quick()]
-        for r in changed:
-            r.due_at = 0.0
-        return bool(changed)
-
     def _on_signal(self, signum: int, _frame: Any) -> None:
         if signum == signal.SIGTERM and signal.SIGTERM in self._signals:
             raise SystemExit(1)  # a second SIGTERM: leave at once
         self._signals.append(signum)
-        self._wake.set()
+        self.waiting.wake()
 
     # ------------------------------------------------------------------------------ control requests
     # How long a control request waits for the loop to carry it out (a tick may be in the middle of an action).
@@ -236,11 +214,11 @@ class Daemon:
             return f"spark-supervisor {os.getpid()}: {self.status.phase.value}"
         if command == "reset":
             self._signals.append(command)
-            self._wake.set()
+            self.waiting.wake()
             return f"spark-supervisor (pid {os.getpid()}) will re-arm and forget its repair budget"
         req = _Request(command, dict(args or {}))
         self._signals.append(req)
-        self._wake.set()
+        self.waiting.wake()
         if not req.done.wait(self.REQUEST_WAIT_S):
             with self._requests_lock:
                 if req.state == "queued":  # never carried out now: the answer can say so

@@ -5,13 +5,16 @@ from __future__ import annotations
 import itertools
 import json
 import signal
+import threading
 from pathlib import Path
+from typing import Any
 
 import tomli_w
 
 from spark_supervisor.act import ActionFailed
 from spark_supervisor.backend import Backend
 from spark_supervisor.deployment import DeploymentView
+from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import (
     Action,
     CheckImage,
@@ -24,6 +27,7 @@ from spark_supervisor.model import (
     Verdict,
 )
 from spark_supervisor.retry import backoff_delay
+from spark_testbed.testbed import until
 from tests.fakes import make
 from tests.helpers import data, images, obs, phase_now, ray_ok, serve_running
 
@@ -469,3 +473,54 @@ def test_a_node_unseen_by_full_observations_stays_unknown_until_one_sees_it_and_
     assert phase_now(daemon.status) == Phase.DEGRADED and daemon.status.why.kind == "ObservationUnknown"
     tick(fine)  # containerd answers again: a full observation sees it, and it is known again
     assert "node spark-1" not in daemon.status.unknown_since and phase_now(daemon.status) == Phase.SERVING
+
+
+def serving_at_a_slow_quick_interval(tmp_path: Path) -> tuple[Daemon, Any]:
+    """SERVING with quick checks a minute apart: between them, only a cue (or a signal) makes the loop look."""
+    daemon, be, *_ = make(tmp_path, data(healing={"quick_check_interval": 60}))
+    c = daemon.cfg
+    be.next = obs(c, deployed=True, serve=serve_running(c),
+                  endpoint=EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",)))
+    for _ in range(4):
+        daemon.tick()
+    assert phase_now(daemon.status) == Phase.SERVING and daemon.first.quick_interval() == 60
+    return daemon, be
+
+
+def waiting_in_a_thread(daemon: Daemon) -> threading.Thread:
+    """The loop's wait between ticks, for ever but for a break: the fake clock never reaches its deadline."""
+    waiting = threading.Thread(target=daemon.waiting.wait, daemon=True,
+                               args=(1e6, daemon.reconcilers.values(), lambda: bool(daemon._signals)))
+    waiting.start()
+    return waiting
+
+
+def test_a_cue_runs_the_quick_checks_at_once_and_the_loop_ticks_only_if_they_saw_a_change(tmp_path: Path) -> None:
+    """A process in a container of ours ended (an engine's event, adapters/docker.py): the quick checks run at once,
+    not at their interval; with nothing changed the wait goes on, and a change ends it (the loop ticks)."""
+    daemon, be = serving_at_a_slow_quick_interval(tmp_path)
+    same = daemon.first.watch.fingerprint
+    answers, asked = [same, (same[0], "refused")], []
+
+    def quick() -> Any:
+        asked.append(1)
+        return answers[len(asked) - 1]
+    be.quick = quick
+    waiting = waiting_in_a_thread(daemon)
+    daemon.waiting.cue()
+    until(lambda: len(asked) == 1, 10, "the quick checks a cue asks for")
+    daemon.waiting.cue()
+    waiting.join(10)
+    assert not waiting.is_alive() and len(asked) == 2, "a cue whose checks saw nothing changed ended the wait"
+
+
+def test_a_signal_beside_a_cue_still_ends_the_wait(tmp_path: Path) -> None:
+    """Both came before the loop woke: the cue's checks see nothing changed, and the signal is not lost in them."""
+    daemon, be = serving_at_a_slow_quick_interval(tmp_path)
+    same = daemon.first.watch.fingerprint
+    be.quick = lambda: same
+    daemon._on_request("reset")
+    daemon.waiting.cue()
+    waiting = waiting_in_a_thread(daemon)
+    waiting.join(10)
+    assert not waiting.is_alive() and list(daemon._signals) == ["reset"]

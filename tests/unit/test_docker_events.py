@@ -10,10 +10,12 @@ import socketserver
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from spark_supervisor.adapters.docker import LISTINGS, DockerEngine
+from spark_supervisor.config import OWNER_LABEL
 from spark_testbed.testbed import until
 
 
@@ -22,7 +24,7 @@ class FakeEngine:
 
     def __init__(self, sock: Path) -> None:
         self.listings, self.streams = 0, 0
-        self.events: queue.SimpleQueue[dict[str, str] | None] = queue.SimpleQueue()
+        self.events: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
         self.filters: list[str] = []
         self.refuse = threading.Event()
         engine = self
@@ -117,7 +119,7 @@ def test_a_steady_sweep_keeps_its_listing_until_the_engine_tells_of_a_change(
         followed: tuple[FakeEngine, DockerEngine]) -> None:
     fake, engine = followed
     follow(engine)
-    assert fake.filters and "die" in fake.filters[0] and "exec_start" not in fake.filters[0]  # changes only
+    assert fake.filters and "die" in fake.filters[0] and "exec_start" not in fake.filters[0]  # changes, exec ends
     assert [c.name for c in engine.containers(trusted=True)] == ["ray"]
     n = fake.listings
     engine.containers(trusted=True)
@@ -132,6 +134,41 @@ def test_a_steady_sweep_keeps_its_listing_until_the_engine_tells_of_a_change(
     assert fake.listings == n + 2, "a change told by the engine did not make the next sweep list"
     engine.containers(trusted=True)
     assert fake.listings == n + 2
+
+
+def exec_ended(exec_id: str, ours: bool = True) -> dict[str, Any]:
+    """An exec_die as the engine tells it: the container's labels among the attributes (moby's
+    LogContainerEventWithAttributes), with the exec's ID and exit code."""
+    labels = {OWNER_LABEL: "spark-supervisor"} if ours else {}
+    return {"Type": "container", "Action": "exec_die", "status": "exec_die", "id": "c" * 64,
+            "Actor": {"ID": "c" * 64, "Attributes": {"execID": exec_id, "exitCode": "137", "name": "ray", **labels}}}
+
+
+def test_an_exec_that_ends_in_a_container_of_ours_is_a_cue_and_changes_no_listing(
+        followed: tuple[FakeEngine, DockerEngine]) -> None:
+    """A serve's wrapper is a detached exec: its end cues the daemon's quick checks. One this process waited on (it
+    reads its end itself) is no cue, nor one in a container not ours; none moves the listing's generation."""
+    fake, engine = followed
+    cues: list[int] = []
+    stop = LISTINGS.listen(lambda: cues.append(1))
+    try:
+        follow(engine)
+        assert "exec_die" in fake.filters[0]
+        gen = LISTINGS.generation(engine.url)
+        LISTINGS.await_exec("a" * 64)
+        fake.events.put(exec_ended("a" * 64))
+        fake.events.put(exec_ended("b" * 64, ours=False))
+        fake.events.put(exec_ended("d" * 64))
+        fake.events.put({"Type": "container", "Action": "die", "id": "c" * 64})  # taken in after the three
+        until(lambda: LISTINGS.generation(engine.url) != gen, 10, "the events taken in")
+        assert LISTINGS.generation(engine.url) == gen + 1, "an exec's end moved the listing's generation"
+        assert cues == [1]
+    finally:
+        stop()
+    fake.events.put(exec_ended("e" * 64))
+    fake.events.put({"Type": "container", "Action": "die", "id": "c" * 64})
+    until(lambda: LISTINGS.generation(engine.url) == gen + 2, 10, "the events taken in")
+    assert cues == [1], "a cue after its listener stopped"
 
 
 def test_a_silent_stream_is_believed_no_longer_than_its_bound(
