@@ -118,7 +118,7 @@ class _Follower:
             ended: Exception = Unreachable("DockerEventsEnded", f"the event stream of {self.node} ended")
             try:
                 for event in stream:
-                    if _exec_ended(event):
+                    if _is_exec_end(event):
                         self._exec_ended(event)
                     else:
                         self._bump(live=True)
@@ -233,10 +233,9 @@ class _Listings:
         f.stop()
 
 
-def _exec_ended(event: Any) -> bool:
-    """An event's action (API 1.22+; "status" before it), an exec's without its command (exec_create: cmd)."""
-    action = (event.get("Action") or event.get("status") or "") if isinstance(event, dict) else ""
-    return isinstance(action, str) and action.partition(":")[0] == EXEC_ENDED
+def _is_exec_end(event: Any) -> bool:
+    """exec_die is its action whole (exec_create's and exec_start's carry the command after a colon)."""
+    return isinstance(event, dict) and event.get("Action") == EXEC_ENDED
 
 
 LISTINGS = _Listings()
