@@ -146,7 +146,7 @@ class _Listings:
     the deployments placed on one node sweep it in the same pass, and one listing serves them all), or, for a
     steady sweep (``trusted``), for as long as the engine's followed event stream says nothing changed, at most
     TRUST_S. Dropped at once when this process changes that engine's containers (so a plan never reads its own
-    past) or an event comes."""
+    past) or an event comes. The same streams tell of execs ending in our containers: cues to ``listen``ers."""
 
     TTL_S = 0.5
     TRUST_S = 30.0  # a silent stream is believed this long: a listing at least this often, whatever it says
