@@ -28,20 +28,16 @@ class Waiting:
 
     def wait(self, seconds: float, reconcilers: Iterable[Reconciler], pending: Callable[[], bool]) -> None:
         """Sleep ``seconds`` at most, the systemd watchdog fed; ``pending``: a signal or request is waiting."""
-        reconcilers = list(reconcilers)
+        # Each phase, and so each quick interval, holds for the whole wait: nothing here moves a phase.
+        quick = [r for r in reconcilers if r.quick_interval()]
+        every = min([r.quick_interval() for r in quick] + [self.notifier.watchdog_interval or seconds, seconds])
         deadline = self.clock() + seconds
         while True:
             self.notifier.watchdog(self.clock())
             left = deadline - self.clock()
             if left <= 0:
                 break
-            step = left
-            if self.notifier.watchdog_interval:
-                step = min(step, self.notifier.watchdog_interval)
-            quick = [r for r in reconcilers if r.quick_interval()]
-            if quick:
-                step = min(step, *(r.quick_interval() for r in quick))
-            if self._wake.wait(step):
+            if self._wake.wait(min(left, every)):
                 if not self._cued:
                     break
                 self._cued = False  # then a signal or request after the clear wakes the next wait
