@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
 
 from . import fabric
+from .adapters import UNEXPECTED
 from .deployment import DeploymentView, as_view
 from .model import HostFacts, Kind, Observation, PerfVerdict, Phase, Status, Verdict
 
@@ -69,6 +70,23 @@ class CappedServer(socketserver.ThreadingMixIn, WSGIServer):
 
 class CappedServer6(CappedServer):
     address_family = socket.AF_INET6
+
+
+class _Unexpected:
+    """adapters.UNEXPECTED as a counter: probes that raised what no adapter foresees (each a bug to report; the
+    probe's reading was unknown, nothing acted on it). Process-wide: a probe is not any one deployment's."""
+
+    def __init__(self, prefix: str):
+        self.name = f"{prefix}probe_unexpected_errors"
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily(self.name, "probes that raised an unforeseen exception (its reading: unknown)",
+                                     labels=["probe"])
+        for probe, n in sorted(UNEXPECTED.items()):
+            family.add_metric([probe], n)
+        yield family
 
 
 class Metrics:
@@ -144,6 +162,7 @@ class Metrics:
         self.alerts = pc.Counter(f"{p}alerts", "alerts sent ([alerts]), by event, channel and result",
                                  [*d, "event", "via", "result"], registry=reg)
         self.below = BelowVllm(pc, reg, p, d)
+        reg.register(_Unexpected(p))
         self._unknown_seen: dict[str, set[str]] = {}  # deployment -> every `what` given a series
         self._nodes_seen: dict[str, set[str]] = {}  # deployment -> its nodes given a series
         self.server, self.thread = serve(pc.make_wsgi_app(reg), host, port)

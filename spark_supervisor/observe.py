@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import ipaddress
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,8 +12,9 @@ from typing import Any
 import httpx
 
 from . import commands, identity, redaction
-from .adapters import AdapterError, Unreachable
+from .adapters import AdapterError, Unreachable, guarded
 from .adapters.docker import DockerEngine
+from .adapters.listening import LISTENING, read_listening
 from .adapters.nvidia import parse_meminfo, parse_smi_xml
 from .adapters.ray import RayDashboard, read_nodes
 from .adapters.shell import NodeShell, Result
@@ -30,7 +29,6 @@ from .model import (
     EngineStats,
     Gpu,
     Kind,
-    Listener,
     Memory,
     NodeObservation,
     Observation,
@@ -129,55 +127,6 @@ def _interfaces(r: Result) -> dict[str, tuple[str, ...]]:
     return parse_ip_addr(r.out)
 
 
-# TCP listeners with their processes (iproute2's ss, as root it names them); without ss the kernel's tables
-# (no process). A constant script: nothing from the config is in it.
-LISTENING = ["sh", "-c", "if command -v ss >/dev/null 2>&1 && ss -Hltnp 2>/dev/null; then exit 0; fi; "
-             "cat /proc/net/tcp || exit 1; cat /proc/net/tcp6 2>/dev/null; exit 0"]
-_SS_USER = re.compile(r'\("((?:[^"\\]|\\.)*)",pid=(\d+)')
-
-
-def _hex_addr(h: str) -> str:
-    raw = bytes.fromhex(h)
-    if len(raw) == 4:
-        return str(ipaddress.IPv4Address(raw[::-1]))
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))  # four host-order 32-bit words
-    a = ipaddress.IPv6Address(words)
-    return str(a.ipv4_mapped) if a.ipv4_mapped else str(a)
-
-
-def parse_listening(out: str) -> tuple[Listener, ...]:
-    """`ss -Hltnp` lines or /proc/net/tcp{,6} tables -> the listening sockets. A line that cannot be read
-    makes the whole reading unusable (AdapterError): a listener missed would read as a free port."""
-    found: list[Listener] = []
-    for line in out.splitlines():
-        f = line.split()
-        if not f or f[0] == "sl":
-            continue
-        try:
-            if f[0] == "LISTEN":
-                host, _, port = f[3].rpartition(":")
-                host = host.strip("[]").split("%", 1)[0]
-                m = _SS_USER.search(line)
-                found.append(Listener(host if host != "*" else "*", int(port), m.group(1) if m else "",
-                                      int(m.group(2)) if m else None))
-            elif f[0].endswith(":") and len(f) > 3:
-                if f[3] != "0A":  # TCP_LISTEN
-                    continue
-                host, port = f[1].split(":")
-                found.append(Listener(_hex_addr(host), int(port, 16)))
-            else:
-                raise ValueError(line[:80])
-        except (ValueError, IndexError) as e:
-            raise AdapterError("ListeningUnreadable", f"{type(e).__name__}: {e}"[:200]) from None
-    return tuple(found)
-
-
-def _listening(r: Result) -> tuple[Listener, ...]:
-    if r.rc != 0:
-        raise AdapterError("ListeningFailed", (r.err.strip() or f"exit {r.rc}")[-200:])
-    return parse_listening(r.out)
-
-
 Probe = tuple[list[str], Callable[[Result], Any]]  # a probe's argv on the node and the reader of its result
 
 
@@ -189,7 +138,7 @@ def _probes(a: NodeAdapters, cfg: Config) -> dict[str, Probe]:
     out["nvidia-smi"] = ([*a.node.nvidia_smi, "-q", "-x"], _nvidia)
     out["meminfo"] = (list(a.node.meminfo), _meminfo)
     out["ip"] = (list(a.node.ip), _interfaces)
-    out["listening"] = (list(LISTENING), _listening)
+    out["listening"] = (list(LISTENING), read_listening)
     out["host"] = (commands.host_facts(a.node), host_facts_of)
     return out
 
@@ -203,7 +152,7 @@ def _ended(a: NodeAdapters, on: DeploymentView | Config, containers: tuple[Conta
     for c in containers:
         if c.lost and identity.owns(c, dep):
             try:
-                code, tail = a.docker.ended(c.name)
+                code, tail = guarded("container end", a.docker.ended, c.name)
                 c = dataclasses.replace(c, exit_code=code, log_tail=redaction.text(tail, view.secrets))
             except AdapterError:
                 pass
@@ -213,12 +162,23 @@ def _ended(a: NodeAdapters, on: DeploymentView | Config, containers: tuple[Conta
 
 def _run_batch(a: NodeAdapters, argvs: list[list[str]]) -> list[Result | None]:
     """A worker's probes in one SSH session (commands.PROBES); None for one that did not run to its end."""
-    r = a.shell.run(commands.probes_argv(argvs))
-    return [None if x is None else Result(x[0], x[1], r.err) for x in commands.parse_probes(r.out, len(argvs))]
+    def run() -> list[Result | None]:
+        r = a.shell.run(commands.probes_argv(argvs))
+        return [None if x is None else Result(x[0], x[1], r.err) for x in commands.parse_probes(r.out, len(argvs))]
+    return guarded("probes", run)
 
 
 def observe_node(a: NodeAdapters, on: DeploymentView | Config, full: bool, probes: cf.Executor | None = None,
                  steady: bool = False) -> NodeObservation:
+    """One node's observation; whatever fails in it unforeseen is the node's unknown, never the tick's."""
+    try:
+        return guarded("node", _observe_node, a, on, full, probes, steady)
+    except AdapterError as e:
+        return NodeObservation(a.node.name, error=str(e))
+
+
+def _observe_node(a: NodeAdapters, on: DeploymentView | Config, full: bool, probes: cf.Executor | None,
+                  steady: bool) -> NodeObservation:
     """Containers every tick; on a full observation also units, GPU, memory and interfaces, read in
     parallel with the Docker calls (on a worker each is an SSH round trip). ``on``: the deployment's view
     (a one-deployment config: its). steady: a quick sweep (not full) of a healthy serve, which may keep a listing."""
@@ -228,8 +188,8 @@ def observe_node(a: NodeAdapters, on: DeploymentView | Config, full: bool, probe
     started = _start_probes(a, wanted, probes) if wanted and probes is not None else (None, {})
     try:
         if a.node.remote and not a.docker.connected:
-            a.shell.reachable()  # fail fast on a dead host before docker-py's SSH transport hangs on it
-        containers = tuple(a.docker.containers(trusted=steady))
+            guarded("ssh", a.shell.reachable)  # fail fast on a dead host before docker-py's SSH transport hangs
+        containers = guarded("containers", lambda: tuple(a.docker.containers(trusted=steady)))
     except AdapterError as e:
         return NodeObservation(name, error=str(e))
     containers = _ended(a, view, containers)
@@ -237,7 +197,7 @@ def observe_node(a: NodeAdapters, on: DeploymentView | Config, full: bool, probe
         return NodeObservation(name, containers=containers)
     errors: list[str] = []
     try:  # the engine's version goes through containerd too: failing, it is a probe's problem, not the node's
-        version = a.docker.version()
+        version = guarded("docker version", a.docker.version)
     except AdapterError as e:
         version = ""
         errors.append(f"docker version: {e}")
@@ -264,7 +224,8 @@ def _start_probes(a: NodeAdapters, wanted: dict[str, Probe], probes: cf.Executor
     batch), on the head one future each."""
     if a.node.remote:
         return probes.submit(_run_batch, a, [argv for argv, _ in wanted.values()]), {}
-    return None, {what: probes.submit(lambda argv, read: read(a.shell.run(argv)), argv, read)
+    return None, {what: probes.submit(lambda what, argv, read: guarded(what, lambda: read(a.shell.run(argv))),
+                                      what, argv, read)
                   for what, (argv, read) in wanted.items()}
 
 
@@ -287,7 +248,7 @@ def _collect_probes(wanted: dict[str, Probe], batch: cf.Future[list[Result | Non
             try:
                 if r is None:
                     raise AdapterError("ProbeCutOff", "no answer")
-                got[what] = read(r)
+                got[what] = guarded(what, read, r)
             except AdapterError as e:
                 errors.append(f"{what}: {e}")
     for what, fut in pending.items():
@@ -312,7 +273,7 @@ def _owned_pids(a: NodeAdapters, cfg: Config, containers: tuple[Container, ...],
     for c in containers:
         if c.running and identity.owned_by_any(c, cfg):
             try:
-                pids.update(a.docker.pids(c.name))
+                pids.update(guarded("container processes", a.docker.pids, c.name))
             except AdapterError as e:
                 errors.append(f"container processes: {c.name}: {e}")
                 return None  # not read: every process stays a stranger (nothing starts on a guess)
@@ -406,7 +367,7 @@ class Observer:
     def _look(self, c: Container | None, node: str, last: ServeObservation | None) -> ServeObservation | None:
         """One serve's state; a failed look carries the last state seen, marked unknown (never "no serve")."""
         try:
-            return observe_serve(self.world, c, node)
+            return guarded("serve state", observe_serve, self.world, c, node)
         except AdapterError as e:
             seen = last if last is not None and c is not None and last.container_id == c.id else None
             return dataclasses.replace(seen or ServeObservation(False), error=str(e))
@@ -449,13 +410,13 @@ class Observer:
         view = self.world.view
         timeout = view.deadlines.ray_gcs.seconds
         try:
-            code, out = self.world.head().docker.exec(head_c.name, commands.ray_nodes(view.dep, view.gcs, timeout),
-                                                      what="ray nodes")
+            code, out = guarded("ray nodes", lambda: self.world.head().docker.exec(
+                head_c.name, commands.ray_nodes(view.dep, view.gcs, timeout), what="ray nodes"))
+            if code != 0:
+                return RayObservation(False, f"{Kind.RAY_GCS_UNREACHABLE}: exit {code}: {out.strip()[-200:]}", via="gcs")
+            return guarded("ray nodes", lambda: read_nodes(out.strip().splitlines()[-1] if out.strip() else "", "gcs"))
         except AdapterError as e:
             return RayObservation(False, f"{Kind.RAY_GCS_UNREACHABLE}: {e}"[:200], via="gcs")
-        if code != 0:
-            return RayObservation(False, f"{Kind.RAY_GCS_UNREACHABLE}: exit {code}: {out.strip()[-200:]}", via="gcs")
-        return read_nodes(out.strip().splitlines()[-1] if out.strip() else "", "gcs")
 
     def observe(self, full: bool) -> Observation:
         w, view = self.world, self.world.view

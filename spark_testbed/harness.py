@@ -121,7 +121,11 @@ class Supervisor:
     """`spark-supervisor run` as a child process with a real sd_notify socket. bin_dir: the directory of the
     spark-supervisor to run (default: the dev venv's)."""
 
+    STARTED: list[Supervisor] = []  # every daemon this process started (the suite reads their unforeseen errors)
+
     def __init__(self, config: Path, tmp_path: Path, name: str = "daemon", bin_dir: Path = BIN):
+        Supervisor.STARTED.append(self)
+        self.unexpected_seen = 0  # bytes of the log already read for probe.unexpected
         self.config, self.tmp = config, tmp_path
         self.state_dir = Path(tomllib.loads(config.read_text())["supervisor"]["state_dir"])
         self.log_path = tmp_path / f"{name}.log"
@@ -193,6 +197,25 @@ class Supervisor:
             self.sock.close()
             self._logf.close()
         return code
+
+    def new_unexpected(self) -> list[dict[str, Any]]:
+        """The probe.unexpected events (a probe raised what no adapter foresees) logged since the last call."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.unexpected_seen)
+                data = f.read()
+        except OSError:
+            return []
+        data = data[:data.rfind(b"\n") + 1]  # a line still being written is read next time
+        self.unexpected_seen += len(data)
+        out = []
+        for line in data.splitlines():
+            if b"probe.unexpected" in line:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    out.append({"event": "probe.unexpected", "error": line.decode(errors="replace")[:300]})
+        return out
 
     def repairs(self, since: float = 0.0) -> list[dict[str, Any]]:
         """repair.started events logged at or after wall time `since`."""

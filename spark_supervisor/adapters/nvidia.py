@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import html
 import re
 import xml.etree.ElementTree as ET
 
 from ..model import Gpu, GpuProcess, Memory
 from . import AdapterError
+from .shell import printable
 
 
 def _mib(text: str | None) -> int | None:
@@ -14,12 +16,22 @@ def _mib(text: str | None) -> int | None:
     return int(m.group(1)) if m else None  # "N/A" on GB10's unified memory
 
 
+_PROCESS_NAME = re.compile(r"(<process_name>)(.*?)(</process_name>)", re.DOTALL)
+
+
+def _escaped_name(m: re.Match[str]) -> str:
+    return m.group(1) + html.escape(printable(m.group(2))) + m.group(3)
+
+
 def parse_smi_xml(text: str) -> Gpu:
     """The first GPU of `nvidia-smi -q -x` (a Spark has one) with its compute processes."""
     try:
         root = ET.fromstring(text)
     except ET.ParseError as e:
-        raise AdapterError("NvidiaSmiUnreadable", f"not XML: {e}") from None
+        try:  # nvidia-smi writes a process's name as the process set it: markup or control bytes in it
+            root = ET.fromstring(_PROCESS_NAME.sub(_escaped_name, text))
+        except ET.ParseError:
+            raise AdapterError("NvidiaSmiUnreadable", f"not XML: {e}") from None
     gpu = root.find("gpu")
     if gpu is None:
         raise AdapterError("NoGpu", "nvidia-smi lists no GPU")
@@ -27,7 +39,7 @@ def parse_smi_xml(text: str) -> Gpu:
     for p in gpu.iterfind("processes/process_info"):
         pid = (p.findtext("pid") or "").strip()
         if pid.isdigit():
-            procs.append(GpuProcess(int(pid), (p.findtext("process_name") or "").strip(),
+            procs.append(GpuProcess(int(pid), printable((p.findtext("process_name") or "").strip()),
                                     _mib(p.findtext("used_memory")) or 0))
     return Gpu(name=(gpu.findtext("product_name") or "").strip(),
                driver=(root.findtext("driver_version") or "").strip(),

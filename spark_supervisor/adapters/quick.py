@@ -20,9 +20,14 @@ from typing import NamedTuple
 import httptools
 import httpx
 
-from ..model import EndpointObservation, RayObservation
+from ..model import EndpointObservation, EndpointState, RayObservation
+from . import probe
 from .health import observed
 from .ray import parse
+
+
+def _unreadable(e: Exception) -> RayObservation | None:
+    return RayObservation(False, str(e))
 
 
 class Target(NamedTuple):
@@ -178,6 +183,7 @@ class QuickProbe:
         self._own_api = api is None
         self.watch_ray = bool(ray_url)  # "" for a deployment without Ray
 
+    @probe("quick ray nodes", _unreadable)
     def ray_nodes(self) -> RayObservation | None:
         if not self.watch_ray:
             return None
@@ -189,6 +195,7 @@ class QuickProbe:
         except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
             return RayObservation(False, type(e).__name__)
 
+    @probe("quick health", lambda e: EndpointObservation(EndpointState.UNKNOWN, str(e)))
     def health(self) -> EndpointObservation:
         try:
             status, _ = self.api.get("/health", timeout=self.timeout)  # the shared connection's is the API's

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from ..model import Kind, RayNode, RayObservation
+from . import probe
 
 _STATES = {"ALIVE": True, "DEAD": False}
 
@@ -78,6 +79,7 @@ class RayDashboard:
     def __init__(self, client: httpx.Client, url: str, timeout: float):
         self.http, self.url, self.timeout = client, url.rstrip("/"), timeout
 
+    @probe("ray dashboard", lambda e: RayObservation(False, f"{Kind.RAY_DASHBOARD_UNREADABLE}: {e}"[:200]))
     def observe(self) -> RayObservation:
         try:
             r = self.http.get(f"{self.url}/api/v0/nodes", params={"limit": 100}, timeout=self.timeout)

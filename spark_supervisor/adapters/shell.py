@@ -41,14 +41,30 @@ def control_dir(state_dir: str) -> str:
     return path
 
 
+def decoded(raw: bytes) -> str:
+    """A program's output as text, whatever its bytes: anyone on a host names a process (prctl
+    PR_SET_NAME) or a file, and `ss`, nvidia-smi or a log print the name raw. A byte that is not UTF-8 is
+    kept visible as ``\\xNN`` (escaped for display), never an error."""
+    return raw.decode("utf-8", errors="backslashreplace")
+
+
+def printable(text: str) -> str:
+    """A name from outside, safe to show on one line: control characters (a newline in a process name, an
+    escape sequence) written as escapes."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def run_local(argv: list[str], timeout: float) -> Result:
     """``argv`` in a session of its own: past its timeout the whole session is killed, so nothing it
-    started (a shell's children, say a hung `ss`) is left behind on the host, one per tick."""
+    started (a shell's children, say a hung `ss`) is left behind on the host, one per tick. A program that
+    cannot be started (missing, not executable, busy, not a program) is an AdapterError with the reason."""
     try:
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                             text=True, start_new_session=True)
+                             start_new_session=True)
     except FileNotFoundError:
         raise AdapterError("CommandNotFound", f"{argv[0]} is not installed") from None
+    except OSError as e:  # EACCES, ENOEXEC, ETXTBSY, E2BIG, ENOMEM...
+        raise AdapterError("CommandNotStarted", f"{argv[0]}: {e.strerror or type(e).__name__}") from None
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -59,7 +75,7 @@ def run_local(argv: list[str], timeout: float) -> Result:
         p.kill()
         p.wait()
         raise TransientError("CommandTimeout", f"{argv[0]} did not finish within {timeout:g}s") from None
-    return Result(p.returncode, out, err)
+    return Result(p.returncode, decoded(out), decoded(err))
 
 
 class NodeShell:

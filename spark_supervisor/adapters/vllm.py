@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ..model import EndpointObservation, EndpointState, EngineStats, Verdict
 from ..probes import chat_request, judge, sanity_request
+from . import probe
 from .health import observed
 from .quick import KeptAlive
 
@@ -97,6 +98,7 @@ class VllmApi:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.kept = KeptAlive(self.url, timeout)
 
+    @probe("health", lambda e: EndpointObservation(EndpointState.UNKNOWN, str(e)))
     def observe_health(self) -> EndpointObservation:
         """/health alone (the cheap check). Refused is a load in progress: vLLM listens only once loaded."""
         try:
@@ -105,6 +107,7 @@ class VllmApi:
             return observed(failure=e)
         return observed(code)
 
+    @probe("models", lambda e: EndpointObservation(EndpointState.UNKNOWN, str(e)))
     def observe(self) -> EndpointObservation:
         """/health, then the served models."""
         ep = self.observe_health()
@@ -119,6 +122,7 @@ class VllmApi:
             return EndpointObservation(EndpointState.ERROR, f"/v1/models: {type(e).__name__}", ep.health)
         return EndpointObservation(EndpointState.UP, "", ep.health, models)
 
+    @probe("engine metrics", lambda e: EngineStats(error=str(e)))
     def engine(self) -> EngineStats:
         """The engine's heartbeat from its own /metrics (cheap: read each tick while it serves). Plain http.client
         over the kept-alive connection the quick check keeps to the same server (``kept``, adapters.quick): httpx

@@ -75,6 +75,19 @@ def tb() -> Iterator[dict[str, str]]:
             os.environ[k] = v
 
 
+@pytest.fixture(autouse=True)
+def no_unexpected_probe_errors() -> Iterator[None]:
+    """No daemon logged a probe's unforeseen error during the test: the guard that keeps one odd answer from
+    blinding the daemon (adapters.guarded) must not hide a bug."""
+    for d in Supervisor.STARTED:
+        d.new_unexpected()
+    yield
+    found = [f"{d.log_path.name}: {e.get('probe')}: {e.get('error')}" for d in Supervisor.STARTED
+             for e in d.new_unexpected()]
+    Supervisor.STARTED[:] = [d for d in Supervisor.STARTED if d.proc.poll() is None]  # read to their end
+    assert not found, f"a probe raised an unforeseen exception: {found}"
+
+
 @pytest.fixture
 def clean(tb: dict[str, str]) -> Iterator[None]:
     """Each test starts from empty engines and idle GPUs, and leaves nothing behind."""

@@ -12,9 +12,10 @@ from pydantic import SecretStr
 
 from spark_supervisor import logscan
 from spark_supervisor.adapters import AdapterError
+from spark_supervisor.adapters.listening import parse_listening
 from spark_supervisor.deployment import as_view
 from spark_supervisor.model import Listener, Observation, Phase, Reason, StartContainer, Status
-from spark_supervisor.observe import NodeAdapters, _ended, parse_listening
+from spark_supervisor.observe import NodeAdapters, _ended
 from spark_supervisor.plan import plan
 from tests.helpers import cfg, data, images, node_obs, obs, ray_container
 
