@@ -8,7 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from . import commands, identity, modelcheck, perf, redaction, statefile
+from . import commands, identity, modelcheck, perf, probes, redaction, statefile
 from . import retry as retry_mod
 from .adapters import AdapterError, NotFoundError
 from .config import Deployment, Node
@@ -30,6 +30,7 @@ from .model import (
     StartServe,
     StopServe,
     StopUnits,
+    Verdict,
     Verify,
 )
 from .model.reason import deterministic as reason_deterministic
@@ -109,14 +110,8 @@ class Actor:
                 self.log.info("serve.stopped", nodes=[n.name for n in nodes], why=why)
             case Measure(serve=serve):
                 return perf.measure(w.api, dep, serve, self.log, cfg.healing.deep_probe_timeout)
-            case Verify(serve=serve, deep=deep):
-                r = dep.readiness
-                timeout = cfg.healing.deep_probe_timeout if deep else r.request_timeout
-                v = w.api.sanity(dep.serve.name, r.sanity_prompt, r.sanity_max_tokens, timeout, serve, r.probe)
-                event = f"probe.{'deep' if deep else 'sanity'}_{'passed' if v.passed else 'failed'}"
-                (self.log.info if v.passed else self.log.warning)(
-                    event, why=v.why, finish_reason=v.finish_reason, field=v.field, latency_s=v.latency_s, ran=v.ran)
-                return v
+            case Verify(serve=serve, deep=deep, timeout=timeout):
+                return verify(self.world, self.log, serve, deep, timeout)
         return None
 
     def _stop_units(self, a: Any, units: tuple[str, ...], disable: bool, mask: bool) -> None:
@@ -358,3 +353,22 @@ def free_gib(df: str) -> float | None:
         return int(rows[-1][3]) / (1 << 20)
     except (IndexError, ValueError):
         return None
+
+
+def verify(w: World, log: Any, serve: str, deep: bool, timeout: float) -> Verdict:
+    """One real request of the readiness probe's kind (readiness, or with deep the liveness probe)."""
+    cfg = w.cfg
+    dep = w.view.dep
+    r = dep.readiness
+    timeout = timeout or (cfg.healing.deep_probe_timeout if deep else r.request_timeout)
+    # The engine's own counters over the probe's window: a probe that waited behind others' work is busy,
+    # not failed (probes.beside_heartbeat). Read only with the heartbeat followed.
+    before = w.api.engine() if cfg.healing.heartbeat_stall else None
+    v = w.api.sanity(dep.serve.name, r.sanity_prompt, r.sanity_max_tokens, timeout, serve, r.probe)
+    if before is not None and v.timed_out:
+        v = probes.beside_heartbeat(v, before, w.api.engine(), deep=deep)
+    outcome = "passed" if v.passed else "busy" if v.busy else "failed"
+    (log.info if v.passed or v.busy else log.warning)(
+        f"probe.{'deep' if deep else 'sanity'}_{outcome}", why=v.why, finish_reason=v.finish_reason,
+        field=v.field, latency_s=v.latency_s, ran=v.ran)
+    return v

@@ -12,12 +12,13 @@ each (vLLM's pooling API: RerankResponse.results[].relevance_score).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable
 from typing import Any
 
-from .model import EndpointObservation, EndpointState, ProbeResult, Verdict
+from .model import EndpointObservation, EndpointState, EngineStats, ProbeResult, Verdict
 
 
 def chat_request(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -124,5 +125,23 @@ def health_result(ep: EndpointObservation | None) -> ProbeResult:
 
 
 def deep_result(v: Verdict) -> ProbeResult:
+    if v.busy and not v.passed:
+        return ProbeResult.BUSY
     return ProbeResult.UNKNOWN if not v.ran else (ProbeResult.SUCCESS if v.passed else ProbeResult.FAILURE)
+
+
+def beside_heartbeat(v: Verdict, before: EngineStats, after: EngineStats, *, deep: bool) -> Verdict:
+    """A probe's verdict read beside the engine's own counters over its window (before it was sent, after it
+    ended). A probe that timed out while any work counter moved waited behind others' work: busy, unknown,
+    never a failure. Readiness (deep False) of an engine that generated tokens for others meanwhile is proven
+    by them: it serves. Nothing moved, or a reading missing: the verdict stands (a failure stays one)."""
+    if not v.timed_out or before.error or after.error or before.work == after.work:
+        return v
+    n, q = int(after.running), int(after.waiting)
+    behind = f"probe waited behind {n} running, {q} waiting"
+    made = after.generated - before.generated
+    if not deep and made > 0:
+        return dataclasses.replace(v, passed=True, ran=True, field="engine counters",
+                                   why=f"busy ({behind}): it generated {made:.0f} tokens for others meanwhile")
+    return dataclasses.replace(v, ran=False, busy=True, why=f"busy: {behind} ({v.why}; its counters moved)")
 

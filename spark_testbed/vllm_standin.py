@@ -37,6 +37,8 @@ STANDIN_FAULT_FILE     a file read on every request, one fault a line (they comb
                        generated, every counter frozen, /health 200; while the line is there, a request already
                        streaming stops between two tokens; the line removed, they go on), "slow N" (decode at N
                        tokens/s instead of STANDIN_TOKENS_PER_S, read before every token: it switches mid-stream),
+                       "scheduler-stall" (a stuck scheduler: requests are accepted and held as waiting, none is
+                       scheduled to run, nothing moves, /health 200; the line removed, they are scheduled),
                        "ttft S" (S seconds of prefill before the first token), "slow-health S" (/health and /ping
                        answer only after S seconds, completions and /metrics as usual: the "30-40 s slow /health
                        under load" reports), "socket" (read once, at start-up: NCCL finds no RDMA device on any
@@ -881,9 +883,13 @@ class Engine:
             self.waiting += 1
         got = False
         try:
-            while not self.slots.acquire(timeout=0.05):
+            while True:
                 if _stop.is_set():
                     raise Stopped
+                if "scheduler-stall" in faults():  # the scheduler schedules nothing: it stays waiting
+                    _stop.wait(0.05)
+                elif self.slots.acquire(timeout=0.05):
+                    break
             got = True
         finally:
             with self.lock:  # from waiting to running in one step: /metrics never sees it in neither

@@ -168,7 +168,11 @@ class VllmApi:
         except httpx.ConnectTimeout:
             return Verdict(False, "could not connect", serve, ran=False)
         except httpx.TimeoutException:
-            return Verdict(False, f"no answer within {timeout:.0f}s", serve, round(time.monotonic() - t0, 3))
+            return Verdict(False, f"no answer within {timeout:.0f}s", serve, round(time.monotonic() - t0, 3),
+                           timed_out=True)
         except httpx.HTTPError as e:
             return Verdict(False, f"{type(e).__name__}: {e}"[:200], serve, ran=False)
+        if r.status_code in (401, 403):  # the key is refused: the probe cannot ask, which says nothing of the engine
+            return Verdict(False, f"HTTP {r.status_code}: cannot ask (the API key is refused: "
+                           "the deployment's api_key_file or api_key_env)", serve, ran=False)
         return judge(kind, r.status_code, r.content, serve=serve, latency_s=time.monotonic() - t0)

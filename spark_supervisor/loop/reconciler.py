@@ -197,7 +197,7 @@ class Reconciler:
                 self.metrics.probed("deep" if action.deep else "sanity", st.deep.last, verdict)
                 if not action.deep:
                     st.verdict = verdict
-                    if not verdict.passed:
+                    if not verdict.passed and not verdict.busy:  # busy: asked again, unknown meanwhile
                         failure = Reason(Kind.SANITY_FAILED, verdict.why)
         return failure, fatal
 

@@ -80,6 +80,7 @@ class Verify:
 
     serve: str = ""
     deep: bool = False
+    timeout: float = 0.0  # 0: the configured one (readiness.request_timeout, healing.deep_probe_timeout)
 
 
 @dataclass(frozen=True)

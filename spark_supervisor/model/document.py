@@ -30,6 +30,8 @@ class VerdictDoc(TypedDict):  # model.Verdict
     finish_reason: str
     field: str
     ran: bool
+    timed_out: bool
+    busy: bool
 
 
 class TrackerDoc(TypedDict):  # model.Tracker

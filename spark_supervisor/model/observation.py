@@ -166,6 +166,7 @@ class ProbeResult(StrEnum):
     SUCCESS = "success"
     FAILURE = "failure"
     UNKNOWN = "unknown"
+    BUSY = "busy"  # it timed out while the engine's own counters moved: no answer yet, no failure (unknown)
 
 
 @dataclass(frozen=True)

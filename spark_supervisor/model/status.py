@@ -40,12 +40,15 @@ class Verdict:
     finish_reason: str = ""
     field: str = ""  # which field carried the text: content, reasoning, reasoning_content
     ran: bool = True  # False: the request could not be sent (refused, unreachable): "unknown", not "failed"
+    timed_out: bool = False  # no answer within the probe's timeout
+    busy: bool = False  # it timed out while the engine's counters moved: waited behind others' work (ran False)
 
 
 @dataclass(frozen=True)
 class Heartbeat:
     """The engine's heartbeat while it serves (its /metrics, read each tick): when its work last moved, what
-    it holds, and since when requests have run with nothing moving for the stall time (0: they have not)."""
+    it holds, and since when requests have run or waited with nothing moving for the stall time (0: they have
+    not)."""
 
     serve: str = ""  # the serve instance it is of
     work: tuple[float, ...] | None = None  # the last reading's counters (None: no reading to compare with)
@@ -56,13 +59,14 @@ class Heartbeat:
     error: str = ""  # why the last reading is missing ("" and work None: not read)
 
     def beat(self, e: EngineStats | None, serve: str, now: float, stall_s: float) -> Heartbeat:
-        """The next reading. Two readings are needed to call it frozen; an idle engine (nothing running)
-        and a missing reading restart the count: unknown is not frozen."""
+        """The next reading. Two readings are needed to call it frozen; an idle engine (nothing running or
+        waiting) and a missing reading restart the count: unknown is not frozen."""
         if e is None or e.error or stall_s <= 0:
             return Heartbeat(serve, None, now, error=e.error if e is not None else "")
-        moved = self.work is None or serve != self.serve or e.work != self.work or e.running <= 0
+        holds = e.running > 0 or e.waiting > 0  # work held: waiting with nothing running is a stuck scheduler
+        moved = self.work is None or serve != self.serve or e.work != self.work or not holds
         moved_at = now if moved else self.moved_at
-        stalled = e.running > 0 and now - moved_at >= stall_s
+        stalled = holds and now - moved_at >= stall_s
         return Heartbeat(serve, e.work, moved_at, e.running, e.waiting, (self.stalled_at or now) if stalled else 0.0)
 
     def frozen(self, now: float) -> str:

@@ -158,7 +158,9 @@ def readiness(f: Facts) -> Decision | None:
     if st.deep.failures >= f.cfg.healing.deep_failure_threshold:
         return f.repair("serve", Reason(Kind.SERVE_WEDGED, f"{st.deep.failures} sanity completions failed ({st.deep.detail})"),
                         (StopServe("wedged"),))
-    return Decision(Phase.VERIFYING, Reason(detail="sanity completion"), (Verify(s.identity),))
+    v = st.verdict
+    busy = f" when a slot frees ({v.why})" if v is not None and v.busy and v.serve == s.identity else ""
+    return Decision(Phase.VERIFYING, Reason(detail=f"sanity completion{busy}"), (Verify(s.identity),))
 
 
 def liveness(f: Facts) -> Decision:
@@ -178,6 +180,8 @@ def liveness(f: Facts) -> Decision:
         return stalled
     n = len(f.members)
     serving = f"{dep.serve.name} on {n} node{'' if n == 1 else 's'}"
+    if st.deep.last == ProbeResult.BUSY:  # shown, never counted against it
+        serving += f"; {st.deep.detail}"
     actions: tuple[Action, ...] = ()
     if f.now - max(st.deep.last_at, st.since) >= h.deep_probe_interval:
         actions += (Verify(s.identity, deep=True),)
@@ -208,6 +212,17 @@ def measure_due(f: Facts) -> bool:
     return bool(p.interval) and f.now - st.perf.at >= p.interval and idle
 
 
+STALL_PROBE_S = 5.0
+
+
+def _corroboration(f: Facts) -> float:
+    """The timeout of the deep probe that corroborates a stall. Nothing has moved for the stall time with work
+    held, so it need not wait its full timeout: an engine that answers now is not wedged, and one whose counters
+    move while the probe waits is busy (probes.beside_heartbeat) -- only a probe unanswered with the counters
+    still frozen confirms the wedge."""
+    return min(f.cfg.healing.deep_probe_timeout, STALL_PROBE_S)
+
+
 def _heartbeat(f: Facts) -> Decision | None:
     """The engine's heartbeat stalled (requests run, no token, prefill or KV block moved for
     healing.heartbeat_stall): a liveness failure, corroborated before any repair by a deep probe made at once.
@@ -221,11 +236,11 @@ def _heartbeat(f: Facts) -> Decision | None:
     # made at once, or a scheduled one the wedge caught in flight (it held the tick until its timeout).
     if st.deep.last_at < hb.moved_at + f.cfg.healing.heartbeat_stall:
         return Decision(Phase.SERVING, Reason(Kind.HEARTBEAT_STALLED, f"{frozen}: a deep probe now, to tell a wedge "
-                        "from a long prefill"), (Verify(s.identity, deep=True),))
+                        "from a long prefill"), (Verify(s.identity, deep=True, timeout=_corroboration(f)),))
     if st.deep.last == ProbeResult.FAILURE:
         return f.repair("serve", Reason(Kind.SERVE_WEDGED, f"the engine's heartbeat stopped ({frozen}) and the deep "
                         f"probe failed ({st.deep.detail})"), (StopServe("wedged"),))
     said = "answered" if st.deep.last == ProbeResult.SUCCESS else "could not run"
     again = f.now - st.deep.last_at >= f.cfg.healing.deep_probe_interval  # a long stall is probed on its schedule
     return Decision(Phase.SERVING, Reason(Kind.HEARTBEAT_STALLED, f"{frozen}; the deep probe {said} ({st.deep.detail}): "
-                    "not a wedge on this evidence"), (Verify(s.identity, deep=True),) if again else ())
+                    "not a wedge on this evidence"), (Verify(s.identity, deep=True, timeout=_corroboration(f)),) if again else ())
