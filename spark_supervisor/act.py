@@ -8,6 +8,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import tenacity
+
 from . import commands, identity, modelcheck, perf, probes, redaction, statefile
 from . import retry as retry_mod
 from .adapters import AdapterError, NotFoundError
@@ -26,6 +28,7 @@ from .model import (
     PrefetchModel,
     Reason,
     RemoveContainers,
+    ServeObservation,
     StartContainer,
     StartServe,
     StopServe,
@@ -34,7 +37,7 @@ from .model import (
     Verify,
 )
 from .model.reason import deterministic as reason_deterministic
-from .observe import World
+from .observe import World, parse_serve_state
 from .preflight import parse_image_probe
 
 
@@ -96,6 +99,7 @@ class Actor:
                     container = identity.node_container_name(dep, rank)
                     w.nodes[rank.name].docker.exec(container, commands.serve_launch(cfg, dep, sh, rank),
                                                    env=commands.serve_env(cfg, dep, sh, rank), detach=True)
+                    recorded(w, rank.name, container, self.log)
                     self.log.info("serve.launched", node=rank.name, container=container,
                                   argv=commands.shown_argv(cfg, dep, commands.serve_argv(dep, commands.rank_args(cfg, dep, rank))),
                                   log=f"{commands.serve_log_dir(dep, rank) or commands.serve_dir(dep)}/"
@@ -372,3 +376,29 @@ def verify(w: World, log: Any, serve: str, deep: bool, timeout: float) -> Verdic
         f"probe.{'deep' if deep else 'sanity'}_{outcome}", why=v.why, finish_reason=v.finish_reason,
         field=v.field, latency_s=v.latency_s, ran=v.ran)
     return v
+
+
+LAUNCH_RECORD_S = 10.0  # the most a launch waits for its wrapper to record the serve it started
+
+
+def recorded(w: World, node: str, container: str, log: Any) -> None:
+    """Wait until the wrapper just launched (detached) has recorded its serve, running or ended: from then on
+    every reading of the serve's state speaks of this instance, and a tick between the launch and the record
+    cannot take it for no serve (and launch a second) nor for one ended. Bounded; past it the ticks judge."""
+    dep = w.view.dep
+
+    def state() -> ServeObservation | None:
+        try:
+            code, out = w.nodes[node].docker.exec(container, commands.serve_state(dep, 0), what="serve state")
+            return parse_serve_state(out) if code == 0 else None
+        except (AdapterError, ValueError):
+            return None
+
+    def unrecorded(s: ServeObservation | None) -> bool:
+        return s is None or not s.present or (not s.running and s.exit_code is None)
+
+    try:
+        tenacity.Retrying(retry=tenacity.retry_if_result(unrecorded), stop=tenacity.stop_after_delay(LAUNCH_RECORD_S),
+                          wait=tenacity.wait_exponential(multiplier=0.02, max=0.5))(state)
+    except tenacity.RetryError:
+        log.warning("serve.launch_unrecorded", node=node, container=container, within_s=LAUNCH_RECORD_S)

@@ -13,6 +13,7 @@ from typing import Any
 import structlog
 import tomli_w
 
+from spark_supervisor import commands
 from spark_supervisor.act import ActionFailed
 from spark_supervisor.adapters import AdapterError
 from spark_supervisor.adapters.shell import Result
@@ -243,6 +244,9 @@ class ActorEngine(FakeEngine):
              detach: bool = False, what: str = "exec") -> tuple[int, str]:
         self._call("exec")
         self.execs.append(Exec(container, list(argv), env, detach, what))
+        if argv[2:3] == [commands.SERVE_STATE]:  # as the wrapper records a launch: its serve, running
+            launched = any(e.container == container and e.argv[2:3] == [commands.SERVE_WRAPPER] for e in self.execs)
+            return 0, "serve-state 42 spec 2026-12-07T10:00:00Z 1\n" if launched else "serve-state 0\n"
         return 0, ""
 
 

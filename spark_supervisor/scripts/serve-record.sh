@@ -23,4 +23,10 @@ runs() {
   esac
 }
 claim() { echo "$1 $(stat_field 22 "$1")" >process.new && mv -f process.new process && echo "$1" >pid; }
-ended() { echo "$1" >exit; rm -f process; }
+# The end of this wrapper's own instance only: once a stop has forgotten it, or a new launch has claimed the
+# record, a late end (this wrapper still between its serve's death and here) must not mark the new one ended.
+# The exit code lands whole (a reader never sees an empty exit file).
+ended() {
+  read -r _o _ <process 2>/dev/null && [ "$_o" = "${q:-$$}" ] || return 0
+  echo "$1" >exit.new && mv -f exit.new exit; rm -f process
+}

@@ -1,5 +1,5 @@
 
-d=$1 h=$2 c=$3 k=$4 m=$5 L=$6 n=$7 lk=$8 lm=$9; shift 9; li=$1; shift
+d=$1 h=$2 c=$3 k=$4 m=$5 L=$6 n=$7 lk=$8 lm=$9 q=; shift 9; li=$1; shift
 mkdir -p "$d" && cd "$d" || exit 1
 recorded
 if [ ! -f exit ] && runs; then

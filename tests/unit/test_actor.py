@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from spark_supervisor import commands
+from spark_supervisor import act, commands
 from spark_supervisor.act import ActionFailed, Actor
 from spark_supervisor.adapters import AdapterError, NotFoundError, TransientError, Unreachable
 from spark_supervisor.adapters.shell import Result
@@ -154,7 +154,8 @@ def test_start_serve_with_ray_execs_the_launch_in_the_heads_container_only(rig: 
     c, dep, view = rig.cfg, rig.cfg.deployment, rig.world.view
     head = c.nodes[0]
     rig.actor.run(StartServe())
-    [ex] = rig.engines["spark-1"].execs
+    ex, record = rig.engines["spark-1"].execs  # the launch, then the wait for its record (act.recorded)
+    assert record.argv == commands.serve_state(dep, 0) and not record.detach
     assert ex.container == node_container_name(dep, head) and ex.detach
     assert ex.argv == commands.serve_launch(c, dep, view.serve_hash, head)
     assert ex.env == commands.serve_env(c, dep, view.serve_hash, head)
@@ -162,13 +163,37 @@ def test_start_serve_with_ray_execs_the_launch_in_the_heads_container_only(rig: 
     assert rig.engines["spark-2"].execs == []
 
 
+def test_a_launch_returns_once_its_wrapper_recorded_the_serve_and_says_so_when_it_did_not(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 42, item 11: a tick between a launch and its record must not read it as no serve, or as one ended
+    with no exit code; the launch waits (bounded) for the wrapper's record of its own instance."""
+    engine, answers = rig.engines["spark-1"], ["serve-state 0\n", "serve-state 42 spec t 0\n",
+                                                "serve-state 42 spec t 1\n"]
+    real = engine.exec
+
+    def wrapper_slow_to_record(container: str, argv: list[str], **kw: Any) -> tuple[int, str]:
+        code, out = real(container, argv, **kw)
+        return (code, answers.pop(0)) if argv == commands.serve_state(rig.cfg.deployment, 0) else (code, out)
+    monkeypatch.setattr(engine, "exec", wrapper_slow_to_record)
+    rig.actor.run(StartServe())
+    assert [e.detach for e in engine.execs] == [True, False, False, False] and answers == []
+    assert not rig.log.named("serve.launch_unrecorded")
+    monkeypatch.setattr(act, "LAUNCH_RECORD_S", 0.3)
+    answers[:] = ["serve-state 0\n"] * 100  # never recorded: the launch goes on, and says so
+    rig.actor.run(StartServe())
+    assert rig.log.named("serve.launch_unrecorded") == [
+        {"node": "spark-1", "container": node_container_name(rig.cfg.deployment, rig.cfg.nodes[0]), "within_s": 0.3}]
+
+
 @pytest.mark.parametrize("rig", [config(mp=True)], indirect=True)
 def test_start_serve_across_nodes_execs_each_rank_on_its_node_rank_0_first(rig: Rig) -> None:
     c, dep, view = rig.cfg, rig.cfg.deployment, rig.world.view
     rig.actor.run(StartServe())
-    assert [e for e in rig.journal if e.endswith("exec")] == ["spark-1 exec", "spark-2 exec"]
+    # Each rank launched once its predecessor's wrapper has recorded its serve (act.recorded).
+    assert [e for e in rig.journal if e.endswith("exec")] == ["spark-1 exec"] * 2 + ["spark-2 exec"] * 2
     for rank, node in enumerate(c.nodes):
-        [ex] = rig.engines[node.name].execs
+        ex, record = rig.engines[node.name].execs
+        assert record.argv == commands.serve_state(dep, 0)
         assert ex.container == node_container_name(dep, node) and ex.detach
         assert ex.argv == commands.serve_launch(c, dep, view.serve_hash, node)
         at = ex.argv.index("--node-rank")

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from spark_supervisor import commands
 from spark_supervisor.act import ActionFailed, Actor
 from spark_supervisor.deployment import as_view
 from spark_supervisor.model import DropPageCache, StartServe
@@ -30,8 +31,8 @@ class Engine:
     def __init__(self, out: str = "") -> None:
         self.out = out
 
-    def exec(self, *_: Any, **__: Any) -> tuple[int, str]:
-        return 0, ""
+    def exec(self, _container: str, argv: list[str], **__: Any) -> tuple[int, str]:
+        return 0, "serve-state 42 spec 2026-12-07T10:00:00Z 1\n" if argv[2:3] == [commands.SERVE_STATE] else ""
 
     def has_image(self, _image: str) -> bool:
         return True

@@ -211,3 +211,62 @@ def test_once_the_serve_ended_its_pid_is_never_signalled_even_a_session_leader(t
     finally:
         other.kill()
         other.wait(timeout=10)
+
+
+def _state(d: Path) -> tuple[str, ...]:
+    """The serve-state script's first line, split: serve-state <pid> <spec> <started> <running> [<exit>]."""
+    out = subprocess.run(["sh", "-c", commands.SERVE_STATE, "s", str(d), "0"], capture_output=True, text=True,
+                         timeout=30, check=False).stdout
+    return tuple(out.partition("\n")[0].split())
+
+
+def _launch(d: Path, *serve: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["sh", "-c", commands.SERVE_WRAPPER, "spark-serve", str(d), CUR, "", "1", "1", "", "n",
+                             "1", "1", "1", *serve])
+
+
+def test_a_late_end_of_a_forgotten_serve_never_marks_the_next_launch_ended(tmp_path: Path) -> None:
+    """Issue 42, item 11: the old wrapper, between its serve's death and its record of it, outlived the stop that
+    forgot its serve and the launch of the next one: its end must not be written into the new record."""
+    d = tmp_path / "serve"
+    old = _launch(d, "sh", "-c", "trap '' TERM; exec sleep 60")
+    new: subprocess.Popen[bytes] | None = None
+    try:
+        until(lambda: recorded_serve_pid(d) not in ("", str(old.pid)), 10, "the old serve recorded", every=0.02)
+        serve = int(recorded_serve_pid(d))
+        for name in ("pid", "process", "exit", "spec", "started"):  # what the stop forgets (its kill held off)
+            (d / name).unlink(missing_ok=True)
+        new = _launch(d, "sleep", "60")
+        until(lambda: recorded_serve_pid(d) not in ("", str(new.pid if new else 0)), 10, "the new serve recorded",
+              every=0.02)
+        os.kill(serve, 9)  # the old serve dies now: its wrapper reaches its end
+        old.wait(timeout=10)
+        assert not (d / "exit").exists(), "the old serve's end was written into the new record"
+        st = _state(d)
+        assert st[1] == recorded_serve_pid(d) and st[4] == "1", st  # the new serve, running
+    finally:
+        old.kill()
+        if new is not None:
+            subprocess.run(["sh", "-c", commands.SERVE_STOP, "s", str(d), "1"], timeout=30, check=False)
+            new.kill()
+            new.wait(timeout=10)
+
+
+def test_a_launch_never_reads_as_a_serve_that_ended_without_its_exit_code(tmp_path: Path) -> None:
+    """Read as fast as it can be from the launch to its end, the state is always one of: no serve, a serve
+    running, or a serve ended with its exit code -- never a serve ended with none (ServeExited: exit code None)."""
+    d = tmp_path / "serve"
+    seen: set[tuple[str, ...]] = set()
+    w = _launch(d, "sh", "-c", "exit 3")
+    try:
+        while True:
+            done = w.poll() is not None
+            st = _state(d)
+            seen.add(("absent",) if len(st) < 5 or st[1] == "0" else st[4:])
+            if done:
+                break
+        assert all(s in {("absent",), ("1",), ("0", "3")} for s in seen), seen
+        assert ("0", "3") in seen
+    finally:
+        w.kill()
+        w.wait(timeout=10)
