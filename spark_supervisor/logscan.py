@@ -1,7 +1,12 @@
 """vLLM serve log -> how far the load got, and why it failed. Pure.
 
 Works across vLLM versions: ANSI colour codes are stripped, lines are split on both ``\\r`` (tqdm
-updates) and ``\\n``, and every pattern is an unanchored search (see wire-formats.md section 2).
+updates) and ``\\n``, and every pattern is an unanchored search (see docs on the serve log).
+
+Users' words are never evidence: vLLM's request logging (the default before 0.11, or --enable-log-requests /
+--enable-log-outputs) writes prompts, sampling parameters and the model's replies into the same log, and the
+API server's access log writes each request's path. Those lines, known by the emitting logger's shape
+(HEARSAY), are dropped before anything is read: a prompt saying "CUDA out of memory" is not the engine's.
 """
 
 from __future__ import annotations
@@ -212,8 +217,18 @@ def duration(seconds: float) -> str:
     return f"{s // 60}m" if s >= 60 else f"{s}s"
 
 
+# A line of vLLM's logger: "[(<process> pid=N[, ip=A]) ]LEVEL MM-DD HH:MM:SS[.fff] [file.py:N] message".
+_LOGGER = r"^(?:\([^()]*\) )?(?:DEBUG|INFO|WARNING|ERROR) \d\d-\d\d [\d:.]+ \[[\w.]+:\d+\] "
+# Lines that carry what users sent or were sent: the request logger's (request_logger.py, logger.py before 0.11:
+# its prompt, parameters and body; the model's output) and uvicorn's access log (each request's path).
+HEARSAY = re.compile(
+    _LOGGER + r"(?:Received request |Generated response |Request \S+ (?:details|JSON body)|Added request )"
+    r"|^(?:\([^()]*\) )?INFO:\s+\S+ - \"")
+
+
 def lines(text: str) -> list[str]:
-    return [ln for ln in _SPLIT.split(_ANSI.sub("", text)) if ln.strip()]
+    """The log's lines, colour codes stripped, users' words (HEARSAY) left out."""
+    return [ln for ln in _SPLIT.split(_ANSI.sub("", text)) if ln.strip() and not HEARSAY.search(ln)]
 
 
 _ROOT_CAUSE = re.compile(r"\b(?:\w+\.)*(\w*(?:Error|Exception)): (.+)")
@@ -222,10 +237,14 @@ _GENERIC = re.compile(r"EngineDeadError|EngineCore encountered|Engine core initi
                       r"EngineCore failed to start|Worker failed with error")
 
 
+CAUSE_LINES = 400  # how far above a generic engine death its cause may be (a Ray worker's traceback: ~100 lines)
+
+
 def classify(text: str) -> Failure | None:
-    """The first known failure signature in the log, if any. For a generic engine death, the line shown
-    is the root cause: the first ``SomethingError: ...`` line that is not itself one of the generic ones
-    (vLLM prints the cause in the worker's traceback, several lines above "EngineCore encountered ...")."""
+    """The failure the engine logged last before it ended, if any: the last line with a known signature that
+    is not a generic engine death, else the last generic one (it follows its cause: vLLM prints the cause in the
+    worker's traceback, several lines above "EngineCore encountered ..."). For a generic one the line shown is
+    the root cause: the last ``SomethingError: ...`` line above it that is not itself generic."""
     all_lines = lines(text)
     return _classify(all_lines, "\n".join(all_lines))
 
@@ -233,15 +252,24 @@ def classify(text: str) -> Failure | None:
 def _classify(all_lines: list[str], joined: str) -> Failure | None:
     if not any(p.search(joined) for p in _ANY_FAILURE):
         return None
-    for line in all_lines:
-        for reason, hint, pats in _FAILURES:
-            if any(p.search(line) for p in pats):
-                shown = line
-                if reason in (Kind.ENGINE_DIED, Kind.ENGINE_START_FAILED):
-                    shown = next((ln for ln in all_lines if _ROOT_CAUSE.search(ln) and not _GENERIC.search(ln)
-                                  and not _CHATTER.search(ln)), line)
-                return Failure(reason, hint, shown.strip()[-300:])
-    return None
+    generic: tuple[int, Kind, str] | None = None
+    for i in range(len(all_lines) - 1, -1, -1):
+        line = all_lines[i]
+        hit = next(((reason, hint) for reason, hint, pats in _FAILURES if any(p.search(line) for p in pats)), None)
+        if hit is None:
+            continue
+        if hit[0] not in (Kind.ENGINE_DIED, Kind.ENGINE_START_FAILED):
+            if generic is None or generic[0] - i <= CAUSE_LINES:  # the death's own cause, in its traceback
+                return Failure(hit[0], hit[1], line.strip()[-300:])
+            break
+        if generic is None:
+            generic = (i, *hit)
+    if generic is None:
+        return None
+    at, reason, hint = generic
+    shown = next((ln for ln in reversed(all_lines[:at]) if _ROOT_CAUSE.search(ln) and not _GENERIC.search(ln)
+                  and not _CHATTER.search(ln)), all_lines[at])
+    return Failure(reason, hint, shown.strip()[-300:])
 
 
 @dataclass(frozen=True)
@@ -328,7 +356,7 @@ def timeline(text: str) -> list[Step]:
 
 # NCCL's INFO lines (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET; wire-formats.md §8.1): "<host>:<pid>:<tid>
 # [<dev>] NCCL INFO <text>", a Ray worker's with vLLM's "(RayWorkerWrapper pid=N, ip=A) " before it.
-_NCCL = re.compile(r"(?:\((?:\w+) pid=\d+(?:, ip=([\d.]+))?\)\s*)?([\w.-]+):(\d+):\d+ \[\d+\] NCCL INFO (.*)")
+_NCCL = re.compile(r"^\s*(?:\((?:\w+) pid=\d+(?:, ip=([\d.]+))?\)\s*)?([\w.-]+):(\d+):\d+ \[\d+\] NCCL INFO (.*)")
 _NCCL_IP = re.compile(r"(?:Bootstrap : Using|OOB) [\w.-]+:([\d.]+)<")
 _NCCL_NET = re.compile(r"^(NET/(IB|Socket) : Using .*)")
 _NCCL_USING = re.compile(r"^Using network (IB|Socket)\b")

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from spark_testbed import realvllm, testbed
@@ -141,3 +142,37 @@ def test_a_deterministic_real_failure_is_failed_with_its_line_and_no_retries(rea
     assert st["reason"].startswith(reason) and line in st["reason"], st["reason"]
     assert not d.events("repair.started")  # no budget burned
     assert st["repairs"]["in_window"] == 0
+
+
+HOSTILE = ("Repeat after me: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB; "
+           "OSError: [Errno 98] Address already in use; vllm serve: error: unrecognized arguments: --x; "
+           "spark-1:1:2 [0] NCCL INFO Using network Socket")
+
+
+def test_users_words_in_the_request_log_are_never_the_engines_failure(real: Callable[..., Supervisor]) -> None:
+    """Issue 42, item 5: the real server logs prompts, parameters and replies (--enable-log-requests,
+    --enable-log-outputs) and each request's path; a prompt and a path made of failure signatures, then a real
+    crash (EngineCore killed): the crash is read as the engine's own death and repaired, never as the prompt's
+    out-of-memory or bad arguments (FAILED) nor as an NCCL on sockets (DEGRADED)."""
+    d = real(extra=["--enable-log-requests", "--enable-log-outputs"])
+    st = d.wait_phase("SERVING", timeout=400)
+    url = st["deployment"]["endpoint"]
+    body = {"model": st["deployment"]["served_model_name"], "messages": [{"role": "user", "content": HOSTILE}],
+            "max_tokens": 4, "temperature": 0, "stop": ["CUDA out of memory. Tried to allocate", "[Errno 98]"]}
+    with httpx.Client(timeout=120, trust_env=False) as client:
+        assert client.post(f"{url}/v1/chat/completions", json=body).status_code == 200
+        assert client.get(f"{url}/EADDRINUSE").status_code == 404
+    log = testbed.docker("spark-1", "exec", HOME, "cat", f"/tmp/spark-supervisor/{NAME}/log").stdout.decode()
+    assert "Received request" in log and "Errno 98" in log and "/EADDRINUSE" in log, log[-2000:]
+    t = time.time()
+    pid = api_pid()
+    engine = testbed.docker("spark-1", "exec", HOME, "pgrep", "-f", "EngineCore").stdout.decode().split()
+    testbed.docker("spark-1", "exec", HOME, "kill", "-9", *engine)
+    st = d.wait(lambda s: s["phase"] in ("FAILED", "DEGRADED") or (
+        s["phase"] == "SERVING" and s["serve"] and s["serve"]["pid"] != pid), 400, "SERVING on a new serve")
+    assert st["phase"] == "SERVING", st["reason"]
+    rep = d.repairs(t)
+    assert rep and all(r["kind"] == "serve" for r in rep), rep
+    for r in rep:
+        assert not any(k in r["reason"] for k in ("OutOfMemory", "BadArguments", "PortInUse")), r["reason"]
+    assert not d.events("fabric.fallback") and not [e for e in d.events("phase.changed") if e.get("to") == "FAILED"]

@@ -3,6 +3,8 @@
 import pytest
 
 from spark_supervisor import logscan
+from spark_supervisor.logscan import Failure, classify, transports
+from spark_supervisor.model.reason import Kind
 
 ESC = "\x1b[1;36m"
 RST = "\x1b[0;0m"
@@ -155,3 +157,46 @@ def test_no_pattern_reads_past_its_line() -> None:
     patterns = [p for _, _, ps in logscan._FAILURES for p in ps] + [rx for _, rx in logscan.MILESTONES]
     for p in patterns:
         assert not re.search(r"\\[AZ]|\$|\(\?<?[=!]|\(\?[a-z]*s", p.pattern) and not p.flags & re.DOTALL, p.pattern
+
+
+# ------------------------------------------------------------------------------ users' words are not evidence
+# vLLM 0.32's request logger (request_logger.py) and the API server's access log, in the real lines' shape; the
+# prompt, the stop strings and the reply are users' (issue 42, item 5). Held to the real server by
+# tests/integration/test_real_vllm.py::test_users_words_in_the_request_log_are_never_the_engines_failure.
+HOSTILE_LINES = [
+    "(APIServer pid=9478) INFO 12-02 20:15:01 [request_logger.py:66] Received request chatcmpl-1: params: "
+    "SamplingParams(n=1, stop=['CUDA out of memory. Tried to allocate', '[Errno 98] Address already in use'], "
+    "max_tokens=4), lora_request: None.",
+    "(APIServer pid=9478) INFO 12-02 20:15:01 [request_logger.py:109] Generated response chatcmpl-1: output: "
+    "'vllm serve: error: unrecognized arguments: x spark-1:1:2 [0] NCCL INFO Using network Socket', "
+    "finish_reason: stop",
+    "INFO 12-02 20:15:01 [logger.py:39] Received request chatcmpl-2: prompt: '<|im_start|>user\\nOutOfMemoryError "
+    "NV_ERR_NO_MEMORY', params: SamplingParams(n=1), prompt_token_ids: [1, 2].",  # before 0.11: the prompt itself
+    '(APIServer pid=9478) INFO:     127.0.0.1:51234 - "GET /EADDRINUSE HTTP/1.1" 404 Not Found',
+    "(APIServer pid=9478) INFO 12-02 20:15:01 [async_llm.py:578] Added request chatcmpl-1.",
+]
+DEATH = [
+    "(EngineCore_DP0 pid=9530) ERROR 12-02 20:15:13 [core.py:866] EngineCore encountered a fatal error.",
+    "(APIServer pid=9478) ERROR 12-02 20:15:13 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+    "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+]
+
+
+def test_request_and_access_log_lines_are_never_a_failure_or_a_transport() -> None:
+    assert classify("\n".join(HOSTILE_LINES)) is None
+    assert transports("\n".join(HOSTILE_LINES)) == ()
+    f = classify("\n".join([*HOSTILE_LINES, *DEATH]))
+    assert f is not None and f.reason == Kind.ENGINE_DIED and not f.deterministic, f
+
+
+def test_the_engines_own_last_failure_is_the_one_read() -> None:
+    early = "(APIServer pid=1) ERROR 12-02 20:14:50 [api_server.py:1] OSError: [Errno 98] Address already in use"
+    late = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert classify(f"{early}\n{late}") == Failure(Kind.OUT_OF_MEMORY, classify(late).hint, late)  # type: ignore[union-attr]
+    assert classify(f"{late}\n{early}").reason == Kind.PORT_IN_USE  # type: ignore[union-attr]
+    # a generic death reads its cause in the traceback above it, not one from long before
+    cause = "RuntimeError: shape mismatch in the attention kernel"
+    f = classify("\n".join([late, *["x"] * 500, cause, *DEATH]))
+    assert f is not None and f.reason == Kind.ENGINE_DIED and f.line == cause
+    f = classify("\n".join([cause, late, *DEATH]))
+    assert f is not None and f.reason == Kind.OUT_OF_MEMORY
