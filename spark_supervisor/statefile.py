@@ -92,7 +92,7 @@ def _open_own_dir(path: Path) -> int:
 
 # The state files the daemon keeps (each state directory: the daemon's and each deployment's).
 STATE_FILES = ("lock", "status.json", "pause.json", "repairs.json", "kv.json", "images.json", "records.jsonl",
-               "record-bad.json")
+               "record-bad.json", "perf.json", "loads.json", "changes.json")
 
 
 def _dir_problem(st: os.stat_result, owners: set[int]) -> str:

@@ -8,19 +8,44 @@ fails first -- FAILED, or a failed attempt at its start or verification -- the d
 the spec it ran and the image IDs it ran (its compile cache is still warm), `RolledBack: <the new spec's failure>` is shown until the
 next reload, alerted and logged; the operator's file is left as it is, and a later reload tries it again.
 ``[changes] rollback = false`` turns it off (the failed spec then stays, as any other failure).
+
+A failure rolls back only when it says the new spec cannot serve (CANNOT_SERVE): FAILED (a deterministic
+failure, or the repair budget spent), a missed load deadline or stall, a failed verification -- or, of transient
+failures (a Docker timeout, say), the repair budget's worth in a row. One transient failure is retried on the new
+spec: it costs nothing, where a rollback costs two loads and drops the operator's change.
+
+Both the pins and the way back are kept in the deployment's state directory (KEPT) and restored when the daemon
+starts again (a watchdog restart, `systemctl restart`, the head's reboot): a repair after a restart starts the
+images that served, and a change that fails after it is still rolled back. Each is restored only for the spec it
+was kept for (a config changed while the daemon was down starts from its tags, with no way back).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from .. import statefile
 from ..alerts import Alerter
 from ..backend import Backend
+from ..config import Config, ConfigError, parse
 from ..deployment import DeploymentView
 from ..identity import node_container_name
 from ..model import Kind, Phase, Reason
 from .reconciler import Reconciler
+
+KEPT = "changes.json"  # in the deployment's state directory; 0600: a deployment's section may hold secrets
+# Reasons that say a spec cannot serve: a rollback's cause at once (else FAILED, or the budget's worth of failures).
+CANNOT_SERVE = frozenset({Kind.LOAD_TIMEOUT, Kind.LOAD_STALLED, Kind.SANITY_FAILED, Kind.SERVE_WEDGED})
+
+Held = tuple[DeploymentView, dict[str, str], float]  # the way back: the view that served, its image IDs, since
+
+
+def spec_hashes(view: DeploymentView) -> tuple[str, str]:
+    """What a deployment runs: its Ray and serve spec hashes (a change of either replaces it)."""
+    return view.ray_hash, view.serve_hash
 
 
 def pin_what_serves(r: Reconciler) -> None:
@@ -37,9 +62,17 @@ def pin_what_serves(r: Reconciler) -> None:
         r.log.info("image.pinned", image=dep.ray.image, ids=ids)
 
 
+def cannot_serve(r: Reconciler) -> bool:
+    """Whether the spec on probation has shown it cannot serve (the module's docstring)."""
+    st = r.status
+    return (st.phase == Phase.FAILED or st.why.kind in CANNOT_SERVE
+            or st.failures >= max(1, r.view.cfg.healing.repair_budget))
+
+
 class Rollbacks:
     def __init__(self, log: Any) -> None:
         self.log = log
+        self.kept: dict[str, str] = {}  # deployment -> the KEPT document last written (written again on a change)
         # deployment -> the view it ran before the switch, the image IDs it ran (Status.pinned), and when its
         # phase then began (SERVING counts as the change made good only once entered after the switch)
         self.probation: dict[str, tuple[DeploymentView, dict[str, str], float]] = {}
@@ -67,7 +100,7 @@ class Rollbacks:
             self.probation.pop(name)  # the change made it: this spec is the way back from now on
             self.log.info("change.proven_by_serving", deployment=name)
             return None
-        if st.phase not in (Phase.FAILED, Phase.BACKOFF) and st.failures == 0:
+        if not cannot_serve(r):
             return None
         self.probation.pop(name)
         why = Reason(Kind.ROLLED_BACK, f"{name}: {st.reason or st.phase.value}"[:600])
@@ -88,3 +121,67 @@ class Rollbacks:
         r.reconfigure(view, backend, "rollback")
         r.recorder.note("rollback", str(why), r.wall())
         alerter.emit(name, "rolled_back", phase=r.status.phase.value, reason=str(why), reason_kind=why.kind)
+
+    # ------------------------------------------------------------------ kept across a restart (KEPT)
+    def keep(self, name: str, r: Reconciler) -> None:
+        """Its pins and way back written to its state directory when they changed (each tick asks: cheap)."""
+        held = self.probation.get(name)
+        doc = {"spec": list(spec_hashes(r.view)), "pinned": r.status.pinned,
+               "way_back": None if held is None else {"config": held[0].cfg.model_dump(mode="json", exclude_defaults=True),
+                                                      "pinned": held[1], "since": held[2]}}
+        text = json.dumps(doc, sort_keys=True)
+        if self.kept.get(name) == text:
+            return
+        try:
+            statefile.atomic_write(Path(r.view.state_dir) / KEPT, text, 0o600)
+            self.kept[name] = text
+        except OSError as e:
+            r.log.error("state.write_failed", file=KEPT, error=str(e))
+
+    def restore(self, name: str, r: Reconciler, whole: Config) -> None:
+        """At start: the pins and way back kept for the spec it runs now (none for another: its tags)."""
+        path = Path(r.view.state_dir) / KEPT
+        try:
+            doc = json.loads(statefile.read_state(path))
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            r.log.warning("changes.unreadable", file=str(path), error=f"{type(e).__name__}: {e}"[:300])
+            return
+        if not isinstance(doc, dict) or doc.get("spec") != list(spec_hashes(r.view)):
+            r.log.info("changes.not_restored", why="kept for another spec (the config changed while stopped)")
+            return
+        pinned = _ids(doc.get("pinned"))
+        if pinned:
+            r.status.pinned = pinned
+            r.backend.pin(pinned)
+            r.log.info("image.pins_restored", ids=pinned)
+        back = doc.get("way_back")
+        if isinstance(back, dict):
+            view = _view(back.get("config"), whole, str(path))
+            since = back.get("since")
+            if view is None or not isinstance(since, int | float):
+                r.log.warning("changes.way_back_unreadable", file=str(path))
+            else:
+                self.probation[name] = (view, _ids(back.get("pinned")), float(since))
+                r.log.info("change.way_back_restored", deployment=name)
+
+
+def _ids(raw: object) -> dict[str, str]:
+    """node -> image ID, from a kept document (anything else: none)."""
+    if not isinstance(raw, dict):
+        return {}
+    return {k: v for k, v in raw.items() if isinstance(k, str) and isinstance(v, str) and v}
+
+
+def _view(raw: object, whole: Config, source: str) -> DeploymentView | None:
+    """The view a kept section ran on (its own nodes and state directory), owned beside the whole config's
+    deployments; None when it no longer validates."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        cfg = parse(raw, source)
+    except ConfigError:
+        return None
+    cfg._owners = whole.owners | {cfg.deployment.name}
+    return DeploymentView.of(cfg, cfg.deployment)

@@ -22,7 +22,7 @@ from ..model import Pause, Phase, Reason, Status
 from ..retry import backoff_delay
 from .pause import PauseState
 from .reconciler import Reconciler
-from .rollback import Rollbacks, pin_what_serves
+from .rollback import Rollbacks, pin_what_serves, spec_hashes
 
 # Phases that count as "answers" for a deployment that starts after it (its memory profiling is over).
 _ANSWERS = {Phase.VERIFYING, Phase.SERVING}
@@ -42,7 +42,8 @@ class Stack:
         self.rollbacks = Rollbacks(log)
         self.reconcilers: dict[str, Reconciler] = {}
         for name, view in views(cfg).items():
-            self.reconcilers[name] = self._reconciler(view)
+            self.reconcilers[name] = r = self._reconciler(view)
+            self.rollbacks.restore(name, r, cfg)
 
     def _reconciler(self, view: DeploymentView, backend: Backend | None = None) -> Reconciler:
         name = view.name
@@ -123,6 +124,7 @@ class Stack:
                 pin_what_serves(r)
             r.recorder.after_tick(r)  # what its record takes in after the fact: a verdict, a page-cache drop
             self.rollbacks.roll_back_if_due(name, r, self.backend_factory, self.alerter)
+            self.rollbacks.keep(name, r)
             if r.status.phase in _ANSWERS and before not in _ANSWERS:
                 for other in self.reconcilers.values():  # those waiting for it look again at once
                     if name in other.view.dep.after and other.status.phase == Phase.WAITING:
@@ -216,6 +218,8 @@ class Stack:
             rebuilt[name] = r
         self.reconcilers = rebuilt
         self.cfg = new
+        for name, r in rebuilt.items():
+            self.rollbacks.keep(name, r)
 
     def _new_backends(self, wanted: dict[str, DeploymentView]) -> dict[str, Backend]:
         """A backend for each deployment new or changed in ``wanted``: every one first, so that a config
@@ -268,6 +272,3 @@ def _view_key(view: DeploymentView) -> tuple[dict[str, Any], str]:
     return view.cfg.model_dump(), view.dep.api_key.get_secret_value()
 
 
-def spec_hashes(view: DeploymentView) -> tuple[str, str]:
-    """What a deployment runs: its Ray and serve spec hashes (a change of either replaces it)."""
-    return view.ray_hash, view.serve_hash

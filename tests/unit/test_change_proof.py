@@ -198,3 +198,93 @@ def test_a_spec_that_served_is_the_way_back_even_when_a_repair_runs_at_the_switc
         rb = Rollbacks(structlog.get_logger())
         rb.switched("qwen", before, view)
         assert ("qwen" in rb.probation) == armed, (phase, pinned)
+
+
+def switched(tmp_path: Path) -> tuple[Any, dict[str, FakeBackend], Any, Any]:
+    """qwen SERVING on pinned images, then switched to a new image that passed its proof, its start under way."""
+    daemon, be, clock, path, d = running(tmp_path)
+    daemon.reconcilers["qwen"].status.pinned = {"spark-1": "sha256:served1", "spark-2": "sha256:served2"}
+    d2 = copy.deepcopy(d)
+    d2["deployments"][0].setdefault("ray", {})["image"] = NEW_IMAGE
+    reload_to(daemon, clock, path, d2)
+    new = daemon.reconcilers["qwen"]
+    assert new.view.dep.ray.image == NEW_IMAGE and "qwen" in daemon.stack.rollbacks.probation
+    return daemon, be, clock, new
+
+
+def test_one_transient_failure_of_the_new_spec_is_retried_on_it_not_rolled_back(tmp_path: Path) -> None:
+    """Issue 42, item 8: a Docker timeout during the new spec's start drops nothing; the budget's worth does."""
+    from spark_supervisor.act import ActionFailed
+    from spark_supervisor.model import StartContainer
+    daemon, be, clock, new = switched(tmp_path)
+    be["qwen"].fail[StartContainer] = ActionFailed("DockerTimeout", "create: no answer within 60s")
+    ticks_until(daemon, lambda: new.status.phase == Phase.BACKOFF)
+    assert new.view.dep.ray.image == NEW_IMAGE and not daemon.stack.rollbacks.notes  # retried on the new spec
+    for _ in range(40):  # each retry fails the same, transiently: the budget's worth rolls it back
+        if daemon.stack.rollbacks.notes:
+            break
+        clock.t += 60
+        daemon.tick()
+    assert new.view.dep.ray.image != NEW_IMAGE and new.status.pinned == {"spark-1": "sha256:served1",
+                                                                        "spark-2": "sha256:served2"}
+    assert str(daemon.stack.rollbacks.notes[0]).startswith("RolledBack: qwen: DockerTimeout: ")
+
+
+def test_a_missed_load_deadline_of_the_new_spec_rolls_it_back_at_once() -> None:
+    from spark_supervisor.loop.rollback import cannot_serve
+    from spark_supervisor.model import Kind, Status
+    for phase, why, failures, rolls in [
+            (Phase.STARTING_VLLM, Reason(Kind.LOAD_TIMEOUT, "not ready after 1200s"), 0, True),
+            (Phase.STARTING_VLLM, Reason(Kind.SANITY_FAILED, "empty answer"), 0, True),
+            (Phase.BACKOFF, Reason("DockerTimeout", "x"), 1, False),
+            (Phase.BACKOFF, Reason("DockerTimeout", "x"), 3, True),  # the testbed's budget: 3
+            (Phase.FAILED, Reason(Kind.IMAGE_MISSING, "x"), 0, True)]:
+        from spark_supervisor.deployment import as_view
+        from tests.helpers import cfg
+        st = Status(phase=phase, why=why, failures=failures)
+        r = cast(Any, SimpleNamespace(status=st, view=as_view(cfg())))
+        assert cannot_serve(r) is rolls, (phase, why, failures)
+
+
+def test_the_pins_and_the_way_back_outlive_a_restart_of_the_daemon(tmp_path: Path) -> None:
+    """Issue 42, item 7: the daemon restarted (a watchdog, the head's reboot) while the switched spec loads: its
+    repairs still start the images that served, and its failure still rolls back to them."""
+    from spark_supervisor.act import ActionFailed
+    from spark_supervisor.model import Kind, StartContainer
+    from tests.unit.test_stack import make as make_stack
+    daemon, be, clock, new = switched(tmp_path)
+    daemon.tick()
+    kept = json.loads((tmp_path / "state" / "deployments" / "qwen" / "changes.json").read_text())
+    assert kept["way_back"]["pinned"] == {"spark-1": "sha256:served1", "spark-2": "sha256:served2"}
+    assert oct((tmp_path / "state" / "deployments" / "qwen" / "changes.json").stat().st_mode & 0o777) == "0o600"
+    daemon.stack.close()
+    # A new daemon on the same file (the new image) and state directory.
+    import tomllib
+    d2 = tomllib.loads((tmp_path / "c.toml").read_text())
+    again, be2, clock2, _, _ = make_stack(tmp_path, d2)
+    q = again.reconcilers["qwen"]
+    assert q.view.dep.ray.image == NEW_IMAGE and "qwen" in again.stack.rollbacks.probation
+    back, pinned, _ = again.stack.rollbacks.probation["qwen"]
+    assert back.dep.ray.image != NEW_IMAGE and pinned == {"spark-1": "sha256:served1", "spark-2": "sha256:served2"}
+    assert back.owners == {"qwen", "embed"}  # the other deployment's containers are still nobody's orphans
+    from tests.helpers import obs
+    be2["qwen"].next = obs(q.view.cfg)
+    be2["qwen"].fail[StartContainer] = ActionFailed(Kind.IMAGE_MISSING, f"{NEW_IMAGE} is gone", deterministic=True)
+    ticks_until(again, lambda: q.view.dep.ray.image != NEW_IMAGE, most=10)
+    assert q.status.pinned == {"spark-1": "sha256:served1", "spark-2": "sha256:served2"}
+    assert be2["qwen"].pinned == q.status.pinned  # the rollback's backend starts them by ID
+
+
+def test_pins_kept_for_another_spec_are_not_restored(tmp_path: Path) -> None:
+    from tests.unit.test_stack import make as make_stack
+    daemon, be, clock, path, d = running(tmp_path)
+    daemon.reconcilers["qwen"].status.pinned = {"spark-1": "sha256:served1"}
+    daemon.tick()
+    assert json.loads((tmp_path / "state" / "deployments" / "qwen" / "changes.json").read_text())["pinned"]
+    daemon.stack.close()
+    d2 = copy.deepcopy(d)
+    d2["deployments"][0].setdefault("ray", {})["image"] = NEW_IMAGE  # edited while the daemon was down
+    again, *_ = make_stack(tmp_path, d2)
+    assert again.reconcilers["qwen"].status.pinned == {} and not again.stack.rollbacks.probation
+    same, *_ = make_stack(tmp_path, d)
+    assert same.reconcilers["qwen"].status.pinned == {"spark-1": "sha256:served1"}
