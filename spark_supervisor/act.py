@@ -281,6 +281,10 @@ class Actor:
     def _ensure_image(self, a: Any, image: str) -> None:
         if a.docker.has_image(image):
             return
+        if image in self.pins.values():  # the image that served, by ID: pruned; no name to pull it by
+            tag = self.world.view.dep.ray.image
+            raise ActionFailed(Kind.PINNED_IMAGE_GONE, f"pinned image {image[:19]} is gone on {a.node.name} (pruned?): "
+                               f"`spark-supervisor reset` (or a reload) starts what {tag} names now", deterministic=True)
         policy = self.world.view.dep.ray.image_pull
         if policy == "never":
             raise ActionFailed(Kind.IMAGE_MISSING, f"{image} is not on {a.node.name} and image_pull = \"never\" "

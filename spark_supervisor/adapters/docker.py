@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -241,6 +242,14 @@ def _is_exec_end(event: Any) -> bool:
 LISTINGS = _Listings()
 
 
+_IMAGE_ID = re.compile(r"(?:sha256:)?[0-9a-f]{12,64}")
+
+
+def is_image_id(image: str) -> bool:
+    """An image by its ID (``sha256:<hex>``, or the hex alone, 12 digits or more), not by a name."""
+    return _IMAGE_ID.fullmatch(image) is not None
+
+
 class DockerEngine:
     def __init__(self, node: str, url: str, *, timeout: float, follow: bool = False):
         """follow: follow the engine's container events from its first steady sweep until close(), so that a
@@ -377,12 +386,15 @@ class DockerEngine:
 
     def pull(self, image: str, *, timeout: float, heartbeat: Any = None,
              progress: Any = None) -> None:
-        """Pull with a deadline; ``progress(done_bytes, total_bytes)`` as layers arrive."""
-        repo, _, tag = image.rpartition(":") if ":" in image.split("/")[-1] else (image, "", "latest")
+        """Pull with a deadline; ``progress(done_bytes, total_bytes)`` as layers arrive. The reference is read by
+        docker-py itself (``registry:5000/repo``, ``repo:tag``, ``repo@sha256:…``); an image ID has no name a
+        registry knows and is never pulled."""
+        if is_image_id(image):
+            raise ImageMissingError("PinnedImageGone", f"{image} is an image ID, not a name: nothing to pull it from")
 
         def go() -> None:
             layers: dict[str, tuple[int, int]] = {}
-            for ev in self.client().api.pull(repo, tag=tag, stream=True, decode=True):
+            for ev in self.client().api.pull(image, stream=True, decode=True):
                 if "error" in ev:
                     raise AdapterError("ImagePullFailed", f"{image} on {self.node}: {ev['error']}"[:300])
                 d = ev.get("progressDetail") or {}

@@ -286,12 +286,13 @@ class Reconciler:
         self.rearm(why)
 
     def rearm(self, why: str) -> None:
-        """Leave FAILED (and forget the repair budget when the operator asks for a reset)."""
+        """Leave FAILED (and forget the repair budget and the pinned images when the operator asks for a reset)."""
         st = self.status
         self.start.restart()
         st.images, st.admitted = {}, None  # an image fixed under its name, a reload wanting more memory: read again
         if why == "reset":
             self.repairs.clear()
+            unpin(self, "reset")
             self.log.info("reconcile.reset", budget_cleared=True, phase=st.phase.value)
         st.failures, st.backoff_until, st.next_repair_at = 0, 0.0, 0.0
         self.changed()
@@ -299,6 +300,14 @@ class Reconciler:
             st.advance(Phase.DETECTING, Reason(detail=f"re-armed by {why}"), self.clock(), self.wall())
             self.log.info("reconcile.rearmed", by=why)
         self.due_at = 0.0
+
+
+def unpin(r: Reconciler, why: str) -> None:
+    """Start what the tags name from now on (the operator moves past pinned images: one pruned, say)."""
+    if r.status.pinned:
+        r.log.info("image.unpinned", by=why, ids=r.status.pinned)
+        r.status.pinned = {}
+        r.backend.pin({})
 
 
 def _phase_line(st: Status, view: DeploymentView, now: float) -> str:

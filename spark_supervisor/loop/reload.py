@@ -116,6 +116,9 @@ class Reloader:
         if changed:
             self.stack.apply(new, wanted)
             self.config_hash = config_mod.file_hash(self.config_path)
+        else:
+            for r in self.stack.reconcilers.values():
+                self.stack.retry_failed(r, "reload")
 
     def _proven(self, file_hash: str, views: dict[str, DeploymentView], again: bool) -> dict[str, Reason] | None:
         """The refusals of the proofs of ``views`` (empty: proven), or None while they run. A proof is started

@@ -21,7 +21,7 @@ from ..metrics import Metrics, NoMetrics
 from ..model import Pause, Phase, Reason, Status
 from ..retry import backoff_delay
 from .pause import PauseState
-from .reconciler import Reconciler
+from .reconciler import Reconciler, unpin
 from .rollback import Rollbacks, pin_what_serves, spec_hashes
 
 # Phases that count as "answers" for a deployment that starts after it (its memory profiling is over).
@@ -167,6 +167,14 @@ class Stack:
         for r in self.reconcilers.values():
             r.rearm(why)
 
+    @staticmethod
+    def retry_failed(r: Reconciler, why: str) -> None:
+        """A reload is the operator's "fixed, try again" (the FAILED hint says so): a FAILED deployment is re-armed
+        and starts what its tags name (a pinned image pruned is a way past it)."""
+        if r.status.phase == Phase.FAILED:
+            unpin(r, why)
+            r.rearm(why)
+
     # ----------------------------------------------------------------------------- a new config
     def _changes(self, wanted: dict[str, DeploymentView]) -> list[DeploymentChange]:
         return deployment_changes({name: r.view for name, r in self.reconcilers.items()}, wanted)
@@ -209,11 +217,15 @@ class Stack:
                     if spec_hashes(view) != spec_hashes(r.view):
                         self.rollbacks.switched(name, r, view)
                         r.status.pinned = {}  # the new spec starts from its tag
+                    failed = r.status.phase == Phase.FAILED
                     r.reconfigure(view, backends[name], "config change")
-                    if r.status.pinned:  # the same spec on a new backend (other settings changed): still pinned
+                    if failed:  # the operator's way past it: a pinned image pruned, say; the tags from now on
+                        unpin(r, "reload")
+                    elif r.status.pinned:  # the same spec on a new backend (other settings changed): still pinned
                         r.backend.pin(r.status.pinned)
                 else:
                     r.view = view  # the same deployment; only who else is configured may differ
+                    self.retry_failed(r, "reload")
                     r.changed()
             rebuilt[name] = r
         self.reconcilers = rebuilt

@@ -44,6 +44,7 @@ class Kind(StrEnum):
 
     # An action that failed (act.ActionFailed).
     IMAGE_MISSING = "ImageMissing", True  # not on the node and pulls are off
+    PINNED_IMAGE_GONE = "PinnedImageGone", True  # the image that served, by ID, pruned: never pulled (no name)
     DISK_TOO_FULL = "DiskTooFull", True  # a pull would not fit (ray.pull_min_free_gib)
     PAGE_CACHE_DROP_FAILED = "PageCacheDropFailed", True  # not allowed, or the image cannot do it
     IMAGE_CHECK_FAILED = "ImageCheckFailed"  # deterministic when the image cannot run sh (act.py says so)

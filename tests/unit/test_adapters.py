@@ -93,3 +93,64 @@ def test_a_docker_engine_reads_no_proxy_settings_per_request(monkeypatch: pytest
         finally:
             engine.reset()
             server.shutdown()
+
+
+@pytest.mark.parametrize(("image", "from_image", "tag"), [
+    ("vllm/vllm-openai:v0.19.1", "vllm/vllm-openai", "v0.19.1"),
+    ("registry.local:5000/spark/vllm", "registry.local:5000/spark/vllm", "latest"),
+    ("registry.local:5000/spark/vllm:0.34", "registry.local:5000/spark/vllm", "0.34"),
+    ("nvcr.io/nvidia/vllm@sha256:" + "a" * 64, "nvcr.io/nvidia/vllm", "sha256:" + "a" * 64),
+])
+def test_a_pull_asks_the_engine_for_the_reference_as_docker_reads_it(tmp_path: Path, image: str, from_image: str,
+                                                                      tag: str) -> None:
+    """Issue 42, item 6: the reference is parsed by docker-py, as the docker CLI does (a registry's port is no
+    tag, a digest is pulled by digest); the request the engine receives is what is checked."""
+    import http.server
+    import json
+    import socketserver
+    import urllib.parse
+
+    from spark_supervisor.adapters.docker import DockerEngine
+    asked: list[dict[str, list[str]]] = []
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self._answer(json.dumps({"ApiVersion": "1.41", "Version": "20.10"}))
+
+        def do_POST(self) -> None:  # noqa: N802
+            asked.append(urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query))
+            self._answer('{"status": "Pulling fs layer", "id": "l1", "progressDetail": {}}\n')
+
+        def _answer(self, body: str) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+        daemon_threads = True
+
+    sock = tmp_path / "docker.sock"
+    with Server(str(sock), Engine) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        engine = DockerEngine("spark-1", f"unix://{sock}", timeout=5)
+        try:
+            engine.pull(image, timeout=10)
+        finally:
+            engine.reset()
+            server.shutdown()
+    assert asked == [{"fromImage": [from_image], "tag": [tag]}]
+
+
+@pytest.mark.parametrize("image", ["sha256:" + "b" * 64, "b" * 64, "0123456789ab"])
+def test_an_image_id_is_never_pulled(image: str) -> None:
+    from spark_supervisor.adapters import ImageMissingError
+    from spark_supervisor.adapters.docker import DockerEngine, is_image_id
+    assert is_image_id(image) and not is_image_id("vllm/vllm-openai:latest") and not is_image_id("abc")
+    engine = DockerEngine("spark-1", "unix:///nonexistent/docker.sock", timeout=1)
+    with pytest.raises(ImageMissingError, match="PinnedImageGone"):
+        engine.pull(image, timeout=1)  # refused before any connection: the socket does not exist

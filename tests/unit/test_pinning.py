@@ -77,3 +77,45 @@ def test_a_settings_change_keeps_the_pins_on_the_new_backend(tmp_path: Path) -> 
     path.write_text(tomli_w.dumps(d2))
     daemon.reload()
     assert be["qwen"] is q.backend and be["qwen"].pinned == ID and q.status.pinned == ID
+
+
+def test_a_pinned_image_gone_is_named_never_pulled_and_the_operator_can_move_past_it(tmp_path: Path) -> None:
+    """Issue 42, item 6: the pinned ID pruned on spark-2: named, deterministic (no budget burned on a pull of a
+    name that does not exist); a reset, or a reload, starts what the tag names."""
+    import pytest
+
+    from spark_supervisor.act import ActionFailed
+    from spark_supervisor.model import Kind
+    from tests.fakes import ActorEngine, FakeShell
+    from tests.unit.test_stack import make as make_stack
+
+    c = cfg()
+    world = World(c)
+    try:
+        actor = Actor(world, structlog.get_logger())
+        actor.pins = dict(ID)
+        engine = ActorEngine("spark-2")
+        engine.images = set()  # nothing on this engine
+        a = dataclasses.replace(world.nodes["spark-2"], docker=engine, shell=FakeShell())  # type: ignore[arg-type]
+        with pytest.raises(ActionFailed) as e:
+            actor._ensure_image(a, ID["spark-2"])
+        assert e.value.why.kind == Kind.PINNED_IMAGE_GONE and e.value.deterministic
+        assert e.value.why.detail.startswith(f"pinned image {ID['spark-2'][:19]} is gone on spark-2")
+        assert "`spark-supervisor reset` (or a reload) starts what" in e.value.why.detail
+        assert engine.pulled == []
+    finally:
+        world.close()
+    from spark_supervisor.model import Reason
+    from tests.helpers import data
+    d = data()
+    daemon, be, clock, _, path = make_stack(tmp_path, d)
+    q = daemon.reconcilers["qwen"]
+    for how in ("reset", "reload"):
+        q.status.pinned = dict(ID)
+        q.backend.pin(ID)
+        q.status.advance(Phase.FAILED, Reason(Kind.PINNED_IMAGE_GONE, "gone"), clock.t, 1.7e9)
+        if how == "reset":
+            daemon.rearm("reset")
+        else:
+            daemon.reload()  # the same file: no change, and still the way past it
+        assert q.status.pinned == {} and be["qwen"].pinned == {} and q.status.phase != Phase.FAILED, how
