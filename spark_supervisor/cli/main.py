@@ -97,7 +97,8 @@ def parser() -> argparse.ArgumentParser:
     add("report", record.cmd_report, "a support bundle (tar.gz): records, status, transitions, the serve logs' "
         "tails, the config, secrets removed").add_argument(
         "--out", "-o", default="", metavar="FILE",
-        help="where to write it (default: <state_dir>/reports/spark-supervisor-report-<UTC time>.tar.gz)")
+        help="where to write it: a new or regular file, or - for standard output (default: "
+             "<state_dir>/reports/spark-supervisor-report-<UTC time>.tar.gz)")
     ls = add("logscan", tools.cmd_logscan, "read a vLLM serve log: phase reached, timings, failure and hint",
              config=False, json=True)
     ls.add_argument("file", help="the log file, or - for standard input")

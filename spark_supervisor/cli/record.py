@@ -66,11 +66,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from ..record import bundle
     cfg = _load(args.config)
     try:
-        path, members = bundle.write(cfg, args.config, args.out, time.time())
+        path, members, size = bundle.write(cfg, args.config, args.out, time.time())
     except OSError as e:
-        print(f"spark-supervisor report: cannot write {args.out or 'the bundle'}: {e}", file=sys.stderr)
+        print(f"spark-supervisor report: cannot write {args.out or 'the bundle'}: {e.strerror or e}", file=sys.stderr)
         return 1
-    size = path.stat().st_size
-    print(f"wrote {path} ({len(members)} files, {size / 1024:.0f} KiB; secrets removed): attach it to a report")
+    print(f"wrote {'the bundle to standard output' if args.out == '-' else path} ({len(members)} files, "
+          f"{size / 1024:.0f} KiB; secrets removed): attach it to a report", file=sys.stderr if args.out == "-" else sys.stdout)
     return 0
 

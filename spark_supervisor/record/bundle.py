@@ -11,11 +11,14 @@ lines and LOG_BYTES bytes."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
 import secrets as tokens
 import shlex
+import stat
+import sys
 import tarfile
 import tomllib
 from datetime import UTC, datetime
@@ -137,8 +140,9 @@ def collect(cfg: Config, config_path: str) -> tuple[list[tuple[str, bytes]], lis
     return members, problems
 
 
-def write(cfg: Config, config_path: str, out: str, now: float) -> tuple[Path, list[str]]:
-    """Make the bundle (at ``out``, or in <state_dir>/reports/); its path and the names of its members."""
+def write(cfg: Config, config_path: str, out: str, now: float) -> tuple[Path, list[str], int]:
+    """Make the bundle (at ``out``, "-" for standard output, or in <state_dir>/reports/); its path, the names of
+    its members and its size. ``out`` replaces only a regular file or nothing (OSError for anything else)."""
     stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%SZ")
     members, problems = collect(cfg, config_path)
     note = [f"spark-supervisor report, {stamp}: the config ({config_path}) with its secrets removed, the status "
@@ -150,26 +154,50 @@ def write(cfg: Config, config_path: str, out: str, now: float) -> tuple[Path, li
     secrets = known_secrets(cfg, dict(os.environ))
     clean = [(name, redaction.text(data.decode(errors="replace"), secrets).encode()[:MAX_MEMBER])
              for name, data in members]
+    data = _tar(f"spark-supervisor-report-{stamp}", clean, now)
+    names = [name for name, _ in clean]
+    if out == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return Path("-"), names, len(data)
     if out:
         target = Path(out)
     else:
         target = Path(cfg.supervisor.state_dir) / "reports" / f"spark-supervisor-report-{stamp}.tar.gz"
         statefile.make_dirs(target.parent, 0o700)
-    _tar(target, f"spark-supervisor-report-{stamp}", clean, now)
-    return target, [name for name, _ in clean]
+    _replace(target, data)
+    return target, names, len(data)
 
 
-def _tar(target: Path, top: str, members: list[tuple[str, bytes]], now: float) -> None:
-    """The archive written beside ``target`` under a fresh name (mode 0600: it names hosts and paths), then
-    renamed over it: a reader never sees half of one."""
+def _tar(top: str, members: list[tuple[str, bytes]], now: float) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size, info.mtime, info.mode = len(data), int(now), 0o600
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _replace(target: Path, data: bytes) -> None:
+    """``data`` written beside ``target`` under a fresh name (mode 0600: it names hosts and paths), then renamed
+    over it: a reader never sees half of one. Only a regular file, or nothing, is replaced: as root, `--out
+    /dev/null` would otherwise turn the host's /dev/null into a file, and a link would be replaced by one."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) \
+                else "a special file"
+            raise OSError(errno.EEXIST, f"{target} is {kind}, not a regular file: not replaced (use --out - for "
+                          "standard output)")
     tmp = target.with_name(f".{target.name}.{tokens.token_hex(6)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
-            for name, data in members:
-                info = tarfile.TarInfo(f"{top}/{name}")
-                info.size, info.mtime, info.mode = len(data), int(now), 0o600
-                tar.addfile(info, io.BytesIO(data))
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)

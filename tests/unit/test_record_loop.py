@@ -6,6 +6,7 @@ the decisions between two records, `record` and `record --diff` read from the st
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import tarfile
 from pathlib import Path
@@ -332,3 +333,32 @@ def test_a_deployment_adopted_after_a_restart_of_the_daemon_is_recorded_with_the
     assert rec["nodes"]["spark-2"]["image"]["digest"] == "vllm/vllm-openai@sha256:" + "d" * 64
     assert rec["nodes"]["spark-1"]["image"] == {**rec["nodes"]["spark-2"]["image"], **dict.fromkeys(
         ("digest", "vllm", "torch", "transformers", "ray", "nccl", "python"), "unknown")}  # not what it runs
+
+
+def test_a_report_replaces_only_a_regular_file_and_goes_to_standard_output_with_a_dash(
+        tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]) -> None:
+    """Issue 42, item 9: as root, `--out /dev/null` must not turn the host's /dev/null into a file, nor a link be
+    replaced; `--out -` writes the bundle to standard output (the words to standard error)."""
+    import os
+    d = data()
+    d["supervisor"]["state_dir"] = str(tmp_path / "state")
+    path = tmp_path / "c.toml"
+    path.write_text(tomli_w.dumps(d))
+    fifo, link, old = tmp_path / "fifo", tmp_path / "link", tmp_path / "old.tar.gz"
+    os.mkfifo(fifo)
+    link.symlink_to(tmp_path / "elsewhere")
+    old.write_bytes(b"an older report")
+    for target, kind in ((fifo, "a special file"), (link, "a symbolic link"), (tmp_path, "a directory")):
+        assert cli.main(["report", "-c", str(path), "--out", str(target)]) == 1
+        err = capfdbinary.readouterr().err.decode()
+        assert f"{target} is {kind}, not a regular file: not replaced" in err, err
+    assert fifo.is_fifo() and link.is_symlink() and not (tmp_path / "elsewhere").exists()
+    assert cli.main(["report", "-c", str(path), "--out", str(old)]) == 0
+    with tarfile.open(old) as tar:
+        assert tar.getmembers()[0].name.endswith("README.txt")
+    capfdbinary.readouterr()
+    assert cli.main(["report", "-c", str(path), "--out", "-"]) == 0
+    got = capfdbinary.readouterr()
+    assert got.err.decode().startswith("wrote the bundle to standard output (")
+    with tarfile.open(fileobj=io.BytesIO(got.out)) as tar:
+        assert tar.getmembers()[0].name.endswith("README.txt")
