@@ -54,8 +54,13 @@ class ActionFailed(Exception):
 
 
 class Actor:
-    def __init__(self, world: World, log: Any, heartbeat: Callable[[], None] | None = None):
+    def __init__(self, world: World, log: Any, heartbeat: Callable[[], None] | None = None, *, dry: bool = False):
+        """dry: `apply --dry-run --prove`'s actor: its checks run in probe containers of what is already on the
+        nodes, and it changes nothing else anywhere -- no pull, no prefetch, no removal of a container it did not
+        start, no state file. What a reload would pull or fetch is said in ``would`` instead."""
         self.world, self.log, self.heartbeat = world, log, heartbeat
+        self.dry = dry
+        self.would: list[str] = []
         # A transient engine/SSH hiccup is retried within one operation, as the config's [retry] says.
         self._retry = retry_mod.from_config(world.cfg.retry)
         self.models = modelcheck.Kept(world.cfg.supervisor.state_dir)
@@ -186,7 +191,8 @@ class Actor:
                       vllm=report.vllm_version or None, vllm_present=bool(report.vllm_path),
                       python=report.ray_python or report.vllm_python, summary=report.summary(dep.uses_ray))
         try:
-            statefile.update_node(state_dir, node, image_id=image_id, key=key, report=dataclasses.asdict(report))
+            if not self.dry:
+                statefile.update_node(state_dir, node, image_id=image_id, key=key, report=dataclasses.asdict(report))
         except OSError as e:  # only a saving lost: the next start checks again
             self.log.warning("state.write_failed", file=statefile.NODES, error=str(e))
         return dataclasses.replace(report, model=self._model_checked(a, spec.image, code, model_out)) if both else report
@@ -214,7 +220,8 @@ class Actor:
                       f"from {p.get('source')}" if p else f"its container {found.state} without a result")
             (self.log.warning if p.get("error") or not p else self.log.info)(
                 "model.prefetch_ended", node=node.name, state=p.get("state"), detail=detail)
-            a.docker.remove(found.name)
+            if not self.dry:  # the daemon's to remove, once it has read it
+                a.docker.remove(found.name)
         spec = self._pinned(node.name, commands.model_probe(cfg, dep, node))
         code, out = a.docker.run_once(spec)
         return self._model_checked(a, spec.image, code, out, prefetched=found is not None, detail=detail)
@@ -233,7 +240,8 @@ class Actor:
             raise ActionFailed(Kind.MODEL_CHECK_FAILED, f"{node.name}: {e}") from None
         report = dataclasses.replace(report, prefetched=prefetched, detail=detail)
         try:
-            self.models.note(node.name, key, not report.missing and not report.unchecked)
+            if not self.dry:
+                self.models.note(node.name, key, not report.missing and not report.unchecked)
         except OSError as e:  # only a saving lost: a restarted daemon checks before it starts
             self.log.warning("state.write_failed", file=statefile.NODES, error=str(e))
         (self.log.warning if report.missing or report.unchecked else self.log.info)(
@@ -245,6 +253,8 @@ class Actor:
     def _prefetch_model(self, a: Any) -> ImageReport:
         """Start the prefetch on a node (a detached container: its progress is read at each tick)."""
         cfg, dep = self.world.cfg, self.world.view.dep
+        if self.dry:
+            raise ActionFailed(Kind.CHANGE_REFUSED, "a dry run starts no prefetch", deterministic=True)
         spec = self._pinned(a.node.name, commands.model_prefetch(cfg, dep, a.node))
         a.docker.remove(spec.name)  # one left from an earlier run
         self._ensure_image(a, spec.image)
@@ -286,6 +296,10 @@ class Actor:
             raise ActionFailed(Kind.PINNED_IMAGE_GONE, f"pinned image {image[:19]} is gone on {a.node.name} (pruned?): "
                                f"`spark-supervisor reset` (or a reload) starts what {tag} names now", deterministic=True)
         policy = self.world.view.dep.ray.image_pull
+        if self.dry and policy != "never":
+            self.would.append(f"pull {image} on {a.node.name} (size unknown)")
+            raise ActionFailed(Kind.IMAGE_MISSING, f"{image} is not on {a.node.name} yet: not proven here (a reload "
+                               "pulls it first, then proves it)", deterministic=True)
         if policy == "never":
             raise ActionFailed(Kind.IMAGE_MISSING, f"{image} is not on {a.node.name} and image_pull = \"never\" "
                                f"(load it with `docker load` or set image_pull = \"if-missing\")")

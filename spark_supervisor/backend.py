@@ -52,11 +52,13 @@ class Backend(Protocol):
 
 
 class RealBackend:
-    def __init__(self, view: DeploymentView, log: Any, heartbeat: Callable[[], None] | None = None):
+    def __init__(self, view: DeploymentView, log: Any, heartbeat: Callable[[], None] | None = None, *,
+                 dry: bool = False):
+        """dry: a dry run's (act.Actor's ``dry``): its proof changes nothing anywhere."""
         cfg = view.cfg
-        self.world = World(view, control_dir=control_dir(cfg.supervisor.state_dir), follow_events=True)
+        self.world = World(view, control_dir=control_dir(cfg.supervisor.state_dir), follow_events=not dry)
         self.observer = Observer(self.world, recent=self._recent)
-        self.actor, self.log = Actor(self.world, log, heartbeat), log
+        self.actor, self.log = Actor(self.world, log, heartbeat, dry=dry), log
         self.quick_probe = QuickProbe(self.world.ray.url if self.world.view.dep.uses_ray else "", self.world.api.url,
                                       api=self.world.api.kept)
         self._seen: tuple[float, RayObservation | None, EndpointObservation | None] = (0.0, None, None)

@@ -333,11 +333,19 @@ IMAGE_PROBE = script.load("image-probe.sh")
 IMAGE_PROBE_PY = script.load("image-probe.py")
 
 
+def _probe_options(base: ContainerSpec) -> dict[str, Any]:
+    """A probe container's options: the node container's mounts, each read-only (a probe reads; nothing it runs,
+    the image's own code included, may write into the model, the caches or the logs), and its init."""
+    volumes = {src: {**v, "mode": "ro"} for src, v in (base.options.get("volumes") or {}).items()}
+    return {**({"volumes": volumes} if volumes else {}), **({"init": base.options["init"]} if "init" in base.options
+                                                            else {})}
+
+
 def image_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
     """The image check of one node, as a short-lived container of the deployment's image."""
     base = node_container(cfg, dep, node)
     ray_cmd = dep.ray.command[0] if dep.uses_ray else ""
-    options = {k: v for k, v in base.options.items() if k in ("volumes", "init")}
+    options = _probe_options(base)
     return ContainerSpec("", base.image, ["sh", "-c", IMAGE_PROBE, "spark-image-probe", ray_cmd,
                                           dep.serve.command[0], IMAGE_PROBE_PY],
                          {**base.environment, **dep.serve.env}, helper_labels("image-check", node=node),
@@ -378,7 +386,7 @@ def serve_args_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
     environment and no network: what a change is proven with before it replaces what serves."""
     from . import modelcheck
     base = node_container(cfg, dep, node)
-    options = {k: v for k, v in base.options.items() if k in ("volumes", "init")}
+    options = _probe_options(base)
     argv = serve_argv(dep, rank_args(cfg, dep, node))[len(dep.serve.command):]
     if dep.serve.model_arg == "positional":
         argv = ["--model", *argv]  # make_arg_parser takes the model as --model (`vllm serve` adds the positional)
@@ -393,7 +401,7 @@ def model_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
     node container's mounts and environment: the paths vLLM will see."""
     from . import modelcheck
     base = node_container(cfg, dep, node)
-    options = {k: v for k, v in base.options.items() if k in ("volumes", "init")}
+    options = _probe_options(base)
     return ContainerSpec("", base.image, ["sh", "-c", modelcheck.RUN_PY, "spark-model-probe", dep.serve.command[0],
                                           modelcheck.PROBE_PY, *modelcheck.probe_args(dep)],
                          {**base.environment, **dep.serve.env}, helper_labels("model-check", node=node),

@@ -75,6 +75,12 @@ def fill(world: World, actor: Actor, reports: dict[str, ImageReport],
     todo = [n for n, r in reports.items() if r.model is not None and r.model.missing]
     if not todo:
         return None
+    if actor.dry:  # said, not done
+        for n in todo:
+            m = reports[n].model
+            size = f"{m.bytes_total / 2**30:.1f} GiB" if m is not None and m.bytes_total else "size unknown"
+            actor.would.append(f"fetch {dep.serve.model} on {n} ({size})")
+        return None
 
     def prefetched(node: str) -> ImageReport | Reason:
         started = _run(actor, PrefetchModel(node), node)

@@ -73,8 +73,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("file", metavar="FILE", help="the config file a reload would read")
     ap.add_argument("--dry-run", action="store_true", required=True, help="show, change nothing (the only mode: to apply, put the file in place and "
                     "reload the daemon)")
-    ap.add_argument("--no-prove", dest="prove", action="store_false",
-                    help="skip the proofs (no probe containers on the nodes)")
+    ap.add_argument("--prove", action="store_true",
+                    help="also prove each change that stops a deployment, in short-lived probe containers of what is "
+                         "already on the nodes (read-only mounts, no network); still no pull, prefetch or removal")
     add("teardown", ops.cmd_teardown, "remove what the supervisor owns, on every node")
     add("reset", ops.cmd_reset, "re-arm after FAILED and forget the repair budget")
     st = add("status", status.cmd_status, "what the daemon last wrote: phase, nodes, Ray, serve, history", json=True,

@@ -220,34 +220,71 @@ def cmd_reset(args: argparse.Namespace) -> int:
     return 0
 
 
+def _images_there(world: Any, view: Any) -> tuple[str, list[str]]:
+    """The dry run's look at each member's engine (read-only): the verdict, and what a reload would pull first."""
+    from ..adapters import AdapterError
+    image, would, lacking = view.dep.ray.image, [], []
+    try:
+        for n in view.members:
+            try:
+                if not world.nodes[n.name].docker.image_id(image):
+                    lacking.append(n.name)
+            except AdapterError as e:
+                would.append(f"look up {image} on {n.name}: {e}")
+    finally:
+        world.close()
+    if lacking and view.dep.ray.image_pull == "never":
+        return f'REFUSED: ImageMissing: {image} is not on {", ".join(lacking)} and image_pull = "never"', would
+    would += [f"pull {image} on {n} (size unknown)" for n in lacking]
+    return "not proven (--prove proves it in probe containers)", would
+
+
 def cmd_apply(args: argparse.Namespace) -> int:
-    """What a reload to FILE would do to each deployment (changes.diff), each change that stops a deployment
-    proven as the daemon proves it (the image and model on every member, the serve's arguments through the
-    image's vLLM parser: short-lived probe containers, nothing that serves is touched). Acts on nothing."""
+    """What a reload to FILE would do to each deployment (changes.diff), and what it would pull. A dry run changes
+    nothing anywhere: the images are only looked up on each member. With --prove, each change that stops a
+    deployment is also proven as the daemon proves it, in short-lived probe containers of what is already on the
+    nodes (the mounts read-only, no network): still no pull, no prefetch, no removal, no state file; what a reload
+    would pull or fetch first is said instead."""
     import structlog
 
     from ..backend import RealBackend
     from ..changes import diff
     from ..config import Config
     from ..deployment import views as views_of
+    from ..observe import World
     old: Config = _load(args.config)
     new: Config = _load(args.file)
     found, settings = diff(old, new)
     views = views_of(new)
-    refused = 0
-    rows = []
+    refused, rows = 0, []
+    if new.supervisor.state_dir != old.supervisor.state_dir:
+        refused += 1
+        rows.append({"deployment": "(supervisor)", "change": "refused", "differs": ["supervisor.state_dir"],
+                     "verdict": "REFUSED: supervisor.state_dir cannot change on reload (restart the service)",
+                     "would": []})
     for c in found:
-        verdict = ""
-        if c.stops and c.name in views and args.prove:
-            backend = RealBackend(views[c.name], structlog.get_logger())
-            try:
-                why = backend.prove()
-            finally:
-                backend.close()
-            refused += why is not None
-            verdict = f"REFUSED: {why}" if why is not None else "proven: it can start on every member"
+        verdict, would = "", []
+        view = views.get(c.name)
+        if c.stops and view is not None:
+            if args.prove:
+                backend = RealBackend(view, structlog.get_logger(), dry=True)
+                try:
+                    why = backend.prove()
+                    would = list(backend.actor.would)
+                finally:
+                    backend.close()
+                if why is None:
+                    verdict = "proven: it can start on every member" + (" once fetched" if would else "")
+                elif any(w.startswith("pull ") for w in would):
+                    verdict = f"not proven here: {why.detail}"
+                else:
+                    refused += 1
+                    verdict = f"REFUSED: {why}"
+            else:
+                verdict, would = _images_there(World(view), view)
+                refused += verdict.startswith("REFUSED")
         rows.append({"deployment": c.name, "change": c.change.value, "differs": list(c.differs),
-                     "verdict": verdict})
+                     "verdict": verdict, "would": would})
     if args.json:
         print(json.dumps({"from": args.config, "to": args.file, "deployments": rows, "settings": list(settings),
                           "refused": refused}, indent=1))
@@ -257,6 +294,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
             print(f"  {r['deployment']}: {r['change']}" + (f" ({', '.join(r['differs'])} differ)" if r["differs"]
                                                           and r["change"] != "unchanged" else "")
                   + (f": {r['verdict']}" if r["verdict"] else ""))
+            for w in r["would"]:
+                print(f"    first: {w}")
         if settings:
             print(f"  settings: {', '.join(settings)} (applied in place)")
     return 1 if refused else 0

@@ -103,23 +103,40 @@ def test_a_reload_to_a_model_missing_on_one_node_keeps_the_old_one_serving_and_n
 
 
 def test_apply_dry_run_names_the_refusal_and_touches_nothing(daemon: tuple[Supervisor, Path]) -> None:
+    """Issue 42, item 4: a dry run changes nothing anywhere. Without --prove it looks the image up on each member
+    (no container at all); with --prove it proves in probe containers of what is already there: no pull, no
+    prefetch, no removal, no state file -- what a reload would pull is said."""
     import subprocess
 
     from spark_testbed.harness import BIN
     d, config = daemon
     verify_serving(d)
     before = owned_ids()
+    state = Path(tomllib.loads(config.read_text())["supervisor"]["state_dir"])
+    kept = {p: p.read_bytes() for p in state.rglob("images.json")}
     doc = tomllib.loads(config.read_text())
     doc["deployments"][0]["ray"] = {**doc["deployments"][0]["ray"], "image": "spark-testbed/hostfs:no-such-tag"}
     new = config.parent / "new.toml"
     new.write_text(tomli_w.dumps(doc))
-    out = subprocess.run([str(BIN / "spark-supervisor"), "apply", "--dry-run", str(new), "--config", str(config)],
-                         capture_output=True, text=True, timeout=300)
+
+    def apply(*more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN / "spark-supervisor"), "apply", "--dry-run", str(new), "--config", str(config),
+                               *more], capture_output=True, text=True, timeout=300)
+    out = apply()
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "  testbed: replace (ray differ): REFUSED: ChangeRefused: ImageMissing: spark-testbed/hostfs:no-such-tag" \
-        in out.stdout, out.stdout
+    assert ('  testbed: replace (ray differ): REFUSED: ImageMissing: spark-testbed/hostfs:no-such-tag is not on '
+            'spark-1, spark-2 and image_pull = "never"') in out.stdout, out.stdout
+    doc["deployments"][0]["ray"]["image_pull"] = "if-missing"
+    new.write_text(tomli_w.dumps(doc))
+    out = apply("--prove")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "testbed: replace (ray differ): not proven here: " in out.stdout, out.stdout
+    assert "    first: pull spark-testbed/hostfs:no-such-tag on spark-1 (size unknown)" in out.stdout, out.stdout
+    for node in ("spark-1", "spark-2"):  # nothing was pulled
+        assert testbed.docker(node, "image", "inspect", "spark-testbed/hostfs:no-such-tag", check=False).returncode
     verify_serving(d)
     assert owned_ids() == before and not d.repairs()
+    assert {p: p.read_bytes() for p in state.rglob("images.json")} == kept
 
 
 def test_restart_serve_only_relaunches_the_serve_with_the_requester_logged_and_no_repair(

@@ -270,3 +270,32 @@ def test_a_node_unreachable_over_ssh_is_action_failed_not_an_exception_of_its_ow
     assert e.value.why.kind == "SshUnreachable" and not e.value.deterministic
     assert str(e.value) == "SshUnreachable: ssh root@spark-2: Connection refused"
 
+
+
+@pytest.mark.parametrize("rig", [config(image_pull="if-missing")], indirect=True)
+def test_a_dry_actor_pulls_nothing_removes_nothing_and_writes_no_state(rig: Rig) -> None:
+    """Issue 42, item 4: `apply --dry-run --prove` proves in probe containers of what is on the nodes; an image
+    that is not there is said (a reload would pull it), a prefetch's container is left to the daemon, and the
+    image check's findings are not kept (images.json is the daemon's, under its lock)."""
+    from pathlib import Path
+
+    from spark_supervisor import identity
+    from spark_supervisor.model import CheckImage, Container, PrefetchModel
+    dry = act.Actor(rig.world, rig.log, dry=True)
+    spark2 = rig.engines["spark-2"]
+    spark2.images = set()  # the image is not on spark-2
+    with pytest.raises(ActionFailed, match="not proven here"):
+        dry.run(CheckImage("spark-2"))
+    assert spark2.pulled == [] and dry.would == [f"pull {rig.cfg.deployment.ray.image} on spark-2 (size unknown)"]
+    spark1 = rig.engines["spark-1"]
+    prefetch = identity.prefetch_name(rig.cfg.deployment, rig.cfg.nodes[0])
+    spark1.listed = [Container("p", prefetch, "img", "exited")]
+    spark1.once = (0, "")
+    with pytest.raises(ActionFailed):
+        dry.run(PrefetchModel("spark-1"))
+    try:
+        dry.run(CheckImage("spark-1", model_later=False))
+    except ActionFailed:
+        pass  # what the fake's empty probe output is judged to be does not matter here
+    assert spark1.removed == [] and spark1.started == []
+    assert not (Path(rig.cfg.supervisor.state_dir) / "images.json").exists()

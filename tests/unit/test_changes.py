@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -53,20 +54,41 @@ def test_added_and_removed_deployments() -> None:
     assert [c.stops for c in found] == [False, True, False]
 
 
-def test_apply_dry_run_shows_each_change_and_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                                             ) -> None:
+class _Engines:
+    """Each member's Docker engine as the dry run looks at it: the new image on spark-1 only (read-only calls)."""
+
+    def __init__(self, view: Any) -> None:
+        self.image = view.dep.ray.image
+        self.nodes = {n.name: SimpleNamespace(docker=SimpleNamespace(
+            image_id=lambda image, node=n.name: "sha256:" + "1" * 64 if node == "spark-1" and image == self.image
+            else "")) for n in view.members}
+
+    def close(self) -> None:
+        pass
+
+
+def test_apply_dry_run_shows_each_change_and_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_supervisor import observe
+    monkeypatch.setattr(observe, "World", _Engines)
     d = both()
     old, new = tmp_path / "old.toml", tmp_path / "new.toml"
     old.write_text(tomli_w.dumps(d))
     d2 = copy.deepcopy(d)
-    d2["deployments"][0].setdefault("ray", {}).update(image="x/vllm:typo")
+    d2["deployments"][0].setdefault("ray", {}).update(image="x/vllm:typo")  # image_pull "never": refused
+    new.write_text(tomli_w.dumps(d2))
+    assert main(["apply", "--dry-run", str(new), "-c", str(old)]) == 1
+    assert ': REFUSED: ImageMissing: x/vllm:typo is not on spark-2 and image_pull = "never"' in capsys.readouterr().out
+    d2["deployments"][0]["ray"]["image_pull"] = "if-missing"
     new.write_text(tomli_w.dumps(d2))
     before = (old.read_text(), new.read_text())
-    assert main(["apply", "--dry-run", "--no-prove", str(new), "-c", str(old)]) == 0
+    assert main(["apply", "--dry-run", str(new), "-c", str(old)]) == 0
     out = capsys.readouterr().out
     assert f"a reload from {old} to {new} would (nothing is changed now):" in out
-    assert "  qwen: replace (ray differ)\n" in out and "  embed: unchanged\n" in out
-    assert main(["--json", "apply", "--dry-run", "--no-prove", str(new), "-c", str(old)]) == 0
+    assert "  qwen: replace (ray differ): not proven (--prove proves it in probe containers)\n" in out, out
+    assert "    first: pull x/vllm:typo on spark-2 (size unknown)\n" in out and "  embed: unchanged\n" in out
+    assert "on spark-1" not in out  # there already
+    assert main(["--json", "apply", "--dry-run", str(new), "-c", str(old)]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [r["change"] for r in doc["deployments"]] == ["replace", "unchanged"] and doc["refused"] == 0
     assert (old.read_text(), new.read_text()) == before

@@ -19,8 +19,9 @@ from tests.helpers import cfg, data
 class Nodes:
     """Each node's model as a sequence of answers: a PrefetchModel starts it, every CheckImage reads the next."""
 
-    def __init__(self, world: World, answers: dict[str, list[ModelReport]]) -> None:
-        self.world, self.answers = world, answers
+    def __init__(self, world: World, answers: dict[str, list[ModelReport]], dry: bool = False) -> None:
+        self.world, self.answers, self.dry = world, answers, dry
+        self.would: list[str] = []
         self.ran: list[tuple[str, str]] = []
         self.log = structlog.get_logger()
 
@@ -75,3 +76,15 @@ def test_without_prefetch_or_with_every_node_complete_nothing_is_fetched() -> No
                        (world(), {"spark-1": report("spark-1"), "spark-2": report("spark-2")})]:
         nodes = Nodes(w, {})
         assert fill(w, cast(Actor, nodes), reports, wait=lambda _: None) is None and nodes.ran == []
+
+
+def test_a_dry_run_says_what_it_would_fetch_and_fetches_nothing() -> None:
+    """Issue 42, item 4: `apply --dry-run --prove` starts no prefetch: it says which node would fetch the model."""
+    w = world()
+    nodes = Nodes(w, {}, dry=True)
+    partial = ImageReport("spark-2", "img", "k", model=ModelReport("spark-2", "m", "k", missing=("a (absent)",),
+                                                                    bytes_total=3 << 30))
+    got = fill(w, cast(Actor, nodes), {"spark-1": report("spark-1", "b.safetensors"), "spark-2": partial})
+    assert got is None and nodes.ran == []
+    model = w.view.dep.serve.model
+    assert nodes.would == [f"fetch {model} on spark-1 (size unknown)", f"fetch {model} on spark-2 (3.0 GiB)"]
