@@ -94,7 +94,7 @@ class Actor:
             case StartContainer(node=node, dashboard=dashboard):
                 a = w.nodes[node]
                 spec = self._pinned(node, commands.node_container(cfg, dep, a.node, dashboard=dashboard))
-                self._ensure_image(a, spec.image)
+                ensure_image(self, a, spec.image)
                 cid = self._retry(a.docker.run)(spec)
                 self.log.info("ray.container_started", node=node, container=spec.name, id=cid,
                               role=a.node.role, node_ip=a.node.fabric_ip)
@@ -163,8 +163,8 @@ class Actor:
         cfg = self.world.cfg
         dep, node = self.world.view.dep, a.node.name
         spec = self._pinned(node, commands.image_probe(cfg, dep, a.node))
-        self._ensure_image(a, spec.image)
-        (image_id, digests), key = a.docker.image_ref(spec.image), self.world.view.ray_hash
+        ensure_image(self, a, spec.image)
+        (image_id, digests), key = a.docker.image_ref(spec.image), self.world.view.image_key
         state_dir = cfg.supervisor.state_dir
         kept = statefile.read_node(state_dir, node)
         if kept.get("image_id") == image_id and kept.get("key") == key:
@@ -257,7 +257,7 @@ class Actor:
             raise ActionFailed(Kind.CHANGE_REFUSED, "a dry run starts no prefetch", deterministic=True)
         spec = self._pinned(a.node.name, commands.model_prefetch(cfg, dep, a.node))
         a.docker.remove(spec.name)  # one left from an earlier run
-        self._ensure_image(a, spec.image)
+        ensure_image(self, a, spec.image)
         cid = a.docker.run(spec)
         self.log.warning("model.prefetch_started", node=a.node.name, model=dep.serve.model, container=spec.name, id=cid,
                          source=dep.model.prefetch_from or "hub", timeout_s=dep.model.prefetch_timeout)
@@ -282,40 +282,42 @@ class Actor:
                 raise ActionFailed(Kind.PAGE_CACHE_DROP_FAILED, f"{a.node.name}: {(r.err.strip() or f'exit {r.rc}')[-200:]} "
                                    "(set nodes.drop_caches, or [memory] page_cache = \"never\")")
             return
-        self._ensure_image(a, image)
+        ensure_image(self, a, image)
         code, out = a.docker.run_once(commands.drop_caches_container(image))
         if code != 0:  # the image cannot do it (no sh, no sync, no write): the same again on retry
             raise ActionFailed(Kind.PAGE_CACHE_DROP_FAILED, f"{a.node.name}: helper container exited {code}: {self._redact(out[-200:])} "
                                "(set nodes.drop_caches, or [memory] page_cache = \"never\")")
 
-    def _ensure_image(self, a: Any, image: str) -> None:
-        if a.docker.has_image(image):
-            return
-        if image in self.pins.values():  # the image that served, by ID: pruned; no name to pull it by
-            tag = self.world.view.dep.ray.image
-            raise ActionFailed(Kind.PINNED_IMAGE_GONE, f"pinned image {image[:19]} is gone on {a.node.name} (pruned?): "
-                               f"`spark-supervisor reset` (or a reload) starts what {tag} names now", deterministic=True)
-        policy = self.world.view.dep.ray.image_pull
-        if self.dry and policy != "never":
-            self.would.append(f"pull {image} on {a.node.name} (size unknown)")
-            raise ActionFailed(Kind.IMAGE_MISSING, f"{image} is not on {a.node.name} yet: not proven here (a reload "
-                               "pulls it first, then proves it)", deterministic=True)
-        if policy == "never":
-            raise ActionFailed(Kind.IMAGE_MISSING, f"{image} is not on {a.node.name} and image_pull = \"never\" "
-                               f"(load it with `docker load` or set image_pull = \"if-missing\")")
-        room_to_pull(self.world.cfg.deployment.ray.pull_min_free_gib, a, image, self.log)
-        timeout = self.world.view.dep.ray.pull_timeout
-        self.log.warning("image.pulling", node=a.node.name, image=image, timeout_s=timeout)
-        last = [0.0]
 
-        def progress(done: int, total: int) -> None:
-            now = time.monotonic()
-            if now - last[0] >= 10:
-                last[0] = now
-                self.log.info("image.pull_progress", node=a.node.name, image=image,
-                              done_mib=done >> 20, total_mib=total >> 20)
-        a.docker.pull(image, timeout=timeout, heartbeat=self.heartbeat, progress=progress)
-        self.log.info("image.pulled", node=a.node.name, image=image)
+def ensure_image(actor: Actor, a: Any, image: str) -> None:
+    """The image on the node: there, pulled as the config allows, or why not (a dry run says it would pull)."""
+    if a.docker.has_image(image):
+        return
+    if image in actor.pins.values():  # the image that served, by ID: pruned; no name to pull it by
+        tag = actor.world.view.dep.ray.image
+        raise ActionFailed(Kind.PINNED_IMAGE_GONE, f"pinned image {image[:19]} is gone on {a.node.name} (pruned?): "
+                           f"`spark-supervisor reset` (or a reload) starts what {tag} names now", deterministic=True)
+    policy = actor.world.view.dep.ray.image_pull
+    if actor.dry and policy != "never":
+        actor.would.append(f"pull {image} on {a.node.name} (size unknown)")
+        raise ActionFailed(Kind.IMAGE_MISSING, f"{image} is not on {a.node.name} yet: not proven here (a reload "
+                           "pulls it first, then proves it)", deterministic=True)
+    if policy == "never":
+        raise ActionFailed(Kind.IMAGE_MISSING, f"{image} is not on {a.node.name} and image_pull = \"never\" "
+                           f"(load it with `docker load` or set image_pull = \"if-missing\")")
+    room_to_pull(actor.world.cfg.deployment.ray.pull_min_free_gib, a, image, actor.log)
+    timeout = actor.world.view.dep.ray.pull_timeout
+    actor.log.warning("image.pulling", node=a.node.name, image=image, timeout_s=timeout)
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 10:
+            last[0] = now
+            actor.log.info("image.pull_progress", node=a.node.name, image=image,
+                          done_mib=done >> 20, total_mib=total >> 20)
+    a.docker.pull(image, timeout=timeout, heartbeat=actor.heartbeat, progress=progress)
+    actor.log.info("image.pulled", node=a.node.name, image=image)
 
 
 def prefetch_container(a: Any, dep: Deployment) -> Container | None:

@@ -58,6 +58,30 @@ def gpu_blockers(obs: Observation, view: DeploymentView) -> list[str]:
     return held
 
 
+def share_fits(new: DeploymentView, old: DeploymentView, full: Observation | None) -> Reason | None:
+    """A change's --gpu-memory-utilization against what will be free on each of its serve nodes once the serve
+    that runs stops: MemAvailable now (what the node uses beside that serve, other deployments' serves included)
+    plus that serve's own share. Unified memory only (GB10: nvidia-smi has no total); a node not read is unknown,
+    never a refusal. A ChangeRefused reason, or None."""
+    if full is None:
+        return None
+    running = {n.name for n in old.serve_nodes}
+    for node in new.serve_nodes:
+        o = full.nodes.get(node.name)
+        need = None if o is None or o.error else _need_mib(o, new.dep)
+        if o is None or need is None or o.memory is None:
+            continue
+        share = old.dep.serve.gpu_memory_utilization if node.name in running else 0.0
+        freed = int(share * o.memory.total_mib)
+        after = o.memory.available_mib + freed
+        if need > after:
+            return Reason(Kind.CHANGE_REFUSED, f"{Kind.FREE_MEMORY_BELOW_UTILIZATION} on {node.name}: "
+                          f"gpu_memory_utilization {new.dep.serve.gpu_memory_utilization} asks for {need} MiB of "
+                          f"{o.memory.total_mib} MiB, but about {after} MiB will be free once the running serve stops "
+                          f"(MemAvailable {o.memory.available_mib} MiB + its share {freed} MiB): lower it")
+    return None
+
+
 def page_cache_in_the_way(obs: Observation, view: DeploymentView) -> dict[str, str]:
     """Nodes where vLLM's own check would fail on MemFree although MemAvailable is enough: the page cache
     (a previous load's weight shards) is what stands in the way. node -> the figures."""

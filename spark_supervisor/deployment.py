@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import Config, Deployment, Node, deployment_secrets, ray_hash, serve_hash
+from .config import Config, Deployment, Node, deployment_secrets, image_check_key, ray_hash, serve_hash
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ class DeploymentView:
     owners: frozenset[str]  # every configured deployment's name: their containers are nobody's orphans
     ray_hash: str
     serve_hash: str
+    image_key: str  # what its image check is kept for, beside the image's ID (config.image_check_key)
     endpoint: str  # the serve's API
     dashboard: str  # Ray's dashboard on the head
     gcs: str  # Ray's GCS on the head (host:port)
@@ -97,7 +98,8 @@ class DeploymentView:
         head = members[0]
         mp = not dep.uses_ray and len(members) > 1
         return cls(dep=dep, cfg=cfg, members=members, serve_nodes=members if mp else (head,), owners=cfg.owners,
-                   ray_hash=ray_hash(cfg, dep), serve_hash=serve_hash(cfg, dep), endpoint=cfg.endpoint(dep),
+                   ray_hash=ray_hash(cfg, dep), serve_hash=serve_hash(cfg, dep),
+                   image_key=image_check_key(cfg, dep), endpoint=cfg.endpoint(dep),
                    dashboard=f"http://{head.fabric_ip}:{dep.ray.dashboard_port}",
                    gcs=f"{head.fabric_ip}:{dep.ray.port}",
                    master=f"{head.fabric_ip}:{dep.serve.master_port}" if mp else "",

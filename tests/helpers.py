@@ -91,7 +91,7 @@ def images(c: config.Config, **kw: Any) -> dict[str, ImageReport]:
     dep = c.deployment
     fit = {"ray_path": "/usr/local/bin/ray", "ray_version": "2.60.0", "ray_python": "3.12.3", "dashboard": True,
            "vllm_path": "/usr/local/bin/vllm", "vllm_version": "0.33.0", "vllm_python": "3.12.3"}
-    return {n.name: ImageReport(n.name, dep.ray.image, ray_hash(c, dep), **{**fit, **kw}) for n in c.members(dep)}
+    return {n.name: ImageReport(n.name, dep.ray.image, config.image_check_key(c, dep), **{**fit, **kw}) for n in c.members(dep)}
 
 
 CONFIG_SRC = "/etc/spark-supervisor/x.toml"

@@ -11,7 +11,7 @@ load) <- hashes (spec hashes).
 Every name used outside the package is imported from here.
 """
 
-from .hashes import file_hash, ray_hash, serve_hash
+from .hashes import file_hash, image_check_key, ray_hash, serve_hash
 from .labels import (
     API_KEY_ENV,
     FABRIC_ENV,
@@ -34,5 +34,6 @@ __all__ = [
     "API_KEY_ENV", "FABRIC_ENV", "HASH_LABEL", "HELPER_LABEL", "LABEL_PREFIX", "MAX_CONFIG_BYTES", "MAX_KEY_BYTES",
     "NODE_LABEL", "OWNER_LABEL", "RAY_STATE_LABEL", "ROLE_LABEL", "Alerts", "Config", "ConfigError",
     "Deployment", "Fabric", "Healing", "Memory", "Metrics", "ModelFiles", "Node", "Performance", "Ray", "Readiness", "Retry", "Serve",
-    "Stale", "Supervisor", "deployment_dir", "deployment_secrets", "file_hash", "load", "parse", "ray_hash", "serve_hash",
+    "Stale", "Supervisor", "deployment_dir", "deployment_secrets", "file_hash", "image_check_key", "load", "parse", "ray_hash",
+    "serve_hash",
 ]

@@ -26,6 +26,13 @@ def ray_hash(cfg: Config, dep: Deployment) -> str:
                     "log_host_dir": dep.serve.log_host_dir})  # both are mounts
 
 
+def image_check_key(cfg: Config, dep: Deployment) -> str:
+    """What an image check depends on beside the image's ID: what the containers are made of (ray_hash) and what
+    the check looks for in them -- the serve's command and the environment it runs with. A serve.command changed
+    alone is a new check: the one kept for the old command would pass a command the image lacks."""
+    return _digest({"ray": ray_hash(cfg, dep), "command": dep.serve.command[0], "env": dep.serve.env})
+
+
 def serve_hash(cfg: Config, dep: Deployment) -> str:
     """What shapes the serve: changing it restarts the serve (and Ray, if ray_hash changed too)."""
     spec: dict[str, Any] = {"ray": ray_hash(cfg, dep), "serve": dep.serve.model_dump(exclude={"stop_timeout", "cache_keep", "cache_max_gib",

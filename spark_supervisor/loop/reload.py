@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import config as config_mod
 from .. import logs, statefile
+from ..admission import share_fits
 from ..deployment import DeploymentView, views
 from ..model import Reason
 from ..model.document import ReloadDoc
@@ -98,6 +99,12 @@ class Reloader:
             return
         self.staged = None
         proving = self.stack.to_prove(wanted)
+        unfit = {name: why for name, view in proving.items()
+                 if (why := share_fits(view, (r := self.stack.reconcilers[name]).view, r.last_full)) is not None}
+        if unfit:  # known from the last full reading: no proof needed to refuse it
+            self._refuse(unfit)
+            self.proving = None
+            return
         if proving:
             refused = self._proven(read_as, proving, again)
             if refused is None:

@@ -62,7 +62,7 @@ class ImageReport:
 
     node: str
     image: str
-    key: str  # the ray_hash it was checked for: a new image, mounts or env means a new check
+    key: str  # the DeploymentView.image_key it was checked for: new mounts, env or serve command, a new check
     start: int = 0  # Status.starts when it was made: every start checks again (cheap: kept by image ID)
     ray_path: str = ""
     ray_version: str = ""

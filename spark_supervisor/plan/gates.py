@@ -15,7 +15,7 @@ def image_gate(st: Status, view: DeploymentView) -> Decision | None:
     re-pulled under the same name is a new image; the check of one already seen, by its ID, is kept and
     costs an inspect). What a start would otherwise find out at STARTING_RAY, or 15 minutes into a load.
     None: checked and fit."""
-    key, members, dep = view.ray_hash, view.members, view.dep
+    key, members, dep = view.image_key, view.members, view.dep
     todo = [n.name for n in members if (r := st.images.get(n.name)) is None or r.key != key or r.start != st.starts]
     if todo:  # part of getting ready to start: no phase of its own (CLEANING stays CLEANING)
         phase = st.phase if st.phase in (Phase.DETECTING, Phase.CLEANING) else Phase.DETECTING

@@ -17,7 +17,15 @@ import pytest
 import tomli_w
 
 from spark_testbed import testbed
-from spark_testbed.harness import OWNED, Supervisor, containers, owned_ids, verify_serving, write_config
+from spark_testbed.harness import (
+    OWNED,
+    Supervisor,
+    containers,
+    owned_ids,
+    serve_pids,
+    verify_serving,
+    write_config,
+)
 from tests.integration.conftest import reset_testbed
 
 pytestmark = pytest.mark.testbed
@@ -82,6 +90,21 @@ def test_a_reload_to_an_image_tag_that_does_not_exist_keeps_the_old_one_serving(
     assert owned_ids() == before and not d.repairs(), "the old deployment untouched: same containers, no repair"
     assert [e for e in d.events("change.refused")]
     assert not [e for e in d.events("action.started") if e.get("action") == "RemoveContainers"]
+
+
+def test_a_reload_to_a_serve_command_the_image_lacks_is_refused_with_nothing_stopped(
+        daemon: tuple[Supervisor, Path]) -> None:
+    """Issue 42, item 10: the serve's command changed alone (the same containers) is looked for in the image by
+    the proof, not taken from the check kept for the old command: refused, 0 s dark."""
+    d, config = daemon
+    verify_serving(d)
+    before, serves = owned_ids(), serve_pids("spark-1")
+    st = reload_to(d, config, {"serve": {"command": ["/opt/no-such/bin/vllm", "serve"]}})
+    refused = st["reload"]["refused"]
+    assert len(refused) == 1 and refused[0].startswith("ChangeRefused: testbed: ImageLacksVllm"), refused
+    assert "/opt/no-such/bin/vllm" in refused[0], refused
+    verify_serving(d)
+    assert owned_ids() == before and serve_pids("spark-1") == serves and not d.repairs()
 
 
 def test_a_reload_to_a_model_missing_on_one_node_keeps_the_old_one_serving_and_names_the_node(

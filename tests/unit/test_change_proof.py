@@ -288,3 +288,43 @@ def test_pins_kept_for_another_spec_are_not_restored(tmp_path: Path) -> None:
     assert again.reconcilers["qwen"].status.pinned == {} and not again.stack.rollbacks.probation
     same, *_ = make_stack(tmp_path, d)
     assert same.reconcilers["qwen"].status.pinned == {"spark-1": "sha256:served1"}
+
+
+def test_a_share_that_cannot_fit_once_the_old_serve_stops_is_refused_before_anything_stops(tmp_path: Path) -> None:
+    """Issue 42, item 10: the new gpu_memory_utilization against what will be free once the serve that runs
+    stops (MemAvailable now plus its share), from the last full reading: refused with the old one serving."""
+    import dataclasses
+
+    from spark_supervisor.model import Memory
+    daemon, be, clock, path, d = running(tmp_path)
+    qwen = daemon.reconcilers["qwen"]
+    assert qwen.last_full is not None
+    total, share = 122880, qwen.view.dep.serve.gpu_memory_utilization
+    beside = 8000 + int(total * 0.1)  # what the node uses beside the serve: the desktop, and embed's serve
+    nodes = {n: dataclasses.replace(o, memory=Memory(total, int(total * (1 - share)) - beside))
+             for n, o in qwen.last_full.nodes.items()}
+    qwen.last_full = dataclasses.replace(qwen.last_full, nodes=nodes)
+    made = recording(daemon)
+    d2 = copy.deepcopy(d)
+    d2["deployments"][0]["serve"]["gpu_memory_utilization"] = 0.85  # with embed's 0.1: valid, yet no room
+    reload_to(daemon, clock, path, d2)
+    why = daemon.reloader.refused["qwen"]
+    assert why.kind == "ChangeRefused" and why.detail.startswith(
+        "FreeMemoryBelowUtilization on spark-1: gpu_memory_utilization 0.85 asks for 104448 MiB of 122880 MiB, but "
+        "about 102591 MiB will be free once the running serve stops (MemAvailable 4287 MiB + its share 98304 MiB)"), why
+    assert not made and qwen.status.phase == Phase.SERVING and qwen.view.dep.serve.gpu_memory_utilization == share
+    d2["deployments"][0]["serve"]["gpu_memory_utilization"] = 0.82  # fits: proven and applied as any change
+    reload_to(daemon, clock, path, d2)
+    assert daemon.reconcilers["qwen"].view.dep.serve.gpu_memory_utilization == 0.82 and not daemon.reloader.refused
+
+
+def test_a_serve_command_changed_alone_is_checked_again_in_the_image() -> None:
+    """Issue 42, item 10: the image check kept for the old command would pass one the image lacks."""
+    from spark_supervisor import config
+    from tests.helpers import cfg, data
+    a = data()
+    b = copy.deepcopy(a)
+    b["deployments"][0]["serve"]["command"] = ["/opt/venv/bin/no-such-vllm", "serve"]
+    ca, cb = cfg(a), cfg(b)
+    assert config.ray_hash(ca, ca.deployment) == config.ray_hash(cb, cb.deployment)  # the same containers
+    assert config.image_check_key(ca, ca.deployment) != config.image_check_key(cb, cb.deployment)

@@ -352,7 +352,7 @@ def test_a_damaged_image_record_is_checked_again_not_a_crash(tmp_path: Path, kep
     import structlog
 
     from spark_supervisor.act import Actor
-    from spark_supervisor.config import ray_hash
+    from spark_supervisor.config import image_check_key
     from spark_supervisor.model import ImageReport
     from tests.helpers import cfg, data
     d = data()
@@ -362,7 +362,7 @@ def test_a_damaged_image_record_is_checked_again_not_a_crash(tmp_path: Path, kep
     engine = _Engine("")  # what the probe prints matters not here: that it ran does
     world = SimpleNamespace(cfg=c, view=as_view(c), nodes={node.name: SimpleNamespace(node=node, docker=engine)})
     if isinstance(kept, dict):
-        kept = {"image_id": engine.image_id(""), "key": ray_hash(c, c.deployment), **kept}
+        kept = {"image_id": engine.image_id(""), "key": image_check_key(c, c.deployment), **kept}
     statefile.write_json(str(tmp_path / "state"), statefile.NODES, {node.name: kept})
     r = Actor(world, structlog.get_logger())._check_image(world.nodes[node.name])  # type: ignore[arg-type]
     assert isinstance(r, ImageReport) and engine.probes == 1  # checked again, from the image itself
@@ -375,7 +375,7 @@ def test_a_sound_image_record_is_still_used(tmp_path: Path) -> None:
     import structlog
 
     from spark_supervisor.act import Actor
-    from spark_supervisor.config import ray_hash
+    from spark_supervisor.config import image_check_key
     from spark_supervisor.model import ImageReport
     from tests.helpers import cfg, data
     d = data()
@@ -383,7 +383,7 @@ def test_a_sound_image_record_is_still_used(tmp_path: Path) -> None:
     c = cfg(d)
     node = c.nodes[0]
     engine = _Engine("")
-    key = ray_hash(c, c.deployment)
+    key = image_check_key(c, c.deployment)
     report = ImageReport(node.name, c.deployment.ray.image, key, ray_path="/usr/bin/ray", ray_version="2.49.0",
                          vllm_path="/usr/bin/vllm", vllm_version="0.11.0", dashboard=True)
     statefile.write_json(str(tmp_path / "state"), statefile.NODES, {node.name: {

@@ -335,11 +335,14 @@ def test_the_probe_and_the_prefetch_run_in_the_image_with_the_node_containers_mo
     dep, node = P.deployment, P.nodes[1]
     base = commands.node_container(P, dep, node)
     spec = commands.model_probe(P, dep, node)
-    assert spec.image == base.image and spec.options["volumes"] == base.options["volumes"]
+    # the node container's mounts, each read-only (a probe reads: issue 42, item 4); the prefetch writes
+    assert spec.image == base.image and spec.options["volumes"] == {
+        src: {**v, "mode": "ro"} for src, v in base.options["volumes"].items()}
     assert spec.options["network_mode"] == "none" and spec.environment == {**base.environment, **dep.serve.env}
     assert spec.command[-3:] == [dep.serve.model, "", ""]
     pre = commands.model_prefetch(P, dep, node)
     assert pre.name == f"{dep.name}-model-spark-2" and pre.labels[OWNER_LABEL] == dep.name
+    assert pre.options["volumes"] == base.options["volumes"]
     assert pre.command[-4:-2] == ["/root/.cache/huggingface/src", "21600"]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import structlog
 
-from spark_supervisor import commands
+from spark_supervisor import act, commands
 from spark_supervisor.act import Actor
 from spark_supervisor.model import EndpointObservation, EndpointState, Phase
 from spark_supervisor.observe import World
@@ -98,7 +98,7 @@ def test_a_pinned_image_gone_is_named_never_pulled_and_the_operator_can_move_pas
         engine.images = set()  # nothing on this engine
         a = dataclasses.replace(world.nodes["spark-2"], docker=engine, shell=FakeShell())  # type: ignore[arg-type]
         with pytest.raises(ActionFailed) as e:
-            actor._ensure_image(a, ID["spark-2"])
+            act.ensure_image(actor, a, ID["spark-2"])
         assert e.value.why.kind == Kind.PINNED_IMAGE_GONE and e.value.deterministic
         assert e.value.why.detail.startswith(f"pinned image {ID['spark-2'][:19]} is gone on spark-2")
         assert "`spark-supervisor reset` (or a reload) starts what" in e.value.why.detail

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import structlog
 
+from spark_supervisor import act
 from spark_supervisor.act import ActionFailed, Actor, free_gib
 from spark_supervisor.adapters import AdapterError
 from spark_supervisor.adapters.shell import Result
@@ -69,7 +70,7 @@ def test_a_pull_that_would_not_fit_is_refused_with_the_figures_and_nothing_is_pu
     a, engine, shell, world = actor(12 * (1 << 20))
     try:
         with pytest.raises(ActionFailed) as e:
-            a._ensure_image(world.nodes["spark-2"], "nvcr.io/nvidia/vllm:26.01")
+            act.ensure_image(a, world.nodes["spark-2"], "nvcr.io/nvidia/vllm:26.01")
         assert e.value.why.kind == Kind.DISK_TOO_FULL and e.value.deterministic
         assert "12.0 GiB free in /var/lib/docker, under ray.pull_min_free_gib = 40" in e.value.reason
         assert shell.ran == [["df", "-Pk", "/var/lib/docker"]] and engine.pulled == []
@@ -81,7 +82,7 @@ def test_a_pull_that_would_not_fit_is_refused_with_the_figures_and_nothing_is_pu
 def test_room_enough_or_unknown_pulls(free_kib: int | None, fail: bool) -> None:
     a, engine, _, world = actor(free_kib, fail)
     try:
-        a._ensure_image(world.nodes["spark-2"], "nvcr.io/nvidia/vllm:26.01")
+        act.ensure_image(a, world.nodes["spark-2"], "nvcr.io/nvidia/vllm:26.01")
         assert engine.pulled == ["nvcr.io/nvidia/vllm:26.01"]
     finally:
         world.close()
