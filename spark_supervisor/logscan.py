@@ -105,6 +105,9 @@ FAILURES: tuple[tuple[Kind, str, tuple[str, ...]], ...] = (
       r"^setsid: failed to execute \S+: No such file or directory")),
     (Kind.MISSING_RAY_BACKEND, "pass --distributed-executor-backend ray for multi-node tensor parallelism",
      (r"World size \(\d+\) is larger than the number of available GPUs",)),
+    (Kind.RAY_NOT_SUPPORTED, "this vLLM build cannot run its Ray executor on this platform: set "
+     "deployments.serve.distributed_executor_backend = \"mp\", or use an image whose vLLM runs Ray on this GPU",
+     (r"current platform \S+ does not support ray",)),
     (Kind.PLACEMENT_GROUP_TIMEOUT, "node IPs do not match VLLM_HOST_IP or GPUs are missing: check `ray status`",
      (r"Cannot provide a placement group .*within (\d+) seconds",)),
     (Kind.NO_NODE_CAN_FULFILL, "set VLLM_HOST_IP per node to its fabric IP; check GPUs per node",

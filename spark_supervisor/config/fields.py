@@ -61,6 +61,7 @@ Sec3600 = Annotated[float, Field(gt=0), _upper(3600)]
 SecDay = Annotated[float, Field(gt=0), _upper(86400)]
 SecWeek = Annotated[float, Field(gt=0), _upper(7 * 86400)]
 SecMonth = Annotated[float, Field(gt=0), _upper(30 * 86400)]
+MinuteToWeek = Annotated[float, Field(ge=60), _upper(7 * 86400)]  # a floor under learned limits: not seconds
 
 
 def _port(v: int) -> int:

@@ -27,6 +27,7 @@ from .fields import (
     AbsPath,
     Argv,
     EnvName,
+    MinuteToWeek,
     OptionalAbsPath,
     OptionalArgv,
     Port,
@@ -288,8 +289,9 @@ class Readiness(_Strict):
     # deadline_margin) and its stall limit max(stall_floor, p95 of their longest silences x the margin), never
     # above deadline and stall_timeout: those stay the cold budget (a first load after a change gets them).
     learn_deadlines: bool = True
-    deadline_floor: SecWeek = 300
-    stall_floor: SecWeek = 120
+    # At least a minute each: a learned limit below it would take a slow tick or one cold shard for a stall.
+    deadline_floor: MinuteToWeek = 300
+    stall_floor: MinuteToWeek = 120
     deadline_margin: Annotated[float, Field(ge=1, le=20)] = 3.0
     learn_after: Annotated[int, Field(ge=1, le=20)] = 3
     request_timeout: Sec3600 = 60

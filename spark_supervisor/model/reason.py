@@ -30,6 +30,7 @@ class Kind(StrEnum):
     CACHE_DIR_NOT_OURS = "CacheDirNotOurs", True
     COMMAND_NOT_FOUND = "CommandNotFound", True
     MISSING_RAY_BACKEND = "MissingRayBackend", True
+    RAY_NOT_SUPPORTED = "RayNotSupported", True  # this vLLM build's platform has no Ray device key
     PLACEMENT_GROUP_TIMEOUT = "PlacementGroupTimeout", True
     NO_NODE_CAN_FULFILL = "NoNodeCanFulfill", True
     NCCL_ERROR = "NcclError"

@@ -16,8 +16,8 @@ from pydantic import BaseModel
 from spark_supervisor import config
 from spark_supervisor.cli import main
 from tests.helpers import CONFIG_SRC as SRC
+from tests.helpers import cfg, data
 from tests.helpers import config_problems as problems
-from tests.helpers import data
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "s3cr3t-Key.value_42"
@@ -465,3 +465,15 @@ def test_new_keys_have_their_defaults() -> None:
     assert c.healing.unknown_patience == 60
     assert (c.retry.stop_after_attempt, c.retry.stop_after_delay, c.retry.wait_initial, c.retry.wait_max) == (3, 10, 0.2, 2)
     assert c.deployment.ray.pull_timeout == 1800
+
+
+def test_a_learned_limits_floor_below_a_minute_is_refused_with_its_key() -> None:
+    """Issue 42 (LOW): a floor of 1 s would take one slow tick for a stall."""
+    d = data()
+    d["deployments"][0]["readiness"] = {"deadline_floor": 1, "stall_floor": 59}
+    found = problems(d)
+    assert any("deployments[0].readiness.deadline_floor" in p for p in found), found
+    assert any("deployments[0].readiness.stall_floor" in p for p in found), found
+    d["deployments"][0]["readiness"] = {"deadline_floor": 60, "stall_floor": 60}
+    kept = cfg(d).deployment.readiness
+    assert (kept.deadline_floor, kept.stall_floor) == (60, 60)

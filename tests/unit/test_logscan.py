@@ -200,3 +200,11 @@ def test_the_engines_own_last_failure_is_the_one_read() -> None:
     assert f is not None and f.reason == Kind.ENGINE_DIED and f.line == cause
     f = classify("\n".join([cause, late, *DEATH]))
     assert f is not None and f.reason == Kind.OUT_OF_MEMORY
+
+
+def test_a_vllm_that_refuses_the_ray_backend_is_deterministic_with_the_backend_hint() -> None:
+    """vLLM 0.32's ray_utils (the CPU build, and any platform without a Ray device key): the same on every retry."""
+    line = "ValueError: current platform cpu does not support ray."
+    f = classify("\n".join([line, *DEATH]))
+    assert f is not None and f.reason == Kind.RAY_NOT_SUPPORTED and f.deterministic and f.line == line
+    assert 'distributed_executor_backend = "mp"' in f.hint
