@@ -25,7 +25,14 @@ from pathlib import Path
 from . import files
 
 SOCKET = "control.sock"
-COMMANDS = ("reset", "ping", "pause", "resume", "restart")
+# Each command's arguments and the types each may have ("by", who asks, is every command's). A request with
+# another argument, or one of another type ("serve_only": "false" is not false), is refused, never guessed at.
+ARGUMENTS: dict[str, dict[str, tuple[type, ...]]] = {
+    "reset": {}, "ping": {}, "resume": {},
+    "pause": {"reason": (str,), "until": (int, float, type(None))},
+    "restart": {"deployment": (str,), "serve_only": (bool,)},
+}
+COMMANDS = tuple(ARGUMENTS)
 
 
 class Unavailable(Exception):
@@ -151,6 +158,14 @@ def parse_request(line: str) -> tuple[str, dict[str, object]]:
     if not isinstance(doc, dict) or not isinstance(doc.get("command"), str):
         raise ValueError('a JSON request needs "command"')
     command = doc.pop("command")
+    known = {**ARGUMENTS.get(command, {}), "by": (str,)}
+    for key, value in doc.items():
+        kinds = known.get(key)
+        if kinds is None:
+            raise ValueError(f"{command[:20]!r} takes no argument {key[:40]!r} (it takes: {', '.join(sorted(known))})")
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+            names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+            raise ValueError(f"{command}'s {key!r} must be {names}, not {type(value).__name__} ({str(value)[:20]!r})")
     return command, doc
 
 
@@ -179,6 +194,9 @@ def request(state_dir: str, command: str, timeout: float = 5.0, **args: object) 
         s.settimeout(timeout)
         try:
             s.connect(str(path))
+        except PermissionError:
+            raise Denied(f"permission denied on {path}: only the daemon's own user may ask it (run this as that "
+                         "user: sudo); nothing was changed") from None
         except OSError as e:
             raise Unavailable(f"{path}: {e.strerror or e}") from None
         try:
@@ -199,6 +217,10 @@ def request(state_dir: str, command: str, timeout: float = 5.0, **args: object) 
 
 class NotAnswering(Exception):
     """A daemon holds the state directory but its control socket does not answer: change nothing."""
+
+
+class Denied(NotAnswering):
+    """The caller may not use the control socket (not the daemon's user): nothing was sent, nothing changed."""
 
 
 def ask(state_dir: str, command: str, timeout: float = 5.0, **args: object) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 from pathlib import Path
@@ -94,7 +95,8 @@ def test_over_the_socket_a_refused_pause_is_heard_as_refused_not_as_no_daemon(tm
         t.join(30)
     finally:
         server.close()
-    assert len(got) == 1 and isinstance(got[0], control.Refused) and "pause until" in str(got[0]), got
+    # refused at the socket, by the argument's type, before the loop is asked (issue 42's LOW item)
+    assert len(got) == 1 and isinstance(got[0], control.Refused) and "'until' must be" in str(got[0]), got
 
 
 @pytest.mark.parametrize("saved", ['{"by": "ops", "at": 1.7e9, "until": NaN}', '{"by": "ops", "at": Infinity}',
@@ -392,3 +394,57 @@ def test_a_sound_image_record_is_still_used(tmp_path: Path) -> None:
     got = Actor(world, structlog.get_logger())._check_image(world.nodes[node.name])  # type: ignore[arg-type]
     assert got == dataclasses.replace(report, image_id=engine.image_id(""))  # the ID as inspected now
     assert engine.probes == 0
+
+
+def test_a_control_requests_arguments_are_of_their_types_or_refused(tmp_path: Path) -> None:
+    """Issue 42 (LOW): "serve_only": "false" is not false; an argument a command does not take is no silent no-op."""
+    ok = control.parse_request('{"command": "restart", "serve_only": true, "deployment": "qwen", "by": "alice"}')
+    assert ok == ("restart", {"serve_only": True, "deployment": "qwen", "by": "alice"})
+    assert control.parse_request('{"command": "pause", "until": 1.7e9, "reason": "x"}')[1]["until"] == 1.7e9
+    for line, said in [('{"command": "restart", "serve_only": "false"}', "restart's 'serve_only' must be bool, not str"),
+                       ('{"command": "restart", "serve_only": 0}', "must be bool, not int"),
+                       ('{"command": "pause", "until": true}', "pause's 'until' must be int or float or null, not bool"),
+                       ('{"command": "restart", "serveonly": true}', "'restart' takes no argument 'serveonly'"),
+                       ('{"command": "reset", "by": 7}', "reset's 'by' must be str, not int")]:
+        with pytest.raises(ValueError, match=re.escape(said)):
+            control.parse_request(line)
+    state = tmp_path / "state"
+    state.mkdir()
+    server = control.ControlServer(str(state), lambda command, args: f"did {command} {args.get('serve_only')}")
+    try:
+        with pytest.raises(control.Refused, match="must be bool"):
+            control.request(str(state), "restart", serve_only="false")
+        assert control.request(str(state), "restart", serve_only=False) == "did restart False"
+    finally:
+        server.close()
+
+
+def test_a_caller_the_control_socket_refuses_is_told_permission_denied(tmp_path: Path) -> None:
+    """Issue 42 (LOW): not the daemon's user (a forked child as nobody): "permission denied", not "does not
+    answer"."""
+    state = tmp_path / "state"
+    state.mkdir()
+    server = control.ControlServer(str(state), lambda command, _: command)
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: another user asks, as a non-root operator would
+            try:
+                os.close(read)
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                try:
+                    said = f"answered: {control.ask(str(state), 'ping')}"
+                except control.NotAnswering as e:
+                    said = str(e)
+                os.write(write, said.encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as f:
+            said = f.read()
+        os.waitpid(pid, 0)
+        assert said.startswith(f"permission denied on {state / 'control.sock'}: only the daemon's own user"), said
+    finally:
+        server.close()
