@@ -268,6 +268,9 @@ class Daemon:
             wanted = str(args.get("deployment") or "")
             if wanted and wanted not in self.stack.reconcilers:
                 raise ValueError(f"no deployment {wanted[:40]!r} (configured: {', '.join(self.stack.reconcilers)})")
+            if self.pause is not None:  # it would stop what serves, and start nothing until a resume
+                raise ValueError(f"paused {self.pause.text()}: a restart now would stop the serve and start nothing "
+                                 "until `spark-supervisor resume`; resume first")
             return "\n".join(restart(r, serve_only=bool(args.get("serve_only")), by=str(args.get("by") or "?"))
                              for name, r in self.stack.reconcilers.items() if not wanted or name == wanted)
         raise ValueError(f"unknown request {command[:20]!r}")

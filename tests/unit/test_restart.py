@@ -63,3 +63,16 @@ def test_an_unknown_deployment_is_refused_and_nothing_is_stopped(tmp_path: Path)
     with pytest.raises(ValueError, match="no deployment 'nope'"):
         daemon._request("restart", {"deployment": "nope", "serve_only": True, "by": "?"})
     assert all(b.ran == [] for b in be.values())
+
+
+def test_a_restart_while_paused_is_refused_and_stops_nothing(tmp_path: Path) -> None:
+    """Issue 42 (LOW): paused, a restart would stop the serve and start nothing until a resume; refused."""
+    from spark_supervisor.model import Pause
+    daemon, be = two_serving(tmp_path)
+    daemon.set_pause(Pause(by="bob", reason="disk swap", at=1.7e9))
+    with pytest.raises(ValueError, match="paused by bob.*resume first"):
+        daemon._request("restart", {"deployment": "qwen", "serve_only": True, "by": "alice, pid 42"})
+    assert be["qwen"].ran == [] and be["embed"].ran == []
+    daemon.set_pause(None, "by bob")
+    assert daemon._request("restart", {"deployment": "qwen", "serve_only": True, "by": "alice"}).startswith(
+        "qwen: serve stopped; starting again")
