@@ -25,6 +25,8 @@ from .model import Pause
 from .model.document import StatusDoc
 
 FILE = "status.json"
+STATUS_REFRESH_S = 30.0  # the daemon writes its status at least this often, changed or not (loop.reporting)
+STATUS_STALE_S = 4 * STATUS_REFRESH_S  # older than this from a running daemon: it cannot write it, or is stuck
 
 
 def iso(wall: float) -> str:

@@ -86,8 +86,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         error = f"cannot read the status in {state_dir}: {getattr(e, 'strerror', None) or e}"
         doc = None
     code = status_code(doc, running)
+    age = _age_s(doc)
     if args.json:
-        print(json.dumps({**doc, "running": running} if doc is not None else
+        print(json.dumps({**doc, "running": running, "age_s": age} if doc is not None else
                          {"running": running, "phase": None, "error": error}, indent=1))
         if doc is None:
             print(error, file=sys.stderr)
@@ -101,12 +102,30 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"({daemon.get('updated', '?') if daemon else '?'}):")
     elif running is None:
         print(f"UNKNOWN: {error}; what the daemon last wrote:")
+    elif age is not None and age > statefile.STATUS_STALE_S:
+        print(f"STALE: the daemon runs but wrote this {_ago(str(doc['daemon']['updated']))} ago (it writes it at least every "
+              f"{statefile.STATUS_REFRESH_S:.0f}s): it cannot write to {state_dir} (disk full? read-only?) or its "
+              "loop is stuck; see `journalctl -u spark-supervisor`. What it last wrote:")
     try:
         _print_status(doc)
     except (KeyError, TypeError, ValueError, AttributeError) as e:  # a document from another version
         print(f"cannot show the status in {state_dir}: {type(e).__name__} {e}", file=sys.stderr)
         return ST_UNKNOWN
     return code
+
+
+def _age_s(doc: StatusDoc | None) -> float | None:
+    """Seconds since the daemon wrote ``doc`` (None: not said, or not a time)."""
+    from datetime import UTC, datetime
+    try:
+        updated = datetime.fromisoformat(str(doc["daemon"]["updated"])) if doc is not None else None
+    except (KeyError, TypeError, ValueError):
+        return None
+    if updated is None:
+        return None
+    if updated.tzinfo is None:
+        updated = updated.replace(tzinfo=UTC)
+    return round(max(0.0, time.time() - updated.timestamp()), 1)
 
 
 def _print_status(doc: StatusDoc) -> None:

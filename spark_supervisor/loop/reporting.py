@@ -16,7 +16,7 @@ from .stack import Stack
 
 class Reporter:
     # While nothing but the probes' counts changes, the status file is rewritten this often (seconds).
-    STATUS_REFRESH_S = 30.0
+    STATUS_REFRESH_S = statefile.STATUS_REFRESH_S
 
     # How long each EXTEND_TIMEOUT_USEC buys: more than the longest tick, so the next one arrives in time.
     EXTEND_S = 180.0

@@ -292,3 +292,19 @@ def test_man_page_is_generated_from_the_parser_and_committed() -> None:
                             or f"\\,{name}\\/" in page for name in commands)
     for section in (".SH EXIT STATUS", ".SH ENVIRONMENT", ".SH FILES"):
         assert section in page
+
+
+def test_a_status_a_running_daemon_wrote_long_ago_says_how_old(daemon_lock: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 42 (LOW): the daemon runs but its status file is old (a full disk): shown, and said to be stale."""
+    old = doc("SERVING")
+    old["daemon"]["updated"] = statefile.iso(time.time() - 3 * 3600)
+    statefile.write(str(daemon_lock), old)
+    code, out, _ = status(capsys, "--state-dir", str(daemon_lock))
+    assert out.startswith("STALE: the daemon runs but wrote this 3h00m ago (it writes it at least every 30s)"), out
+    assert "\nSERVING for " in out
+    code, out, _ = status(capsys, "--state-dir", str(daemon_lock), "--json")
+    assert 3 * 3600 <= json.loads(out)["age_s"] < 3 * 3600 + 60
+    statefile.write(str(daemon_lock), doc("SERVING"))  # fresh: no word of it
+    code, out, _ = status(capsys, "--state-dir", str(daemon_lock))
+    assert out.startswith("SERVING for "), out
