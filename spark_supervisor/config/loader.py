@@ -13,6 +13,7 @@ import typing
 import unicodedata
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
@@ -204,8 +205,8 @@ def _read(path: Path, limit: int) -> tuple[bytes, str]:
         return b"", str(e)
 
 
-def _key_file_mode(path: str) -> str:
-    """Why a key file is not private to the daemon ("" when it is)."""
+def _key_file_owner(path: str) -> str:
+    """Why a key file is not the daemon's own ("" when it is): a warning (its owner could change the key)."""
     try:
         st = os.stat(path)
     except OSError as e:
@@ -213,8 +214,18 @@ def _key_file_mode(path: str) -> str:
     if st.st_uid != os.geteuid():
         return (f"is owned by uid {st.st_uid}, not by the supervisor (uid {os.geteuid()}): chown it to "
                 f"{'root' if os.geteuid() == 0 else 'the supervisor'} and chmod 600")
+    return ""
+
+
+def _key_file_open(path: str) -> str:
+    """Why a key file is refused for its mode ("" when others may not touch it): a key that others can read
+    is no key."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""  # said where it is read
     if st.st_mode & 0o077:
-        return (f"has mode {stat.S_IMODE(st.st_mode):04o}: anyone but its owner could read or change the key; "
+        return (f"{path} has mode {stat.S_IMODE(st.st_mode):04o}: anyone but its owner could read or change the key; "
                 "chmod 600 it")
     return ""
 
@@ -226,6 +237,8 @@ def _resolve_key(r: Readiness, env: dict[str, str]) -> tuple[str, str, str]:
         if why:
             return "", (f"cannot read {r.api_key_file}: {why}: it must be a file holding the API key, readable "
                         "by the supervisor (root)"), "api_key_file"
+        if open_to := _key_file_open(r.api_key_file):
+            return "", open_to, "api_key_file"
         try:
             key = raw.decode("utf-8").strip()
         except UnicodeDecodeError:
@@ -285,13 +298,22 @@ def _warnings(raw: dict[str, Any], cfg: Config) -> list[str]:
                 out.append(f"{k}: {name} changes where every process in the container loads code from: "
                            "prefer building it into the image")
     for d, dep in enumerate(cfg.deployments):
-        if dep.readiness.api_key_file and (why := _key_file_mode(dep.readiness.api_key_file)):
+        if dep.readiness.api_key_file and (why := _key_file_owner(dep.readiness.api_key_file)):
             out.append(f"deployments[{d}].readiness.api_key_file: {dep.readiness.api_key_file} {why}")
         for i, a in enumerate(dep.serve.extra_args):
             flag = a.split("=", 1)[0].replace("_", "-")
             if flag.startswith("--") and len(flag) >= 5 and "--hf-token".startswith(flag):
                 out.append(f"deployments[{d}].serve.extra_args[{i}]: a token on the command line is seen by every "
                            "user in `ps`: set HF_TOKEN through the unit's EnvironmentFile= and serve.env instead")
+            elif flag == "--trust-remote-code":
+                out.append(f"deployments[{d}].serve.extra_args[{i}]: --trust-remote-code runs the model "
+                           "repository's own Python in the serve, with the container's rights: only for a model you "
+                           "trust, its revision pinned (serve.revision)")
+    hook = urlsplit(cfg.alerts.webhook) if cfg.alerts.webhook else None
+    if hook is not None and (hook.username or hook.password) and "${" not in str(raw.get("alerts", {}).get("webhook")):
+        out.append("alerts.webhook: a user and password in the URL, written in the config file (readable by "
+                   "whoever reads the config, kept in backups): put the URL in the unit's EnvironmentFile= "
+                   "(mode 600) and write \"${WEBHOOK_URL}\" here")
     return out
 
 

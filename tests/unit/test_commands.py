@@ -114,6 +114,7 @@ def test_the_wrapper_keeps_the_newest_spec_caches(tmp_path: Path) -> None:
 def test_the_api_key_reaches_vllm_through_its_environment_never_argv(tmp_path: Path) -> None:
     key = tmp_path / "key"
     key.write_text("sk-secret-123\n")
+    key.chmod(0o600)
     d = data()
     d["deployments"][0]["readiness"] = {"api_key_file": str(key)}
     c = cfg(d)

@@ -161,17 +161,32 @@ def test_an_api_key_file_that_is_a_fifo_or_a_device_link_is_refused(tmp_path: Pa
         refused(d, f"{Q}.api_key_file", fragment)
 
 
-@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
-def test_an_api_key_file_others_can_read_is_a_warning(tmp_path: Path, mode: int) -> None:
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620])
+def test_an_api_key_file_others_can_read_is_refused(tmp_path: Path, mode: int) -> None:
+    """Issue 42 (LOW): a key others can read is no key: refused (it was only a warning)."""
     f = tmp_path / "key"
     f.write_text("k3y-value\n")
     f.chmod(mode)
     d = data()
     d["deployments"][0]["readiness"] = {"api_key_file": str(f)}
-    c = config.parse(d, SRC, env={})
-    assert [w for w in c.warnings if f"{Q}.api_key_file" in w and "chmod 600" in w], c.warnings
+    refused(d, f"{Q}.api_key_file", f"has mode {mode:04o}: anyone but its owner could read or change the key; "
+                                    "chmod 600 it")
     f.chmod(0o600)
-    assert not config.parse(d, SRC, env={}).warnings
+    c = config.parse(d, SRC, env={})
+    assert not c.warnings and c.deployment.api_key.get_secret_value() == "k3y-value"
+
+
+def test_trust_remote_code_and_a_password_in_the_webhook_are_warned_of() -> None:
+    d = data()
+    serve(d)["extra_args"] = ["--max-model-len", "8192", "--trust-remote-code"]
+    d["alerts"] = {"webhook": "https://alice:s3cret@hooks.example.com/x"}
+    warnings = config.parse(d, SRC, env={}).warnings
+    assert any(f"{SRC}: deployments[0].serve.extra_args[2]: --trust-remote-code runs the model repository's own "
+               "Python" in w for w in warnings), warnings
+    assert any(f"{SRC}: alerts.webhook: a user and password in the URL" in w for w in warnings), warnings
+    d["alerts"] = {"webhook": "${HOOK}"}
+    serve(d)["extra_args"] = []
+    assert not config.parse(d, SRC, env={"HOOK": "https://alice:s3cret@hooks.example.com/x"}).warnings
 
 
 # ------------------------------------------------------------------------------ 7. flags vLLM reads

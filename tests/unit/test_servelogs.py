@@ -203,6 +203,7 @@ def write(tmp_path: Path, **serve: Any) -> tuple[Path, Path]:
 def test_logs_prints_the_current_or_previous_launch_of_the_head(tmp_path: Path, capsysbinary: Any) -> None:
     key = tmp_path / "key"
     key.write_text("sk-secret-123\n")
+    key.chmod(0o600)
     path, logs = write(tmp_path)
     d = data()
     d["deployments"][0]["serve"]["log_host_dir"] = str(tmp_path / "serve-logs")

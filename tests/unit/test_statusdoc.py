@@ -110,6 +110,7 @@ HOLDS: dict[str, dict[str, type]] = {
     "_engine": {"e": EngineDoc},
     "_print_node": {"n": NodeDoc, "gpu": GpuDoc, "mem": MemoryDoc, "c": ContainerDoc},
     "cmd_follow": {"doc": StatusDoc},
+    "_age_s": {"doc": StatusDoc},
 }
 
 
