@@ -50,6 +50,8 @@ def problem(rec: Any, deployment: str) -> str:
         return f"of deployment {rec.get('deployment')!r}"
     if not isinstance(rec.get("nodes"), dict) or not isinstance(rec.get("at"), str):
         return "no nodes or time"
+    if not isinstance(rec.get("decisions", []), list):
+        return "its decisions are not a list"
     wall = rec.get("wall")
     return "" if isinstance(wall, int | float) and not isinstance(wall, bool) else "no time"
 
@@ -75,6 +77,8 @@ def read(state_dir: str, deployment: str) -> History:
             why = problem(rec, deployment) if rec is not None else f"longer than {MAX_RECORD} bytes"
         except ValueError as e:
             rec, why = None, f"not JSON ({e})"
+        except RecursionError:  # nested deeper than the parser goes: no record of ours is
+            rec, why = None, "nested too deeply to be a record"
         if why or not isinstance(rec, dict):
             out.problems.append(f"{path} line {n}: skipped: {why}")
         else:

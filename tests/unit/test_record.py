@@ -245,3 +245,20 @@ def test_the_performance_is_compared_by_its_verdict_not_its_figures() -> None:
     slow = build(sources(perf=PerfVerdict("serve-1", 1.0, 0.9, 13.1, regression="13.1 tok/s, best 27.4")))
     assert diff(ok, faster) == ([], 0)  # figures and timings move every time: not a change of what ran
     assert [str(c) for c in diff(ok, slow)[0]] == ["results.performance.verdict: ok → regression"]
+
+
+def test_a_record_line_nested_too_deeply_or_mistyped_is_skipped_and_said_never_a_crash(tmp_path: Path) -> None:
+    """Issue 42 (LOW): such a line gave a Traceback in `record`/`report` and stopped the daemon writing records."""
+    from spark_supervisor.record import store
+    from spark_supervisor.record.build import build
+    rec = build(sources(serve_id="s1"))
+    name = rec["deployment"]
+    deep = "[" * 100_000 + "]" * 100_000
+    mistyped = json.dumps({**rec, "decisions": 5})
+    (tmp_path / store.HISTORY).write_text(f"{deep}\n{mistyped}\n{json.dumps(rec)}\n")
+    h = store.read(str(tmp_path), name)
+    assert [r["serve_id"] for r in h.records] == ["s1"]
+    assert [p.split(": skipped: ")[1] for p in h.problems] == ["nested too deeply to be a record",
+                                                              "its decisions are not a list"]
+    h = store.append(str(tmp_path), {**rec, "serve_id": "s2"}, 2.0)  # the daemon goes on writing records
+    assert [r["serve_id"] for r in store.read(str(tmp_path), name).records] == ["s1", "s2"]
