@@ -7,7 +7,10 @@ speed is kept per key -- the image each node ran (by ID), the model, the serve s
 deployment's state directory (``perf.json``). A measurement more than ``regression`` below the best for its
 key, or below the operator's ``baseline``, is a regression (``judge``, pure): DEGRADED ThroughputRegression
 (plan.serving; when to measure is the planner's too), alerted, never a repair by itself. A measurement that
-could not be made is unknown: shown, never a regression.
+could not be made is unknown: shown, never a regression; so is one that cannot be true (more tokens than
+asked for, a decode faster than PLAUSIBLE_TPS). One measurement far above the best (JUMP) is kept as a candidate
+and becomes the best only when the next one confirms it: a single outlier never sets the bar every later run
+fails. `spark-supervisor reset` forgets the bests (``forget``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import hashlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,6 +30,9 @@ from .deployment import DeploymentView
 from .model import Kind, PerfVerdict, Status, Throughput
 
 FILE = "perf.json"
+PLAUSIBLE_TPS = 20_000.0  # one stream's decode above this is a clock or counting error, not a speed
+JUMP = 1.5  # a measurement this far above the best waits for the next to confirm it (within CONFIRM)
+CONFIRM = 0.8
 
 
 def key(view: DeploymentView, images: dict[str, str]) -> tuple[str, dict[str, object]]:
@@ -69,10 +76,21 @@ def best_of(kept: object) -> float:
     return float(tps) if isinstance(tps, int | float) and not isinstance(tps, bool) and 0 < tps < 1e9 else 0.0
 
 
+def implausible(t: Throughput, dep: Deployment) -> str:
+    """Why a measurement cannot be true ("": it can)."""
+    if t.tokens > dep.performance.max_tokens:
+        return f"{t.tokens} tokens counted for max_tokens {dep.performance.max_tokens}"
+    if not 0 < t.decode_tps <= PLAUSIBLE_TPS:
+        return f"a decode of {t.decode_tps:g} tok/s"
+    return ""
+
+
 def judge(t: Throughput, best: float, dep: Deployment, now: float) -> PerfVerdict:
     """The verdict on one measurement, against the operator's baseline when set, else the best for its key."""
     if t.error:
         return PerfVerdict(t.serve, now, error=t.error)
+    if why := implausible(t, dep):
+        return PerfVerdict(t.serve, now, error=f"implausible, not kept: {why}")
     p = dep.performance
     reference, against = ("baseline", p.baseline) if p.baseline else ("best", best) if best else ("", 0.0)
     regression = ""
@@ -95,11 +113,34 @@ def record(st: Status, t: Throughput, view: DeploymentView, metrics: Any, log: A
     if v.regression:
         log.warning("perf.regression", decode_tokens_per_s=v.decode_tps, best=best, baseline=view.dep.performance.baseline,
                     key=k, why=f"{Kind.THROUGHPUT_REGRESSION}: {v.regression}")
-    if not v.error and v.decode_tps > best:
+    entry = kept.get(k)
+    raised = _raised(v, best, entry if isinstance(entry, dict) else {})
+    if raised is not None:
         try:
-            statefile.write_json(state_dir, FILE, {**kept, k: {"decode_tps": v.decode_tps, "ttft_s": v.ttft_s,
-                                                            "at": statefile.iso(time.time()), "key": parts}})
+            statefile.write_json(state_dir, FILE, {**kept, k: {**raised, "at": statefile.iso(time.time()), "key": parts}})
         except OSError as e:
             log.error("state.write_failed", file=FILE, error=str(e))
     metrics.performance(v)
+
+
+def _raised(v: PerfVerdict, best: float, entry: dict[str, Any]) -> dict[str, Any] | None:
+    """What the key's entry becomes after ``v`` (None: unchanged): the best raised, or a jump kept as a candidate
+    until the next measurement confirms it."""
+    if v.error or v.decode_tps <= best:
+        return None
+    if best and v.decode_tps > best * JUMP:
+        candidate = best_of({"decode_tps": entry.get("candidate_tps")})
+        if not candidate or v.decode_tps < candidate * CONFIRM:
+            return {**entry, "candidate_tps": v.decode_tps}
+    return {"decode_tps": v.decode_tps, "ttft_s": v.ttft_s}
+
+
+def forget(state_dir: str, log: Any) -> None:
+    """The bests forgotten (the operator's reset): the next measurement of each key sets it afresh."""
+    try:
+        if (Path(state_dir) / FILE).exists():
+            statefile.atomic_write(Path(state_dir) / FILE, "{}")
+            log.info("perf.bests_forgotten", file=FILE)
+    except OSError as e:
+        log.error("state.write_failed", file=FILE, error=str(e))
 

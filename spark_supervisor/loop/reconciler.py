@@ -292,7 +292,7 @@ class Reconciler:
         st.images, st.admitted = {}, None  # an image fixed under its name, a reload wanting more memory: read again
         if why == "reset":
             self.repairs.clear()
-            unpin(self, "reset")
+            forget_kept(self)
             self.log.info("reconcile.reset", budget_cleared=True, phase=st.phase.value)
         st.failures, st.backoff_until, st.next_repair_at = 0, 0.0, 0.0
         self.changed()
@@ -300,6 +300,12 @@ class Reconciler:
             st.advance(Phase.DETECTING, Reason(detail=f"re-armed by {why}"), self.clock(), self.wall())
             self.log.info("reconcile.rearmed", by=why)
         self.due_at = 0.0
+
+
+def forget_kept(r: Reconciler) -> None:
+    """What a reset forgets beside the repair budget: the pinned images and the performance bests."""
+    unpin(r, "reset")
+    perf.forget(r.view.state_dir, r.log)
 
 
 def unpin(r: Reconciler, why: str) -> None:

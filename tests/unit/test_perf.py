@@ -195,3 +195,42 @@ def test_the_measurement_against_a_running_stand_in_and_a_wedged_one(standin: St
     t = perf.measure(api, dep, "s", log, gap=1)
     assert t.error.startswith("ReadTimeout") and time.monotonic() - t0 < 30, t  # the gap, not the 300 s timeout
     s.fault("")
+
+
+def test_an_implausible_measurement_is_unknown_and_one_outlier_never_sets_the_best(tmp_path: Path) -> None:
+    """Issue 42 (LOW): usage above max_tokens or a near-zero decode interval is no speed; a single jump far above
+    the best waits for the next measurement to confirm it; reset forgets the bests."""
+    d = data()
+    d["supervisor"]["state_dir"] = str(tmp_path)
+    view = as_view(cfg(d))
+    st, log, m = Status(), structlog.get_logger(), NoMetrics().bound("qwen")
+    max_tokens = view.dep.performance.max_tokens
+    perf.record(st, Throughput("s1", 0.2, 27.4, max_tokens), view, m, log, 10)
+    for bad, why in [(Throughput("s2", 0.2, 27.0, max_tokens * 4), f"{max_tokens * 4} tokens counted for max_tokens"),
+                     (Throughput("s2", 0.0, 3.2e6, max_tokens), "a decode of 3.2e+06 tok/s")]:
+        perf.record(st, bad, view, m, log, 20)
+        assert st.perf is not None and st.perf.error == f"implausible, not kept: {why}" + (
+            f" {max_tokens}" if "max_tokens" in why else "") and not st.perf.regression, st.perf
+
+    def best() -> float:
+        return float(next(iter(json.loads((tmp_path / perf.FILE).read_text()).values()))["decode_tps"])
+    assert best() == 27.4
+    perf.record(st, Throughput("s3", 0.2, 90.0, max_tokens), view, m, log, 30)  # a jump: a candidate only
+    assert best() == 27.4
+    perf.record(st, Throughput("s4", 0.2, 28.0, max_tokens), view, m, log, 40)  # not confirmed: the best as is
+    assert best() == 28.0 and st.perf is not None and not st.perf.regression
+    perf.record(st, Throughput("s5", 0.2, 80.0, max_tokens), view, m, log, 50)
+    perf.record(st, Throughput("s6", 0.2, 78.0, max_tokens), view, m, log, 60)  # confirmed: a real improvement
+    assert best() == 78.0  # the lower of the two that agree
+    perf.forget(str(tmp_path), log)
+    assert json.loads((tmp_path / perf.FILE).read_text()) == {}
+
+
+def test_reset_forgets_the_bests(tmp_path: Path) -> None:
+    from tests.fakes import make
+    daemon, *_ = make(tmp_path)
+    state = Path(daemon.reconcilers["qwen"].view.state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    (state / perf.FILE).write_text(json.dumps({"k": {"decode_tps": 9999.0}}))
+    daemon.rearm("reset")
+    assert json.loads((state / perf.FILE).read_text()) == {}
