@@ -31,6 +31,27 @@ def serve(app: Any, host: str, port: int) -> tuple[Any, threading.Thread]:
     from wsgiref.simple_server import WSGIRequestHandler, make_server
 
     class Quiet(WSGIRequestHandler):
+        """Its request line and headers within HEADER_DEADLINE_S in all, or the connection is shut: an idle or
+        dribbling client holds a slot for that long, not for the socket's timeout at each byte."""
+
+        def setup(self) -> None:
+            super().setup()
+            self._deadline = threading.Timer(CappedServer.HEADER_DEADLINE_S, self._expire)
+            self._deadline.daemon = True
+            self._deadline.start()
+
+        def _expire(self) -> None:
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+        def parse_request(self) -> bool:
+            self._deadline.cancel()  # the headers are in: the scrape itself has the socket's timeout
+            return bool(super().parse_request())
+
+        def finish(self) -> None:
+            self._deadline.cancel()
+            super().finish()
+
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (each scrape is not news)
             pass
 
@@ -42,16 +63,43 @@ def serve(app: Any, host: str, port: int) -> tuple[Any, threading.Thread]:
 
 
 class CappedServer(socketserver.ThreadingMixIn, WSGIServer):
+    """At most MAX_CONNECTIONS at once, PER_PEER of them from one address (one user's idle connections cannot
+    take every slot from a scraper elsewhere), each with HEADER_DEADLINE_S for its request's headers."""
+
     MAX_CONNECTIONS = 16
+    PER_PEER = 4
+    HEADER_DEADLINE_S = 2.0
     TIMEOUT_S = 10.0
     daemon_threads = True
 
     def server_activate(self) -> None:
         self._slots = threading.BoundedSemaphore(self.MAX_CONNECTIONS)
+        self._peers: dict[str, int] = {}
+        self._peers_lock = threading.Lock()
         super().server_activate()
 
+    def _enter(self, peer: str) -> bool:
+        with self._peers_lock:
+            if self._peers.get(peer, 0) >= self.PER_PEER:
+                return False
+            self._peers[peer] = self._peers.get(peer, 0) + 1
+            return True
+
+    def _leave(self, peer: str) -> None:
+        with self._peers_lock:
+            left = self._peers.get(peer, 1) - 1
+            if left > 0:
+                self._peers[peer] = left
+            else:
+                self._peers.pop(peer, None)
+
     def process_request(self, request: Any, client_address: Any) -> None:
+        peer = str(client_address[0]) if isinstance(client_address, tuple) and client_address else "?"
+        if not self._enter(peer):
+            self.shutdown_request(request)  # this address holds its share: closed, the others go on
+            return
         if not self._slots.acquire(blocking=False):
+            self._leave(peer)
             self.shutdown_request(request)  # too many under way: this one is closed, the rest go on
             return
         request.settimeout(self.TIMEOUT_S)
@@ -59,6 +107,7 @@ class CappedServer(socketserver.ThreadingMixIn, WSGIServer):
             super().process_request(request, client_address)
         except BaseException:
             self._slots.release()
+            self._leave(peer)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
@@ -66,6 +115,7 @@ class CappedServer(socketserver.ThreadingMixIn, WSGIServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+            self._leave(str(client_address[0]) if isinstance(client_address, tuple) and client_address else "?")
 
 
 class CappedServer6(CappedServer):

@@ -392,29 +392,44 @@ def test_the_daemon_serves_the_series_the_alert_rules_read(tmp_path: Path) -> No
         assert line in text, line
 
 
-def test_idle_connections_past_the_cap_are_closed_and_a_scrape_answers_once_they_go() -> None:
+def test_idle_connections_past_the_caps_are_closed_and_a_scrape_from_elsewhere_answers() -> None:
+    """Issue 42 (LOW): 16 idle connections from one local user blocked every scrape. Now one address holds at
+    most PER_PEER slots, all at most MAX_CONNECTIONS, and an idle one is shut at its header deadline."""
     import threading
+    import time
 
     from spark_supervisor.metrics import CappedServer
     from spark_testbed.testbed import until
-    m = Metrics("127.0.0.1", 0)
+    m = Metrics("0.0.0.0", 0)
     port = m.server.server_address[1]
     before = threading.active_count()
-    idle = []
+    held: list[socket.socket] = []
+
+    def connect(source: str) -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+        held.append(s)
+        return s
     try:
-        for _ in range(CappedServer.MAX_CONNECTIONS):  # each holds a thread: connected, never a request
-            s = socket.create_connection(("127.0.0.1", port), timeout=10)
-            idle.append(s)
-        until(lambda: threading.active_count() >= before + CappedServer.MAX_CONNECTIONS, 30, "their threads")
-        extra = socket.create_connection(("127.0.0.1", port), timeout=10)
-        assert extra.recv(1) == b""  # closed at once: no thread for it
-        extra.close()
-        assert threading.active_count() <= before + CappedServer.MAX_CONNECTIONS
-        for s in idle:
+        mine = [connect("127.0.0.1") for _ in range(CappedServer.PER_PEER)]  # each holds a thread, no request
+        until(lambda: threading.active_count() >= before + CappedServer.PER_PEER, 30, "their threads")
+        assert connect("127.0.0.1").recv(1) == b""  # this address has its share: closed at once
+        # another address scrapes while the first holds its share
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=5) as client:
+            assert "spark_supervisor_phase" in client.get(f"http://127.0.0.1:{port}/metrics").text
+        for i in range(1, CappedServer.MAX_CONNECTIONS // CappedServer.PER_PEER):  # every slot taken
+            for _ in range(CappedServer.PER_PEER):
+                connect(f"127.0.1.{i}")
+        until(lambda: threading.active_count() >= before + CappedServer.MAX_CONNECTIONS, 30, "every slot held")
+        assert connect("127.0.2.1").recv(1) == b""  # none left: closed at once
+        t0 = time.monotonic()
+        for s in mine:  # idle: shut at the header deadline, not held for the socket's timeout
+            assert s.recv(1) == b""
+        assert time.monotonic() - t0 < CappedServer.TIMEOUT_S
+        for s in held:
             s.close()
         until(lambda: threading.active_count() <= before, 30, "their threads gone")
         assert "spark_supervisor_phase" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     finally:
-        for s in idle:
+        for s in held:
             s.close()
         m.close()
