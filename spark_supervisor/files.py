@@ -101,3 +101,43 @@ def read_tail(path: str | os.PathLike[str], limit: int, *, follow_links: bool = 
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+MAX_FDS_SCANNED = 200_000  # a bound on the walk of /proc: a host with more open files is not searched further
+
+
+def writers(path: str | os.PathLike[str], proc: str = "/proc") -> list[int]:
+    """The processes that hold ``path`` open for writing (an editor or `cat >` still writing it), from /proc;
+    only those this process may look at (the daemon runs as root: all). Bounded; whatever cannot be read is
+    skipped."""
+    try:
+        target = os.path.realpath(path)
+    except OSError:
+        return []
+    found: list[int] = []
+    seen = 0
+    try:
+        pids = [p for p in os.listdir(proc) if p.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        try:
+            fds = os.listdir(f"{proc}/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            seen += 1
+            if seen > MAX_FDS_SCANNED:
+                return found
+            try:
+                if os.readlink(f"{proc}/{pid}/fd/{fd}") != target:
+                    continue
+                with open(f"{proc}/{pid}/fdinfo/{fd}", "rb") as f:
+                    info = f.read(4096)
+            except OSError:
+                continue
+            flags = next((int(line.split()[1], 8) for line in info.splitlines() if line.startswith(b"flags:")), 0)
+            if flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR):
+                found.append(int(pid))
+                break
+    return found

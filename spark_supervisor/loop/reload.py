@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import config as config_mod
-from .. import logs, statefile
+from .. import files, logs, statefile
 from ..admission import share_fits
 from ..deployment import DeploymentView, views
 from ..model import Reason
@@ -163,9 +163,15 @@ class Reloader:
         staged; else it is staged (afresh if the file changed) and read again at its time by the loop."""
         now, st = self.clock(), self.staged
         if st is not None and file_hash and st.file_hash == file_hash:
-            if now >= st.due:
+            if now < st.due:
+                return False  # the same file, not settled yet: the loop reads it again at st.due
+            held = files.writers(self.config_path)  # a writer stalled mid-file: the same bytes twice, half a file
+            if not held:
                 return True
-            return False  # the same file, not settled yet: the loop reads it again at st.due
+            st.due = now + self.SETTLE_S
+            self.log.warning("config.still_written", path=self.config_path, pids=held[:8], changes=changes,
+                             why="the file is open for writing: read again once it is closed")
+            return False
         self.staged = _Staged(file_hash, now + self.SETTLE_S, changes)
         self.log.warning("config.staged", path=self.config_path, changes=changes, read_again_in_s=self.SETTLE_S,
                          why="a reload that removes or replaces a deployment waits for the file to be the same again")

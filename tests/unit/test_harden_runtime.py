@@ -167,6 +167,44 @@ def test_a_config_cut_before_a_deployment_removes_nothing_until_it_reads_the_sam
     assert list(daemon.reconcilers) == ["qwen"] and torn == ["embed"]
 
 
+def test_a_writer_stalled_past_the_settle_time_at_a_deployment_boundary_removes_nothing(tmp_path: Path) -> None:
+    """Issue 42 (LOW): the writer stalls longer than SETTLE_S with the file cut before [[deployments]] (the same
+    bytes twice): while it holds the file open for writing, nothing is removed; once it closes it, the whole
+    file is read."""
+    from tests.unit.test_stack import make as make_stack
+    d = two_deployments()
+    daemon, be, clock, notes, path = make_stack(tmp_path, d)
+    whole = path.read_text()
+    cut = whole[:whole.rindex("[[deployments]]")]
+    writer = open(path, "w")  # a real process (this one) holding it open for writing, as `cat >` would
+    try:
+        writer.write(cut)
+        writer.flush()
+        daemon.reload()
+        for _ in range(3):  # stalled well past the settle time
+            clock.t += daemon.SETTLE_S
+            daemon.tick()
+        assert list(daemon.reconcilers) == ["qwen", "embed"] and daemon.reloader.staged is not None
+        assert "reload staged: removes 'embed'" in daemon.status_line()
+        writer.write(whole[len(cut):])
+    finally:
+        writer.close()
+    clock.t += daemon.SETTLE_S
+    be["qwen"].next, be["embed"].next = obs(daemon.reconcilers["qwen"].view.cfg), obs(daemon.reconcilers["embed"].view.cfg)
+    daemon.tick()
+    assert list(daemon.reconcilers) == ["qwen", "embed"] and daemon.reloader.staged is None
+
+
+def test_the_writers_of_a_file_are_found_by_their_open_mode(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("x")
+    with open(f) as reading:
+        assert files.writers(f) == [] and reading.readable()
+    with open(f, "a") as appending:
+        assert files.writers(f) == [os.getpid()] and appending.writable()
+    assert files.writers(tmp_path / "none") == []
+
+
 def test_a_failed_reload_is_in_the_status_file_until_one_succeeds(tmp_path: Path) -> None:
     daemon, be, clock, notes, path = make(tmp_path)
     be.next = obs(daemon.cfg)
