@@ -171,6 +171,7 @@ def cmd_teardown(args: argparse.Namespace) -> int:
     from ..act import ActionFailed
     from ..backend import teardown
     from ..deployment import DeploymentView
+    from ..loop.rollback import forget_kept
     from ..observe import World
     whole = _load(args.config)
     from .. import control, maintenance
@@ -184,9 +185,12 @@ def cmd_teardown(args: argparse.Namespace) -> int:
     logs.setup()
     removed, failed = [], False
     for dep in whole.deployments:  # each on its own: one that cannot be reached does not stop the others
-        world = World(DeploymentView.build(whole, dep))
+        view = DeploymentView.build(whole, dep)
+        world = World(view)
         try:
             removed += teardown(world, logs.get())
+            if why := forget_kept(view.state_dir):  # torn down: its next start is a first one, from its tags
+                print(f"{dep.name}: {why}", file=sys.stderr)
         except ActionFailed as e:
             print(f"{dep.name}: {e.reason}", file=sys.stderr)
             failed = True

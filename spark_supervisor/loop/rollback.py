@@ -167,6 +167,17 @@ class Rollbacks:
                 r.log.info("change.way_back_restored", deployment=name)
 
 
+def forget_kept(state_dir: str) -> str:
+    """A deployment torn down by the operator: its pins and way back forgotten (KEPT removed); why not, or ""."""
+    try:
+        (Path(state_dir) / KEPT).unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        return f"cannot remove {Path(state_dir) / KEPT}: {e.strerror or e} (its pinned images stay)"
+    return ""
+
+
 def _ids(raw: object) -> dict[str, str]:
     """node -> image ID, from a kept document (anything else: none)."""
     if not isinstance(raw, dict):
