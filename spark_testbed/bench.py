@@ -268,6 +268,12 @@ def med(rows: list[dict[str, float]], key: str) -> str:
     return f"{statistics.median(vals):.2f} s (n={len(vals)}, worst {max(vals):.2f})" if vals else "-"
 
 
+def count(rows: list[dict[str, float]], key: str) -> str:
+    """A count's median and worst (the largest) over the runs."""
+    vals = [r[key] for r in rows if key in r]
+    return f"{statistics.median(vals):.0f} (worst {max(vals):.0f})" if vals else "-"
+
+
 def observe_scaling(workdir: Path, counts: tuple[int, ...] = (2, 3), n: int = 15) -> dict[int, dict[str, float]]:
     """A tick's observation (the daemon's own Observer, in this process) with a deployment serving over
     2 and 3 nodes: medians of `n` quick (containers, Ray, /health) and `n` full (plus units, nvidia-smi,
@@ -420,6 +426,76 @@ def serving_rows(d: Supervisor, runs: int) -> str:
     ])
 
 
+def saturated(d: Supervisor, seconds: float) -> dict[str, float]:
+    """The engine's one slot (--max-num-seqs 1) kept busy at a slow decode by a reconnecting client for
+    ``seconds``, at the production watch: the repairs (the goal: none), the deep probes read as busy, the tokens
+    streamed, and whether every status was SERVING."""
+    d.wait(lambda s: s["phase"] == "SERVING", 120, "SERVING")
+    t = time.time()
+    fault_file().write_text("slow 3\n")
+    client = harness.Saturating(d)
+    phases: set[str] = set()
+    try:
+        d.wait(lambda s: (s["liveness"].get("engine") or {}).get("running", 0) >= 1, 60, "the client running")
+        end = time.time() + seconds
+
+        def held(s: dict[str, Any]) -> bool:
+            phases.add(s["phase"])
+            return time.time() > end
+        d.wait(held, seconds + 60, f"{seconds:.0f} s saturated")
+    finally:
+        fault_file().unlink(missing_ok=True)
+        client.close()
+    return {"repairs": float(len(d.repairs(t))), "busy": float(len([e for e in d.events("probe.deep_busy")
+                                                                   if event_time(e) >= t])),
+            "failed": float(len([e for e in d.events("probe.deep_failed") if event_time(e) >= t])),
+            "tokens": float(client.tokens), "serving": float(phases == {"SERVING"})}
+
+
+def stuck_scheduler(d: Supervisor) -> dict[str, float]:
+    """Requests accepted and held waiting, nothing running, nothing moving, /health 200 (a stuck scheduler):
+    when the stall was caught and the repair started, from the fault, at the production watch."""
+    d.wait(lambda s: s["phase"] == "SERVING", 240, "SERVING")
+    t = time.time()
+    fault_file().write_text("scheduler-stall\n")
+    users = Streams(d, 2)
+    try:
+        until(lambda: any(event_time(e) >= t for e in d.events("repair.started")), 180, "the repair", every=0.2)
+        caught = min((event_time(e) for e in d.events("engine.heartbeat_stalled") if event_time(e) >= t), default=0.0)
+        repair = min(event_time(e) for e in d.events("repair.started") if event_time(e) >= t)
+    finally:
+        fault_file().unlink(missing_ok=True)
+        users.close()
+    _serving_after(d, t)
+    return {"caught": caught - t if caught else float("nan"), "repair": repair - t}
+
+
+def busy_rows(workdir: Path, watch: dict[str, Any], runs: int, seconds: float) -> str:
+    """Busy is not broken (issue 42): a saturated engine held ``seconds`` at the production watch (runs of it),
+    and a stuck scheduler caught and repaired; on a daemon of their own (its serve runs one request at a time)."""
+    testbed.clean_containers()
+    d = Supervisor(write_config(workdir, watch, deployment={"serve": {"extra_args": ["--max-num-seqs", "1"]}}),
+                   workdir, "busy")
+    try:
+        d.wait_phase("SERVING", 300)
+        held = [saturated(d, seconds) for _ in range(runs)]
+        stuck = [stuck_scheduler(d) for _ in range(runs)]
+    finally:
+        d.stop(signal.SIGTERM)
+        teardown(d.config)
+    print("saturated:", held, "stuck scheduler:", stuck, flush=True)
+    each = ", ".join(f"{h['repairs']:.0f}" for h in held)
+    return "\n".join([
+        f"| saturated engine held {seconds:.0f} s (one slot, a reconnecting client, slow decode): repairs, each run "
+        f"| {each} | 0 |",
+        f"| ... deep probes read busy / failed, tokens streamed, SERVING throughout (median) "
+        f"| {count(held, 'busy')} / {count(held, 'failed')}, {count(held, 'tokens')}, "
+        f"{'yes' if all(h['serving'] for h in held) else 'no'} | busy, 0 failed |",
+        f"| stuck scheduler (waiting, nothing running) -> the stall caught | {med(stuck, 'caught')} | |",
+        f"| stuck scheduler -> repair started | {med(stuck, 'repair')} | <= 30 s |",
+    ])
+
+
 def on_a_serving_daemon(workdir: Path, watch: dict[str, Any], name: str, rows_of: Callable[[Supervisor], T],
                         bin_dir: Path = BIN, base: dict[str, Any] | None = None) -> T:
     """``rows_of`` a daemon brought to SERVING on a clean testbed, torn down after. bin_dir, base: as
@@ -443,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-stack", action="store_true", help="only the idle daemon with three deployments")
     ap.add_argument("--only-changes", action="store_true", help="only the changes by reload (prove, then switch)")
     ap.add_argument("--only-serving", action="store_true", help="only serving well: the wedge and the verdict's cost")
+    ap.add_argument("--only-busy", action="store_true", help="only busy is not broken: a saturated engine held, a "
+                    "stuck scheduler repaired")
+    ap.add_argument("--busy-seconds", type=float, default=300, help="how long each saturated run is held")
     ap.add_argument("--beside", nargs="?", const="", metavar="TAG",
                     help="the current code beside a release (default: the last tag before HEAD), run by run; "
                          "writes bench/results-beside.md")
@@ -467,6 +546,11 @@ def main(argv: list[str] | None = None) -> int:
                            tuple(x for x in a.steps.split(",") if x))
     if a.only_scaling:
         print(scaling_rows(observe_scaling(workdir)))
+        return 0
+    if a.only_busy:
+        rows = busy_rows(workdir, watch, a.runs, a.busy_seconds)
+        print(rows)
+        (testbed.SRC / "bench" / "results-busy.md").write_text(rows + "\n")
         return 0
     if a.only_stack:
         print(stack_rows(stack_idle(workdir, watch, a.idle_seconds), a.idle_seconds))
@@ -502,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     print("observation time by node count:", scaling, flush=True)
     stack = stack_idle(workdir, watch, a.idle_seconds)
     print("idle, the stack:", stack, flush=True)
+    busy = busy_rows(workdir, watch, a.runs, a.busy_seconds)
     testbed.up()
     testbed.clean_containers()
     d = Supervisor(write_config(workdir, watch), workdir, "faults")
@@ -542,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| `spark-supervisor status` | {st_time:.3f} s | < 0.5 s |",
         changes,
         serving,
+        busy,
         stack_rows(stack, a.idle_seconds),
         scaling_rows(scaling),
         real_rows,

@@ -333,6 +333,39 @@ def verify_serving(d: Supervisor) -> dict[str, Any]:
     return st
 
 
+class Saturating:
+    """A client that keeps an engine's slots busy as agent fleets do: long streamed requests, one after another, a
+    new one as soon as the last ended or a serve is back (tests/integration/test_busy_engine.py, `make bench`);
+    counts the tokens it was streamed."""
+
+    def __init__(self, d: Supervisor) -> None:
+        st = d.status()
+        assert st is not None
+        self.url, self.model = st["deployment"]["endpoint"], st["deployment"]["served_model_name"]
+        self.stop, self.tokens = threading.Event(), 0
+        self.client = httpx.Client(timeout=httpx.Timeout(5, read=600))
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        body = {"model": self.model, "messages": [{"role": "user", "content": "Count to a million."}],
+                "max_tokens": 60000, "ignore_eos": True, "stream": True}
+        while not self.stop.is_set():
+            try:
+                with self.client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r:
+                    for line in r.iter_lines():
+                        if self.stop.is_set():
+                            return
+                        self.tokens += line.startswith("data: {")
+            except (httpx.HTTPError, OSError, RuntimeError):
+                self.stop.wait(0.2)  # no serve yet: again at once, as a fleet's clients do
+
+    def close(self) -> None:
+        self.stop.set()
+        self.client.close()
+        self.thread.join(30)
+
+
 class Streams:
     """``n`` long streamed completions held open against the serve (users), until closed: the load the heartbeat
     watches (tests/integration/test_serving_well.py, `make bench`). Closing ends them at once, even a stream

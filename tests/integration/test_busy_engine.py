@@ -11,16 +11,15 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from spark_testbed.harness import (
     BIN,
+    Saturating,
     Streams,
     Supervisor,
     event_time,
@@ -37,38 +36,6 @@ PATCH = {"supervisor": {"interval": 2, "transition_interval": 1, "backoff_base":
          "healing": {"quick_check_interval": 1, "deep_probe_interval": 5, "deep_probe_timeout": 3,
                      "deep_failure_threshold": 2, "heartbeat_stall": 8, "repair_budget": 50}}
 DEPLOYMENT = {"serve": {"extra_args": ["--max-num-seqs", "1"]}}
-
-
-class Agent:
-    """A client that keeps the one slot busy: long streamed requests, one after another, a new one as soon as the
-    last ended or a serve is back; counts the tokens it was streamed."""
-
-    def __init__(self, d: Supervisor) -> None:
-        st = d.status()
-        assert st is not None
-        self.url, self.model = st["deployment"]["endpoint"], st["deployment"]["served_model_name"]
-        self.stop, self.tokens = threading.Event(), 0
-        self.client = httpx.Client(timeout=httpx.Timeout(5, read=600))
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        body = {"model": self.model, "messages": [{"role": "user", "content": "Count to a million."}],
-                "max_tokens": 60000, "ignore_eos": True, "stream": True}
-        while not self.stop.is_set():
-            try:
-                with self.client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r:
-                    for line in r.iter_lines():
-                        if self.stop.is_set():
-                            return
-                        self.tokens += line.startswith("data: {")
-            except (httpx.HTTPError, OSError, RuntimeError):
-                self.stop.wait(0.2)  # no serve yet: again at once, as a fleet's clients do
-
-    def close(self) -> None:
-        self.stop.set()
-        self.client.close()
-        self.thread.join(30)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +60,7 @@ def events_since(d: Supervisor, name: str, t: float) -> list[dict[str, Any]]:
     return [e for e in d.events(name) if event_time(e) >= t]
 
 
-def held_serving(d: Supervisor, agent: Agent, seconds: float) -> list[str]:
+def held_serving(d: Supervisor, agent: Saturating, seconds: float) -> list[str]:
     """Every status for ``seconds`` SERVING (or VERIFYING on the way back to it) with no repair; its reasons."""
     reasons: list[str] = []
     end = time.time() + seconds
@@ -111,7 +78,7 @@ def test_a_saturated_engine_is_busy_never_repaired_serving_and_after_a_restart(d
     verify_serving(d)
     t = time.time()
     FAULT.write_text("slow 3\n")
-    agent = Agent(d)
+    agent = Saturating(d)
     try:
         d.wait(lambda s: engine(s).get("running", 0) >= 1, 60, "the client's request seen running")
         reasons = held_serving(d, agent, 40)
