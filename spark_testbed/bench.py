@@ -390,17 +390,26 @@ def wedge(d: Supervisor) -> dict[str, float]:
     /health 200): when the heartbeat's stall was caught, and when the repair started, from the wedge."""
     # The serve's own verdict first (it waits for an idle engine): its cost is measured too.
     d.wait(lambda s: bool(s.get("performance")) and s["performance"]["measured"] >= s["since"], 90, "the verdict")
-    users = Streams(d, 2)
+    return stall(d, "wedge", users_first=True)
+
+
+def stall(d: Supervisor, fault: str, *, users_first: bool) -> dict[str, float]:
+    """Two users' streams and the stand-in's ``fault`` (after the streams run, with users_first; else before
+    they are sent): when the heartbeat's stall was caught and when the repair started, from the fault."""
+    users = Streams(d, 2) if users_first else None
     try:
-        d.wait(lambda s: (s["liveness"].get("engine") or {}).get("running", 0) >= 2, 60, "the users running")
+        if users is not None:
+            d.wait(lambda s: (s["liveness"].get("engine") or {}).get("running", 0) >= 2, 60, "the users running")
         t = time.time()
-        fault_file().write_text("wedge\n")
+        fault_file().write_text(f"{fault}\n")
+        users = users or Streams(d, 2)
         until(lambda: any(event_time(e) >= t for e in d.events("repair.started")), 180, "the repair", every=0.2)
         caught = min((event_time(e) for e in d.events("engine.heartbeat_stalled") if event_time(e) >= t), default=0.0)
         repair = min(event_time(e) for e in d.events("repair.started") if event_time(e) >= t)
     finally:
         fault_file().unlink(missing_ok=True)
-        users.close()
+        if users is not None:
+            users.close()
     _serving_after(d, t)
     return {"caught": caught - t if caught else float("nan"), "repair": repair - t}
 
@@ -456,18 +465,7 @@ def stuck_scheduler(d: Supervisor) -> dict[str, float]:
     """Requests accepted and held waiting, nothing running, nothing moving, /health 200 (a stuck scheduler):
     when the stall was caught and the repair started, from the fault, at the production watch."""
     d.wait(lambda s: s["phase"] == "SERVING", 240, "SERVING")
-    t = time.time()
-    fault_file().write_text("scheduler-stall\n")
-    users = Streams(d, 2)
-    try:
-        until(lambda: any(event_time(e) >= t for e in d.events("repair.started")), 180, "the repair", every=0.2)
-        caught = min((event_time(e) for e in d.events("engine.heartbeat_stalled") if event_time(e) >= t), default=0.0)
-        repair = min(event_time(e) for e in d.events("repair.started") if event_time(e) >= t)
-    finally:
-        fault_file().unlink(missing_ok=True)
-        users.close()
-    _serving_after(d, t)
-    return {"caught": caught - t if caught else float("nan"), "repair": repair - t}
+    return stall(d, "scheduler-stall", users_first=False)
 
 
 def busy_rows(workdir: Path, watch: dict[str, Any], runs: int, seconds: float) -> str:

@@ -1,11 +1,17 @@
 """Adapter building blocks that need no peer: the hard deadline every Docker call runs under."""
 
+import contextlib
+import http.server
+import json
+import socketserver
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from spark_supervisor.adapters import TransientError, within
+from spark_supervisor.adapters.docker import DockerEngine
 
 
 def test_a_call_that_hangs_is_abandoned_at_its_deadline_and_the_heartbeat_keeps_beating() -> None:
@@ -50,49 +56,68 @@ def test_calls_reuse_idle_threads_and_a_hung_call_holds_up_no_other(monkeypatch:
     until(lambda: not set(_io_threads()) - before, 10, "the idle threads to end")
 
 
+class _EngineHandler(http.server.BaseHTTPRequestHandler):
+    """A Docker engine's HTTP API on a unix socket, as far as a test needs it: GET answers ``get(path)``, POST
+    records its path in ``posted`` and answers one line of a pull's progress."""
+
+    get: Callable[[str], object] = staticmethod(lambda _path: {"ApiVersion": "1.41", "Version": "20.10"})
+    posted: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._answer(json.dumps(self.get(self.path)))
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.posted.append(self.path)
+        self._answer('{"status": "Pulling fs layer", "id": "l1", "progressDetail": {}}\n')
+
+    def _answer(self, body: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+@contextlib.contextmanager
+def fake_engine(sock: Path, handler: type[_EngineHandler]) -> Iterator[DockerEngine]:
+    """A DockerEngine of the adapter, on a fake engine served at ``sock`` by ``handler``."""
+    with _UnixServer(str(sock), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        engine = DockerEngine("spark-1", f"unix://{sock}", timeout=5)
+        try:
+            yield engine
+        finally:
+            engine.reset()
+            server.shutdown()
+
+
 def test_a_docker_engine_reads_no_proxy_settings_per_request(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A Docker socket or SSH channel takes no HTTP proxy; docker-py's requests.Session would read the
     environment's proxies and ~/.netrc on every request: a quarter of a listing's CPU (measured)."""
-    import http.server
-    import json
-    import socketserver
-
     import requests
 
-    from spark_supervisor.adapters.docker import LISTINGS, DockerEngine
+    from spark_supervisor.adapters.docker import LISTINGS
 
-    class Engine(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            body = json.dumps({"ApiVersion": "1.41", "Version": "20.10"} if "version" in self.path else [
-                {"Id": "c" * 64, "Names": ["/ray"], "Image": "i", "State": "running", "Labels": {}, "ImageID": "s"}])
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body.encode())
-
-        def log_message(self, *_: object) -> None:
-            pass
-
-    class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-        daemon_threads = True
+    class Engine(_EngineHandler):
+        get = staticmethod(lambda path: {"ApiVersion": "1.41", "Version": "20.10"} if "version" in path else [
+            {"Id": "c" * 64, "Names": ["/ray"], "Image": "i", "State": "running", "Labels": {}, "ImageID": "s"}])
 
     def read(*_: object, **__: object) -> None:
         raise AssertionError("the environment's proxy settings read for a Docker request")
 
-    sock = tmp_path / "docker.sock"
-    with Server(str(sock), Engine) as server:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        engine = DockerEngine("spark-1", f"unix://{sock}", timeout=5)
-        try:
-            engine.client()  # docker-py's own start-up (its API version) is not ours to change
-            monkeypatch.setattr(requests.sessions, "get_environ_proxies", read)
-            monkeypatch.setattr(requests.sessions, "get_netrc_auth", read)
-            LISTINGS.drop(engine.url)
-            assert [c.name for c in engine.containers()] == ["ray"]
-        finally:
-            engine.reset()
-            server.shutdown()
+    with fake_engine(tmp_path / "docker.sock", Engine) as engine:
+        engine.client()  # docker-py's own start-up (its API version) is not ours to change
+        monkeypatch.setattr(requests.sessions, "get_environ_proxies", read)
+        monkeypatch.setattr(requests.sessions, "get_netrc_auth", read)
+        LISTINGS.drop(engine.url)
+        assert [c.name for c in engine.containers()] == ["ray"]
 
 
 @pytest.mark.parametrize(("image", "from_image", "tag"), [
@@ -105,44 +130,14 @@ def test_a_pull_asks_the_engine_for_the_reference_as_docker_reads_it(tmp_path: P
                                                                       tag: str) -> None:
     """Issue 42, item 6: the reference is parsed by docker-py, as the docker CLI does (a registry's port is no
     tag, a digest is pulled by digest); the request the engine receives is what is checked."""
-    import http.server
-    import json
-    import socketserver
     import urllib.parse
 
-    from spark_supervisor.adapters.docker import DockerEngine
-    asked: list[dict[str, list[str]]] = []
+    class Engine(_EngineHandler):
+        posted: list[str] = []
 
-    class Engine(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            self._answer(json.dumps({"ApiVersion": "1.41", "Version": "20.10"}))
-
-        def do_POST(self) -> None:  # noqa: N802
-            asked.append(urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query))
-            self._answer('{"status": "Pulling fs layer", "id": "l1", "progressDetail": {}}\n')
-
-        def _answer(self, body: str) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body.encode())
-
-        def log_message(self, *_: object) -> None:
-            pass
-
-    class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-        daemon_threads = True
-
-    sock = tmp_path / "docker.sock"
-    with Server(str(sock), Engine) as server:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        engine = DockerEngine("spark-1", f"unix://{sock}", timeout=5)
-        try:
-            engine.pull(image, timeout=10)
-        finally:
-            engine.reset()
-            server.shutdown()
+    with fake_engine(tmp_path / "docker.sock", Engine) as engine:
+        engine.pull(image, timeout=10)
+    asked = [urllib.parse.parse_qs(urllib.parse.urlsplit(p).query) for p in Engine.posted]
     assert asked == [{"fromImage": [from_image], "tag": [tag]}]
 
 
