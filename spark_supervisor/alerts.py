@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import tenacity
@@ -55,20 +54,6 @@ class RateLimit:
 
 
 webhook_label = redaction.url_origin  # the webhook in logs and errors: never its credentials, path or query
-
-
-def url_secrets(url: str) -> list[str]:
-    """What of a URL must not appear in a log line, in whatever form an exception's text may quote it."""
-    try:
-        parts = urlsplit(url)
-        userinfo = parts.netloc.rpartition("@")[0]
-        password = parts.password or ""
-    except ValueError:
-        parts, userinfo, password = None, url.partition("://")[2].rpartition("@")[0], ""
-    path = (f"{parts.path}?{parts.query}" if parts.query else parts.path) if parts else ""
-    found = [url, url.partition("://")[2], userinfo, *userinfo.split(":"), password, path,
-             path.rstrip("/").rpartition("/")[2]]
-    return sorted({s for s in found if len(s) >= 4}, key=len, reverse=True)
 
 
 class _Rejected(Exception):
@@ -142,7 +127,7 @@ class Alerter:
         try:
             retrying(send, doc)
         except Exception as e:  # whatever a receiver does, the loop goes on; the operator sees it in the log
-            error = redaction.text(f"{type(e).__name__}: {e}", url_secrets(self.cfg.webhook))
+            error = redaction.text(f"{type(e).__name__}: {e}", redaction.url_secrets(self.cfg.webhook))
             self.log.error("alert.failed", alert=doc["event"], via=via, attempts=self.cfg.attempts,
                            error=error[:300])
             self.on_sent(doc["deployment"], doc["event"], via, False)
@@ -154,7 +139,7 @@ class Alerter:
         try:
             r = httpx.post(self.cfg.webhook, json=doc, timeout=self.cfg.timeout)
         except Exception as e:  # httpx quotes the URL in some errors: only the kind, the cause without the URL
-            why = redaction.text(str(e), url_secrets(self.cfg.webhook))[:200]
+            why = redaction.text(str(e), redaction.url_secrets(self.cfg.webhook))[:200]
             raise _Rejected(f"{webhook_label(self.cfg.webhook)}: {type(e).__name__}"
                             + (f": {why}" if why else "")) from None
         if not r.is_success:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -41,8 +40,6 @@ _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234567
 MAX_SECRETS = 256  # keys rotated by reloads stay hidden; a bound all the same
 _secrets: tuple[str, ...] = ()
 _secrets_lock = threading.Lock()
-# user:password@ in any scheme (ssh://root@spark-2 names a user, not a secret); any userinfo in http(s).
-_URL_CREDENTIALS = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^\s/@:]*:[^\s/@]*@|\b(https?://)[^\s/@]+@")
 
 
 def register_secret(*values: str) -> None:
@@ -60,21 +57,15 @@ def register_environment(env: Mapping[str, str]) -> None:
 
 
 def register_config(cfg: Any) -> None:
-    """Every deployment's API key and every secret-named value in the config's env tables."""
-    for node in getattr(cfg, "nodes", ()):
-        register_environment(getattr(node, "env", {}))
-    for dep in getattr(cfg, "deployments", ()):
-        key: Any = getattr(dep, "api_key", "")
-        register_secret(key.get_secret_value() if hasattr(key, "get_secret_value") else str(key or ""))
-        for table in (dep.ray.env, dep.ray.head_env, dep.serve.env):
-            register_environment(table)
+    """Every secret the config knows of (config.known_secrets: the API keys, secret-named env values, secret
+    flags' values, the webhook's credentials and token-like path segments, the alert command's arguments)."""
+    from .config import known_secrets
+    register_secret(*known_secrets(cfg, {}))
 
 
 def _scrub(v: Any) -> Any:
     if isinstance(v, str):
-        if "://" in v and "@" in v:
-            v = _URL_CREDENTIALS.sub(lambda m: f"{m.group(1) or m.group(2)}{redaction.MARK}@", v)
-        return redaction.text(v, _secrets)
+        return redaction.scrub(v, _secrets)
     if isinstance(v, dict):
         return {k: _scrub(x) for k, x in v.items()}
     if type(v) in (list, tuple, set, frozenset):

@@ -14,7 +14,10 @@ MARK = "[redacted]"
 # be redacted: the daemon itself never puts a secret on a command line (the key goes in VLLM_API_KEY).
 SECRET_OPTIONS = ("api-key", "hf-token")
 # Environment variable names whose value is a secret.
-_SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE_KEY)", re.I)
+_SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE_KEY|(^|_)KEY$"
+                         r"|(^|_)PASS(PHRASE|WD)?(_|$))", re.I)
+# user:password@ in any scheme (ssh://root@spark-2 names a user, not a secret); any userinfo in http(s).
+_URL_CREDENTIALS = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^\s/@:]*:[^\s/@]*@|\b(https?://)[^\s/@]+@")
 
 
 def secret_env(name: str) -> bool:
@@ -101,8 +104,33 @@ def env(values: dict[str, str], secrets: Iterable[str] = ()) -> dict[str, str]:
 
 
 def text(s: str, secrets: Iterable[str] = ()) -> str:
+    """``s`` with every known secret replaced (see ``scrub`` for text that may quote a URL)."""
     for secret in secrets:
         if secret and len(secret) >= 4:
             s = s.replace(secret, MARK)
     return s
+
+
+def scrub(s: str, secrets: Iterable[str] = ()) -> str:
+    """The one redactor of text from anywhere (the daemon's log, `logs`, the support bundle): a URL's credentials,
+    whatever URL it is, and every known secret (``known``: the config's and the environment's)."""
+    if "://" in s and "@" in s:
+        s = _URL_CREDENTIALS.sub(lambda m: f"{m.group(1) or m.group(2)}{MARK}@", s)
+    return text(s, secrets)
+
+
+def url_secrets(u: str) -> list[str]:
+    """What of a URL (a webhook's) must not appear anywhere, in whatever form a text may quote it: the URL, its
+    credentials, its path and every path segment that looks like a token (Slack's /services/T…/B…/…, Discord's
+    /api/webhooks/<id>/<token>: a segment of 8 characters or more holding a digit, or of 16 or more)."""
+    try:
+        parts = urlsplit(u)
+        userinfo = parts.netloc.rpartition("@")[0]
+        password = parts.password or ""
+    except ValueError:
+        parts, userinfo, password = None, u.partition("://")[2].rpartition("@")[0], ""
+    path = (f"{parts.path}?{parts.query}" if parts.query else parts.path) if parts else ""
+    segments = [x for x in re.split(r"[/?&=]", path) if len(x) >= 16 or (len(x) >= 8 and re.search(r"\d", x))]
+    found = [u, u.partition("://")[2], userinfo, *userinfo.split(":"), password, path, *segments]
+    return sorted({s for s in found if len(s) >= 4}, key=len, reverse=True)
 

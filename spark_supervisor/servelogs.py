@@ -115,9 +115,16 @@ def last_lines(chunks: Iterable[Iterable[bytes]], lines: int | None) -> Iterator
     yield from tail
 
 
-def redact(data: bytes, key: str) -> bytes:
-    """vLLM echoes its arguments and environment in some versions: never print the API key."""
-    return data.replace(key.encode(), b"[redacted]") if key else data
+def redact(line: bytes, secrets: list[str]) -> bytes:
+    """One line of a serve's log fit to print (vLLM echoes its arguments and environment in some versions): the
+    one redactor's (redaction.scrub: a URL's credentials, every secret the config and environment know of)."""
+    from . import redaction
+    return redaction.scrub(line.decode("utf-8", "surrogateescape"), secrets).encode("utf-8", "surrogateescape")
+
+
+def _secrets(cfg: Config) -> list[str]:
+    from .config import known_secrets
+    return known_secrets(cfg, os.environ)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -162,7 +169,7 @@ def show(cfg: Config, dep: Deployment, node: Node, *, previous: bool, follow: bo
         print(f"{node.name}: {directory}/{CURRENT}" + (f" ({launch.name})" if launch else " (no launch yet)")
               + ", following (Ctrl-C to stop)", file=sys.stderr)
         argv = ["sh", "-c", FOLLOW, "spark-logs", directory, n]
-        return _stream(shell.argv(argv) if shell.target else argv, dep.api_key.get_secret_value(), timeout=None, hold_stdin=True)
+        return _stream(shell.argv(argv) if shell.target else argv, _secrets(cfg), timeout=None, hold_stdin=True)
     launch = pick(found, previous)
     if launch is None:
         raise Problem(f"{dep.name}: no {'previous launch' if previous else 'launch'} of the serve logged on "
@@ -174,9 +181,9 @@ def show(cfg: Config, dep: Deployment, node: Node, *, previous: bool, follow: bo
         try:
             dirfd = _open_dir(directory)
             try:
-                out = sys.stdout.buffer
+                out, secrets = sys.stdout.buffer, _secrets(cfg)
                 for line in last_lines((_lines(dirfd, f) for f in chosen), lines):
-                    out.write(redact(line, dep.api_key.get_secret_value()))
+                    out.write(redact(line, secrets))
                 out.flush()
             finally:
                 os.close(dirfd)
@@ -186,7 +193,7 @@ def show(cfg: Config, dep: Deployment, node: Node, *, previous: bool, follow: bo
             raise Problem(f"cannot read {directory}: {e.strerror or e}") from None
         return 0
     argv = shell.argv(["sh", "-c", READ, "spark-logs", directory, n, *chosen])
-    return _stream(argv, dep.api_key.get_secret_value(), timeout=max(cfg.supervisor.io_timeout, 300), hold_stdin=False)
+    return _stream(argv, _secrets(cfg), timeout=max(cfg.supervisor.io_timeout, 300), hold_stdin=False)
 
 
 def tail(cfg: Config, dep: Deployment, node: Node, lines: int, limit: int = 1 << 18) -> bytes:
@@ -195,7 +202,6 @@ def tail(cfg: Config, dep: Deployment, node: Node, lines: int, limit: int = 1 <<
     from . import redaction
     from .adapters import AdapterError
     from .commands import serve_log_dir
-    from .config import deployment_secrets
     directory = serve_log_dir(dep, node)
     if not directory:
         raise Problem(f"{dep.name}: log_host_dir is \"\": the serve's log is kept in the container only")
@@ -220,7 +226,7 @@ def tail(cfg: Config, dep: Deployment, node: Node, lines: int, limit: int = 1 <<
     except (AdapterError, OSError) as e:
         raise Problem(f"{node.name}: cannot read {directory}: {e}") from None
     # Redacted whole, then cut at a line's start: a cut never leaves part of a secret behind.
-    data = redaction.text(data.decode(errors="replace"), deployment_secrets(cfg, dep)).encode()
+    data = redaction.scrub(data.decode(errors="replace"), _secrets(cfg)).encode()
     if len(data) > limit:
         data = data[-limit:]
         data = data[data.find(b"\n") + 1:]
@@ -290,19 +296,15 @@ def _list(shell: NodeShell, directory: str, node: str) -> list[str]:
     return r.out.splitlines()
 
 
-def _copy(src: IO[bytes], out: IO[bytes], key: str) -> None:
-    """``src`` to ``out`` as it comes, until its end, with ``key`` (when not "") redacted."""
-    if key:  # whole lines, so that a key is never split between two reads
-        for line in src:
-            out.write(redact(line, key))
-            out.flush()
-    else:
-        while chunk := os.read(src.fileno(), 65536):
-            out.write(chunk)
-            out.flush()
+def _copy(src: IO[bytes], out: IO[bytes], secrets: list[str]) -> None:
+    """``src`` to ``out`` as it comes, line by line (a secret or a URL is never split between two reads), until
+    its end, redacted."""
+    for line in src:
+        out.write(redact(line, secrets))
+        out.flush()
 
 
-def _stream(argv: list[str], key: str, *, timeout: float | None, hold_stdin: bool) -> int:
+def _stream(argv: list[str], secrets: list[str], *, timeout: float | None, hold_stdin: bool) -> int:
     """Run ``argv`` and copy its output to ours as it comes (the API key redacted), until it ends, the
     deadline passes (killed), or Ctrl-C (130). ``hold_stdin``: keep its standard input open until then (a
     remote FOLLOW ends when it closes)."""
@@ -324,7 +326,7 @@ def _stream(argv: list[str], key: str, *, timeout: float | None, hold_stdin: boo
     out: IO[bytes] = sys.stdout.buffer
     assert proc.stdout is not None
     try:
-        _copy(proc.stdout, out, key)
+        _copy(proc.stdout, out, secrets)
         code = proc.wait()
     except KeyboardInterrupt:
         proc.terminate()

@@ -26,7 +26,7 @@ from .labels import (
     ROLE_LABEL,
 )
 from .loader import ConfigError, load, parse
-from .root import Config, deployment_dir, deployment_secrets
+from .root import Config, deployment_dir, deployment_secrets, known_secrets
 from .schema import Deployment, Fabric, ModelFiles, Node, Performance, Ray, Readiness, Serve, Stale
 from .settings import Alerts, Healing, Memory, Metrics, Retry, Supervisor
 
@@ -34,6 +34,7 @@ __all__ = [
     "API_KEY_ENV", "FABRIC_ENV", "HASH_LABEL", "HELPER_LABEL", "LABEL_PREFIX", "MAX_CONFIG_BYTES", "MAX_KEY_BYTES",
     "NODE_LABEL", "OWNER_LABEL", "RAY_STATE_LABEL", "ROLE_LABEL", "Alerts", "Config", "ConfigError",
     "Deployment", "Fabric", "Healing", "Memory", "Metrics", "ModelFiles", "Node", "Performance", "Ray", "Readiness", "Retry", "Serve",
-    "Stale", "Supervisor", "deployment_dir", "deployment_secrets", "file_hash", "image_check_key", "load", "parse", "ray_hash",
+    "Stale", "Supervisor", "deployment_dir", "deployment_secrets", "file_hash", "image_check_key", "known_secrets", "load", "parse",
+    "ray_hash",
     "serve_hash",
 ]

@@ -4,9 +4,11 @@ checks.py), and the per-deployment view the reconcile machinery runs on."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from pydantic import PrivateAttr, model_validator
 
+from .. import redaction
 from ..redaction import flag_values, secret_env
 from .checks import RULES
 from .fields import _raise, _Strict
@@ -16,6 +18,17 @@ from .settings import Alerts, Changes, Healing, Memory, Metrics, Retry, Supervis
 
 def deployment_dir(state_dir: str, name: str) -> str:
     return os.path.join(state_dir, "deployments", name)
+
+
+def known_secrets(cfg: Config, env: Mapping[str, str]) -> list[str]:
+    """Every secret the config and the daemon's environment know of: each deployment's (deployment_secrets), the
+    webhook's credentials, path and token-like segments, the alert command's arguments (a header, a token), and
+    the secret-named values of ``env``. The longest first: a secret inside another is not left half."""
+    found = {s for dep in cfg.deployments for s in deployment_secrets(cfg.view(dep), dep)}
+    found |= set(redaction.url_secrets(cfg.alerts.webhook)) if cfg.alerts.webhook else set()
+    found |= {a for a in cfg.alerts.command[1:] if len(a) >= 8 and not a.startswith("-")}
+    found |= {v for k, v in env.items() if redaction.secret_env(k) and len(v) >= 4}
+    return sorted(found, key=len, reverse=True)
 
 
 def deployment_secrets(cfg: Config, dep: Deployment) -> list[str]:

@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import files, redaction, servelogs, statefile
-from ..alerts import url_secrets
-from ..config import Config
+from ..config import Config, known_secrets
 from ..config.labels import MAX_CONFIG_BYTES
 from ..deployment import DeploymentView, views
 from . import store, text
@@ -36,17 +35,6 @@ from .diff import diff
 MAX_MEMBER = 4 << 20
 LOG_LINES, LOG_BYTES = 2000, 256 << 10
 MARK = redaction.MARK
-
-
-def known_secrets(cfg: Config, env: dict[str, str]) -> list[str]:
-    """Every secret the bundle must not hold: the deployments' (API key, secret-named env values), the
-    webhook's credentials and path, the alert command's arguments (a header, a token), and the secret-named
-    values of ``env`` (this process's environment)."""
-    found = {s for v in views(cfg).values() for s in v.secrets}
-    found |= set(url_secrets(cfg.alerts.webhook)) if cfg.alerts.webhook else set()
-    found |= {a for a in cfg.alerts.command[1:] if len(a) >= 8 and not a.startswith("-")}
-    found |= {v for k, v in env.items() if redaction.secret_env(k) and len(v) >= 4}
-    return sorted(found, key=len, reverse=True)  # the longest first: a secret inside another is not left half
 
 
 def redacted_config(raw: Any, key: str = "") -> Any:
@@ -151,8 +139,8 @@ def write(cfg: Config, config_path: str, out: str, now: float) -> tuple[Path, li
             f"tails (logs/, the last {LOG_LINES} lines). Every member redacted against the secrets known.",
             *(f"not included: {p}" for p in problems)]
     members.insert(0, ("README.txt", ("\n".join(note) + "\n").encode()))
-    secrets = known_secrets(cfg, dict(os.environ))
-    clean = [(name, redaction.text(data.decode(errors="replace"), secrets).encode()[:MAX_MEMBER])
+    secrets = known_secrets(cfg, os.environ)
+    clean = [(name, redaction.scrub(data.decode(errors="replace"), secrets).encode()[:MAX_MEMBER])
              for name, data in members]
     data = _tar(f"spark-supervisor-report-{stamp}", clean, now)
     names = [name for name, _ in clean]

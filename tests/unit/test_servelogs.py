@@ -61,8 +61,9 @@ def test_the_last_lines_span_a_rotated_part_and_the_key_is_redacted() -> None:
     older, newer = [b"1\n", b"2\n", b"3\n"], [b"4\n", b"5\n"]
     assert list(servelogs.last_lines([older, newer], 3)) == [b"3\n", b"4\n", b"5\n"]
     assert list(servelogs.last_lines([older, newer], None)) == older + newer
-    assert servelogs.redact(b"VLLM_API_KEY=sk-1 x\n", "sk-1") == b"VLLM_API_KEY=[redacted] x\n"
-    assert servelogs.redact(b"sk-1\n", "") == b"sk-1\n"
+    assert servelogs.redact(b"VLLM_API_KEY=sk-1 x\n", ["sk-1"]) == b"VLLM_API_KEY=[redacted] x\n"
+    assert servelogs.redact(b"sk-1\n", []) == b"sk-1\n"
+    assert servelogs.redact(b"\xff https://u:p@h/x\n", []) == b"\xff https://[redacted]@h/x\n"  # bytes kept as they are
 
 
 # ------------------------------------------------------------------------------------------- the wrapper
@@ -261,8 +262,51 @@ def test_several_deployments_need_a_name_and_an_mp_worker_runs_a_rank() -> None:
 
 
 def test_a_stream_is_copied_redacted_and_its_failure_is_an_exit_status(capsysbinary: Any) -> None:
-    assert servelogs._stream(["sh", "-c", "echo a sk-1 b; echo c"], "sk-1", timeout=30, hold_stdin=False) == 0
+    assert servelogs._stream(["sh", "-c", "echo a sk-1 b; echo c"], ["sk-1"], timeout=30, hold_stdin=False) == 0
     assert capsysbinary.readouterr().out == b"a [redacted] b\nc\n"
-    assert servelogs._stream(["sh", "-c", "echo x; exit 2"], "", timeout=30, hold_stdin=False) == 1
+    assert servelogs._stream(["sh", "-c", "echo x; exit 2"], [], timeout=30, hold_stdin=False) == 1
     with pytest.raises(Problem, match="did not finish within 1s"):
-        servelogs._stream(["sleep", "30"], "", timeout=1, hold_stdin=False)
+        servelogs._stream(["sleep", "30"], [], timeout=1, hold_stdin=False)
+
+
+def test_one_redactor_for_the_daemons_log_logs_and_the_bundle(tmp_path: Path, capsysbinary: Any,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 42 (LOW): redaction was uneven (`logs` hid only the API key; the bundle kept URL credentials and the
+    webhook's path token). One redactor (redaction.scrub over config.known_secrets) for all three: a URL's
+    userinfo, whatever URL; the webhook's token-like path segments; values of names like *_KEY and *PASS*."""
+    import os
+    import tarfile
+
+    from spark_supervisor import logs as daemon_logs
+    from spark_supervisor import redaction
+    from spark_supervisor.config import known_secrets, load
+    token, team, bot = "XXXXwebhookTOKEN0123", "T0123ABCD", "B0456EFGH"
+    monkeypatch.setenv("WANDB_KEY", "wandb-secret-42")
+    monkeypatch.setenv("DB_PASS", "pa55word-secret")
+    path, logs = write(tmp_path)
+    d = data()
+    d["deployments"][0]["serve"]["log_host_dir"] = str(tmp_path / "serve-logs")
+    d["supervisor"]["state_dir"] = str(tmp_path / "state")
+    d["alerts"] = {"webhook": f"https://hooks.slack.com/services/{team}/{bot}/{token}"}
+    path.write_text(tomli_w.dumps(d))
+    logs.mkdir(parents=True)
+    name = log_name("2026-12-03T09:00:00Z", "spark-1", "bbb")
+    leak = (f"fetch https://alice:s3cr3t-pw@models.example.com/x posting to /services/{team}/{bot}/{token} "
+            "with wandb-secret-42 and pa55word-secret\n")
+    (logs / name).write_text(leak)
+    secrets = ("s3cr3t-pw", token, team, bot, "wandb-secret-42", "pa55word-secret")
+    assert main(["logs", "--config", str(path)]) == 0
+    shown = capsysbinary.readouterr().out.decode()
+    assert "https://[redacted]@models.example.com/x" in shown and not any(s in shown for s in secrets), shown
+    assert main(["report", "--config", str(path), "--out", str(tmp_path / "b.tar.gz")]) == 0
+    capsysbinary.readouterr()
+    with tarfile.open(tmp_path / "b.tar.gz") as tar:
+        bundled = "".join(tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile())  # type: ignore[union-attr]
+    assert leak.split()[0] in bundled and not any(s in bundled for s in secrets)
+    cfg_ = load(str(path))
+    daemon_logs.register_config(cfg_)
+    daemon_logs.register_environment(dict(os.environ))
+    logged = str(daemon_logs._scrub(leak))
+    assert not any(s in logged for s in secrets), logged
+    out = redaction.scrub(leak, known_secrets(cfg_, {"WANDB_KEY": "wandb-secret-42"}))
+    assert not any(s in out for s in secrets[:5]) and "pa55word-secret" in out  # DB_PASS not in that environment
