@@ -81,9 +81,9 @@ def test_a_saturated_engine_is_busy_never_repaired_serving_and_after_a_restart(d
     agent = Saturating(d)
     try:
         d.wait(lambda s: engine(s).get("running", 0) >= 1, 60, "the client's request seen running")
-        reasons = held_serving(d, agent, 40)
+        reasons = held_serving(d, agent, 25)
         busy = events_since(d, "probe.deep_busy", t)
-        assert len(busy) >= 3 and not events_since(d, "probe.deep_failed", t), busy
+        assert len(busy) >= 2 and not events_since(d, "probe.deep_failed", t), busy
         assert any("busy: probe waited behind 1 running" in r for r in reasons), reasons[-5:]
         assert not d.repairs(t), [r["reason"] for r in d.repairs(t)]
         # A restart (the operator's): the client takes the slot the moment the new serve listens, and the
@@ -94,7 +94,7 @@ def test_a_saturated_engine_is_busy_never_repaired_serving_and_after_a_restart(d
         assert out.returncode == 0, out.stdout + out.stderr
         d.wait(lambda s: s["phase"] == "SERVING" and bool(events_since(d, "probe.sanity_passed", restarted)), 180,
                "SERVING again behind the client")
-        held_serving(d, agent, 20)
+        held_serving(d, agent, 10)
         assert not d.repairs(t), [r["reason"] for r in d.repairs(t)]  # the operator's restart is no repair
         assert not events_since(d, "probe.sanity_failed", restarted) and not events_since(d, "probe.deep_failed", t)
         print(f"{agent.tokens} tokens streamed; {len(events_since(d, 'probe.deep_busy', t))} busy deep probes")
