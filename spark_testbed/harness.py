@@ -338,18 +338,19 @@ class Saturating:
     new one as soon as the last ended or a serve is back (tests/integration/test_busy_engine.py, `make bench`);
     counts the tokens it was streamed."""
 
-    def __init__(self, d: Supervisor) -> None:
+    def __init__(self, d: Supervisor, max_tokens: int = 60000) -> None:
+        """max_tokens: each request's (within the model's context: the real server refuses more)."""
         st = d.status()
         assert st is not None
         self.url, self.model = st["deployment"]["endpoint"], st["deployment"]["served_model_name"]
-        self.stop, self.tokens = threading.Event(), 0
+        self.stop, self.tokens, self.max_tokens = threading.Event(), 0, max_tokens
         self.client = httpx.Client(timeout=httpx.Timeout(5, read=600))
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         body = {"model": self.model, "messages": [{"role": "user", "content": "Count to a million."}],
-                "max_tokens": 60000, "ignore_eos": True, "stream": True}
+                "max_tokens": self.max_tokens, "ignore_eos": True, "stream": True}
         while not self.stop.is_set():
             try:
                 with self.client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r:

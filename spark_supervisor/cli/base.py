@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import sys
+import tomllib
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -55,6 +57,35 @@ def _status_epilog(head: str = "exit status (as `systemctl status` and LSB init 
     return "\n".join([_wrapped(head)]
                      + [_wrapped(text, " " * 7, f"  {code:<4} ") for code, text in STATUS_CODES]
                      + [_wrapped(STATUS_NOTE)])
+
+
+def state_dir_of(path: str) -> tuple[str, list[str]]:
+    """Where the daemon of the config at ``path`` keeps its state, for the commands that only read or ask it
+    (status, pause, resume, restart, reset): from the whole config when it is valid, else from its
+    [supervisor] state_dir alone (or the default) -- with the config's problems, shown beside what runs, not
+    instead of it (a mistyped file on disk while the daemon runs on the one it read last; a `${HF_TOKEN}` this
+    shell does not have). SystemExit only when not even that can be read."""
+    from .. import config
+    from ..config.labels import MAX_CONFIG_BYTES
+    from ..config.loader import _read
+    from ..config.settings import Supervisor
+    try:
+        return config.load(path).supervisor.state_dir, []
+    except config.ConfigError as e:
+        problems = e.problems
+    raw, why = _read(Path(path), MAX_CONFIG_BYTES)
+    try:
+        doc = tomllib.loads(raw.decode("utf-8")) if not why else None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
+        doc = None
+    sup = doc.get("supervisor") if isinstance(doc, dict) else None
+    given = sup.get("state_dir") if isinstance(sup, dict) else None
+    if doc is None or (given is not None and (not isinstance(given, str) or not given.startswith("/")
+                                              or "${" in given)):
+        for line in problems:
+            print(line, file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG)
+    return given or str(Supervisor.model_fields["state_dir"].default), problems
 
 
 def _load(path: str, code: int = EXIT_CONFIG) -> Config:

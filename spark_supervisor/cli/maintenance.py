@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .base import _load
+from .base import state_dir_of
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
@@ -16,7 +16,7 @@ def cmd_pause(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"spark-supervisor pause: {e}", file=sys.stderr)
         return 2
-    done, message = pause(_load(args.config).supervisor.state_dir, args.reason, seconds)
+    done, message = pause(state_dir_of(args.config)[0], args.reason, seconds)
     print(message, file=sys.stdout if done else sys.stderr)
     return 0 if done else 1
 
@@ -37,7 +37,7 @@ def _ask(state_dir: str, command: str, **args: object) -> tuple[bool, str | None
 
 def cmd_restart(args: argparse.Namespace) -> int:
     """Ask the running daemon to relaunch (a start, not a repair: the budget is not charged)."""
-    ok, answer = _ask(_load(args.config).supervisor.state_dir, "restart", deployment=args.deployment,
+    ok, answer = _ask(state_dir_of(args.config)[0], "restart", deployment=args.deployment,
                       serve_only=args.serve_only)
     if not ok:
         return 1
@@ -50,7 +50,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from .. import statefile
-    state_dir = _load(args.config).supervisor.state_dir
+    state_dir = state_dir_of(args.config)[0]
     ok, answer = _ask(state_dir, "resume")
     if not ok:
         return 1

@@ -20,7 +20,7 @@ from .base import (
     ST_SERVING,
     ST_UNKNOWN,
     TRANSITIONAL,
-    _load,
+    state_dir_of,
 )
 
 
@@ -57,17 +57,30 @@ def _required(doc: DeploymentDoc) -> bool:
     return dep.get("required", True) if dep else True
 
 
+def _where(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The state directory to read (--state-dir, else the config's) and the config's problems, if any."""
+    if args.state_dir:
+        return args.state_dir, []
+    try:
+        return state_dir_of(args.config)
+    except SystemExit:
+        if args.json:
+            print(json.dumps({"running": None, "phase": None,
+                              "error": f"{args.config}: cannot read the config (see standard error)"}))
+        raise SystemExit(ST_UNKNOWN) from None
+
+
+def _say_problems(path: str, problems: list[str]) -> None:
+    """The config's problems, beside what runs (never instead of it), on standard error."""
+    if problems:
+        print(f"{path} has problems (a running daemon keeps the config it read last):", file=sys.stderr)
+        for line in problems:
+            print(f"  {line}", file=sys.stderr)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from .. import control, statefile
-    state_dir = args.state_dir
-    if not state_dir:
-        try:
-            state_dir = _load(args.config, ST_UNKNOWN).supervisor.state_dir
-        except SystemExit:
-            if args.json:
-                print(json.dumps({"running": None, "phase": None,
-                                  "error": f"{args.config}: cannot read the config (see standard error)"}))
-            raise
+    state_dir, problems = _where(args)
     if args.follow:  # before the first status exists too: the daemon may only be starting
         return cmd_follow(state_dir)
     running: bool | None
@@ -87,8 +100,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         doc = None
     code = status_code(doc, running)
     age = _age_s(doc)
+    _say_problems(args.config, problems)
     if args.json:
-        print(json.dumps({**doc, "running": running, "age_s": age} if doc is not None else
+        print(json.dumps({**doc, "running": running, "age_s": age, "config_problems": problems} if doc is not None else
                          {"running": running, "phase": None, "error": error}, indent=1))
         if doc is None:
             print(error, file=sys.stderr)

@@ -176,3 +176,38 @@ def test_users_words_in_the_request_log_are_never_the_engines_failure(real: Call
     for r in rep:
         assert not any(k in r["reason"] for k in ("OutOfMemory", "BadArguments", "PortInUse")), r["reason"]
     assert not d.events("fabric.fallback") and not [e for e in d.events("phase.changed") if e.get("to") == "FAILED"]
+
+
+def test_a_real_engine_kept_busy_by_a_client_is_never_restarted(built: None, clean: None, tmp_path: Path,
+                                                                 supervisor: Callable[..., Supervisor]) -> None:
+    """Issue 42, item 2, on the real server (its counters are vLLM's own, not the stand-in's): one slot
+    (--max-num-seqs 1) kept busy by a reconnecting client with long generations (the CPU build decodes about
+    10 tokens/s); every deep probe waits behind it and times out while tokens flow: busy, 0 repairs."""
+    import tomllib
+
+    import tomli_w
+
+    from spark_testbed.harness import Saturating, event_time
+    path = real_config(tmp_path, extra=["--max-num-seqs", "1"])
+    doc = tomllib.loads(path.read_text())
+    doc["healing"] = {**doc["healing"], "deep_probe_interval": 6, "deep_probe_timeout": 4, "heartbeat_stall": 20}
+    path.write_text(tomli_w.dumps(doc))
+    d = supervisor(path)
+    d.wait_phase("SERVING", timeout=400)
+    t = time.time()
+    client = Saturating(d, max_tokens=400)
+    try:
+        d.wait(lambda s: (s["liveness"].get("engine") or {}).get("running", 0) >= 1, 60, "the client running")
+        end = time.time() + 30
+        seen: set[str] = set()
+
+        def held(s: dict[str, Any]) -> bool:
+            seen.add(s["phase"])
+            return time.time() > end
+        d.wait(held, 90, "30 s under the client's load")
+        busy = [e for e in d.events("probe.deep_busy") if event_time(e) >= t]
+        assert len(busy) >= 2, d.tail()
+        assert not [e for e in d.events("probe.deep_failed") if event_time(e) >= t] and not d.repairs(t)
+        assert seen == {"SERVING"} and client.tokens > 0, (seen, client.tokens)
+    finally:
+        client.close()

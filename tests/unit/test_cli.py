@@ -308,3 +308,40 @@ def test_a_status_a_running_daemon_wrote_long_ago_says_how_old(daemon_lock: Path
     statefile.write(str(daemon_lock), doc("SERVING"))  # fresh: no word of it
     code, out, _ = status(capsys, "--state-dir", str(daemon_lock))
     assert out.startswith("SERVING for "), out
+
+
+def test_status_with_a_mistyped_config_on_disk_shows_what_runs_and_the_files_problems(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 42 (LOW): a mistyped file on disk (the daemon rightly kept the config it read last), or a
+    `${HF_TOKEN}` this shell lacks: status shows what runs, and the file's problems beside it."""
+    import tomli_w
+
+    from tests.helpers import data
+    state = tmp_path / "state"
+    fd = lock_state_dir(str(state))
+    try:
+        statefile.write(str(state), doc("SERVING"))
+        d = data()
+        d["supervisor"]["state_dir"] = str(state)
+        d["deployments"][0]["serve"]["env"] = {"HF_TOKEN": "${HF_TOKEN}"}
+        d["supervisor"]["intervall"] = 5  # a typo
+        path = tmp_path / "c.toml"
+        path.write_text(tomli_w.dumps(d))
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        code, out, err = status(capsys, "-c", str(path))
+        assert code == 0 and out.startswith("SERVING for "), (out, err)
+        assert err.startswith(f"{path} has problems (a running daemon keeps the config it read last):\n  {path}: ")
+        assert "HF_TOKEN is not set" in err, err
+        monkeypatch.setenv("HF_TOKEN", "hf_x")  # the variable there: the typo is the problem
+        code, out, err = status(capsys, "-c", str(path))
+        assert code == 0 and out.startswith("SERVING for ") and "intervall" in err, (out, err)
+        code, out, _ = status(capsys, "--json", "-c", str(path))
+        got = json.loads(out)
+        assert got["phase"] == "SERVING" and any("intervall" in p for p in got["config_problems"])
+        path.write_text("[supervisor\n")  # not even TOML: where the state is cannot be told
+        with pytest.raises(SystemExit) as e:
+            cli.main(["status", "-c", str(path)])
+        out, err = capsys.readouterr()
+        assert e.value.code == 4 and out == "" and str(path) in err
+    finally:
+        os.close(fd)
