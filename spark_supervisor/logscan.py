@@ -99,6 +99,9 @@ FAILURES: tuple[tuple[Kind, str, tuple[str, ...]], ...] = (
     (Kind.CACHE_DIR_NOT_OURS, "deployments.serve.cache_dir/<deployment> holds files spark-supervisor did not "
      "create: point cache_dir at a directory of its own, or empty that one (nothing was deleted)",
      (r"^spark-serve: CacheDirNotOurs: ",)),
+    (Kind.CACHE_DIR_GONE, "the compile cache directory was removed under the running container (its mount now "
+     "names the deleted directory): the containers are made anew, which mounts it afresh",
+     (r"^spark-serve: CacheDirGone: ",)),
     (Kind.COMMAND_NOT_FOUND, "the serve's command (or setsid, which runs it) is not in the image: fix "
      "deployments.serve.command or use an image that has it",
      (r"^(?:sh|setsid|spark-serve): (?:\d+: )?\S+: (?:not found|No such file or directory)",

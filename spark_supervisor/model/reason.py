@@ -28,6 +28,7 @@ class Kind(StrEnum):
     HUB_UNREACHABLE = "HubUnreachable"
     UNSUPPORTED_CONFIGURATION = "UnsupportedConfiguration", True
     CACHE_DIR_NOT_OURS = "CacheDirNotOurs", True
+    CACHE_DIR_GONE = "CacheDirGone"  # removed under the running container: new containers mount it afresh
     COMMAND_NOT_FOUND = "CommandNotFound", True
     MISSING_RAY_BACKEND = "MissingRayBackend", True
     RAY_NOT_SUPPORTED = "RayNotSupported", True  # this vLLM build's platform has no Ray device key

@@ -80,17 +80,21 @@ def admitted_fresh(st: Status, now: float, cfg: Config) -> bool:
     return st.admitted is not None and st.admitted[0] == st.starts and now - st.admitted[1] <= window
 
 
+# What a new serve in the same container cannot fix: its devices, or a mount whose directory was removed.
+_CONTAINER_LOST: dict[str, str] = {Kind.GPU_ACCESS_LOST: "gpu access lost", Kind.CACHE_DIR_GONE: "compile cache removed"}
+
+
 def _repair(f: Facts, why: Reason, stop: str) -> Decision:
-    """A serve repair; but a lost GPU comes back only with new containers (their devices): a gang repair."""
-    if why.kind == Kind.GPU_ACCESS_LOST:
-        return f.repair("gang", why, f.teardown("gpu access lost"))
+    """A serve repair; but a lost GPU or a removed cache comes back only with new containers: a gang repair."""
+    if why.kind in _CONTAINER_LOST:
+        return f.repair("gang", why, f.teardown(_CONTAINER_LOST[why.kind]))
     return f.repair("serve", why, (StopServe(stop),))
 
 
 def _failed(fail: logscan.Failure, on: str = "") -> Reason:
     """A serve's (or a rank's) failure that a retry may fix: a lost GPU is its own reason with its hint."""
-    if fail.reason == Kind.GPU_ACCESS_LOST:
-        return Reason(Kind.GPU_ACCESS_LOST, f"{on}{fail.line}: {fail.hint}")
+    if fail.reason in _CONTAINER_LOST:
+        return Reason(fail.reason, f"{on}{fail.line}: {fail.hint}")
     return Reason(Kind.SERVE_RANK_EXITED if on else Kind.SERVE_FAILED, f"{on}{fail.reason} ({fail.line})")
 
 

@@ -19,16 +19,23 @@ cache() {
   spec_hash "$h" || { echo "spark-serve: not a spec hash: $h" | tee -a "$f" >&2; ended 2; exit 2; }
   [ -L "$c" ] && not_ours "$c is a symbolic link"
   mkdir -p "$c" || return 0
+  # Removed under the running container (its mount is the deleted directory): nothing can be made in it until
+  # the container is made anew. Tried in a subshell: a redirection that fails must not end the wrapper.
+  if ! (: >"$c/.spark-supervisor-probe") 2>/dev/null; then
+    x="spark-serve: CacheDirGone: $c cannot be written (removed under the running container?)"
+    echo "$x" >>"$f"; echo "$x" >&2; ended 74; exit 74
+  fi
+  rm -f "$c/.spark-supervisor-probe"
   if [ ! -f "$c/$M" ] || [ -L "$c/$M" ]; then
     for x in "$c"/* "$c"/.[!.]* "$c"/..?*; do
       [ -e "$x" ] || [ -L "$x" ] || continue
       spec_hash "${x##*/}" && [ -d "$x" ] && [ ! -L "$x" ] && continue
       not_ours "$c holds files spark-supervisor did not create (${x##*/})"
     done
-    : >"$c/$M"
+    true >"$c/$M"
   fi
   e=$c/$h
-  if mkdir "$e" 2>/dev/null; then : >"$e/$M"
+  if mkdir "$e" 2>/dev/null; then true >"$e/$M"
   elif [ -L "$e" ] || [ ! -d "$e" ]; then not_ours "$e is not a directory spark-supervisor made"
   fi
   mkdir -p "$e/tmp"; made "$e" && touch "$e/$M"

@@ -27,6 +27,6 @@ claim() { echo "$1 $(stat_field 22 "$1")" >process.new && mv -f process.new proc
 # record, a late end (this wrapper still between its serve's death and here) must not mark the new one ended.
 # The exit code lands whole (a reader never sees an empty exit file).
 ended() {
-  read -r _o _ <process 2>/dev/null && [ "$_o" = "${q:-$$}" ] || return 0
+  [ -f process ] && read -r _o _ 2>/dev/null <process && [ "$_o" = "${q:-$$}" ] || return 0
   echo "$1" >exit.new && mv -f exit.new exit; rm -f process
 }

@@ -7,6 +7,9 @@ if [ ! -f exit ] && runs; then
 fi
 rm -f exit; [ -f log ] && mv -f log log.prev; rm -f log
 echo "$h" >spec; s=$(date -u +%FT%TZ); echo "$s" >started; claim $$
+# Whatever ends this shell from here records its end (a failed step, a signal): never "claimed, ended, no code".
+# POSIX sh: a special built-in's failed redirection ends it; every such one here is `true`, this is the backstop.
+trap 'ended $?' EXIT
 f=log
 if [ -n "$L" ] && mkdir -p "$L" 2>/dev/null; then
   t=$(echo "$s" | tr -d :-); u=$t
@@ -14,7 +17,7 @@ if [ -n "$L" ] && mkdir -p "$L" 2>/dev/null; then
   i=$(ls -1 "$L" | sed -n "s/^$t-.*/0/p; s/^${t}_\([0-9][0-9]*\)-.*/\1/p" | sort -n | tail -n 1)
   [ -n "$i" ] && u=${t}_$((i + 1))
   g="$L/$u-$n-$h.log"
-  if : >>"$g" 2>/dev/null; then
+  if true >>"$g" 2>/dev/null; then
     f=$g; ln -sfn "$g" log; ln -sfn "${g##*/}" "$L/current"
     # shellcheck disable=SC2010 # ls sorts (C locale); grep keeps the wrapper's own names, which hold no newline
     LC_ALL=C ls -1r "$L" | grep -E '^[0-9]{8}T[0-9]{6}Z(_[0-9]+)?-.+-[0-9A-Za-z]+\.log$' |
@@ -28,7 +31,7 @@ setsid "$@" >>"$f" 2>&1 </dev/null & q=$!; claim $q
 (
   while kill -0 $q 2>/dev/null; do
     sleep "$li"
-    [ "$(wc -c <"$f" 2>/dev/null || echo 0)" -gt $((lm * 1048576)) ] && cp -f "$f" "$f.1" && : >"$f"
+    [ "$(wc -c <"$f" 2>/dev/null || echo 0)" -gt $((lm * 1048576)) ] && cp -f "$f" "$f.1" && true >"$f"
   done
 ) >/dev/null 2>&1 </dev/null & w=$!
 wait $q; e=$?; kill $w 2>/dev/null; ended $e

@@ -14,11 +14,13 @@ the budget's limit itself is unit-tested.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -113,6 +115,30 @@ def test_serve_process_killed_restarts_only_the_serve(daemon: Supervisor) -> Non
     assert_clean_serving(daemon, f.at)
     assert owned_ids() == f.ids, "Ray was not touched"
     assert f.repairs_used() == 1
+
+
+def test_a_compile_cache_removed_under_the_running_containers_is_a_gang_repair_never_a_dead_end(
+        daemon: Supervisor) -> None:
+    """Issue 42, item 11 (make bench's real step): the cache directory removed on the host under the running
+    containers, then the serve killed. The relaunch cannot write the cache (its mount names the deleted
+    directory): said (CacheDirGone), recorded with its exit code, and the containers made anew -- never a serve
+    read as ended without its code, repaired into the budget's end."""
+    f = Fault(daemon)
+    cache = Path("/var/lib/spark-supervisor/vllm-cache/testbed")
+    assert cache.is_dir(), "the testbed deployment's compile cache (serve.cache_dir's default)"
+
+    def wipe_then_kill() -> None:
+        shutil.rmtree(cache)
+        testbed.docker("spark-1", "exec", HEAD, "sh", "-c", "kill -9 $(cat /tmp/spark-supervisor/testbed/pid)")
+    f.inject(wipe_then_kill)
+    st = daemon.wait(lambda s: s["phase"] == "SERVING" and datetime.fromisoformat(s["since"]).timestamp() > f.at
+                     and any(r["kind"] == "gang" for r in f.new_events("repair.started")), 240,
+                     "SERVING on new containers")
+    reasons = [r["reason"] for r in f.new_events("repair.started")]
+    assert not any("exit code None" in r for r in reasons), reasons
+    assert any(r.startswith("CacheDirGone: ") for r in reasons), reasons
+    assert st["phase"] == "SERVING" and cache.is_dir()
+    assert_clean_serving(daemon, f.at)
 
 
 def test_serve_wedged_is_caught_by_the_deep_probe(daemon: Supervisor) -> None:

@@ -330,6 +330,15 @@ def test_cuda_init_errors_in_the_serve_log_are_gpu_access_lost_with_the_hint() -
     assert {a.node for a in d.actions if isinstance(a, RemoveContainers)} == {"spark-1", "spark-2"}  # new devices
 
 
+def test_a_compile_cache_removed_under_the_containers_is_a_gang_repair() -> None:
+    """Issue 42, item 11: the same container cannot write it again (its mount names the deleted directory)."""
+    line = "spark-serve: CacheDirGone: /var/lib/spark-supervisor/vllm-cache/qwen cannot be written (removed ...)"
+    dead = ServeObservation(True, 77, "id-spark-1", False, 74, serve_running(C).spec_hash, "t", line + "\n")
+    d = plan(obs(C, deployed=True, serve=dead), serving(), C, 10)
+    assert d.repair == "gang" and d.why.kind == Kind.CACHE_DIR_GONE and "made anew" in d.why.detail
+    assert {a.node for a in d.actions if isinstance(a, RemoveContainers)} == {"spark-1", "spark-2"}
+
+
 # ------------------------------------------------------------------------------------------- kept between ticks
 def test_below_keeps_each_members_last_reading_drops_the_unread_and_latches_transports() -> None:
     below, st = Below(structlog.get_logger()), status(Phase.LOADING)

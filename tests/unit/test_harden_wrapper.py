@@ -6,8 +6,9 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from spark_supervisor import commands
+from spark_supervisor import commands, logscan
 from spark_supervisor.config import serve_hash
+from spark_supervisor.model.reason import Kind
 from spark_testbed.testbed import until
 from tests.helpers import cfg, recorded_serve_pid
 
@@ -270,3 +271,20 @@ def test_a_launch_never_reads_as_a_serve_that_ended_without_its_exit_code(tmp_pa
     finally:
         w.kill()
         w.wait(timeout=10)
+
+
+def test_a_cache_that_cannot_be_written_ends_the_launch_recorded_with_its_reason(tmp_path: Path) -> None:
+    """Issue 42, item 11: a cache removed under the running container cannot be written (its mount names the
+    deleted directory); /proc/1 stands in for it here (a directory nothing can be made in). The wrapper said so
+    and recorded its end: before, a failed redirection of `:` ended the shell at once (POSIX: a special
+    built-in's), leaving a serve claimed with no exit code -- "ServeExited: exit code None", repaired in a loop."""
+    d = tmp_path / "serve"
+    w = subprocess.run(["sh", "-c", commands.SERVE_WRAPPER, "spark-serve", str(d), CUR, "/proc/1", "1", "1", "",
+                        "n", "1", "1", "1", "sh", "-c", "echo up"], capture_output=True, text=True, timeout=30)
+    assert "spark-serve: CacheDirGone: /proc/1 cannot be written" in w.stderr, w.stderr
+    assert (d / "exit").read_text().strip() == "74" and not (d / "process").exists()
+    st = _state(d)
+    assert st[4:] == ("0", "74"), st
+    f = logscan.classify((d / "log").read_text())
+    assert f is not None and f.reason == Kind.CACHE_DIR_GONE and not f.deterministic
+
