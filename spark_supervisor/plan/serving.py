@@ -93,8 +93,8 @@ def _repair(f: Facts, why: Reason, stop: str) -> Decision:
 
 def _failed(fail: logscan.Failure, on: str = "") -> Reason:
     """A serve's (or a rank's) failure that a retry may fix: a lost GPU is its own reason with its hint."""
-    if fail.reason in _CONTAINER_LOST:
-        return Reason(fail.reason, f"{on}{fail.line}: {fail.hint}")
+    if fail.reason in _CONTAINER_LOST:  # the wrapper's own line names its kind already
+        return Reason(fail.reason, f"{on}{fail.line.removeprefix(f'spark-serve: {fail.reason}: ')}: {fail.hint}")
     return Reason(Kind.SERVE_RANK_EXITED if on else Kind.SERVE_FAILED, f"{on}{fail.reason} ({fail.line})")
 
 
