@@ -157,8 +157,8 @@ class Reconciler:
                 and all(isinstance(a, CheckImage | CheckModel) for a in decision.actions)):
             # Only looked at the images (or the model): decide on at once with the same (fresh) observation.
             return self._reconcile(obs, seen, self.clock(), again=False)
-        if (decision.actions or decision.look_closer) and not failure and st.phase not in (Phase.SERVING,
-                                                                                             Phase.FAILED):
+        if (decision.actions or decision.look_closer) and not failure and (
+                st.phase not in (Phase.SERVING, Phase.FAILED) or _corroborated(decision)):
             self._eager += 1
             if self._eager <= 3:  # bounded: something that comes back as fast as it is removed must not spin us
                 return 0.0  # something was done: look again at once rather than idle for an interval
@@ -306,6 +306,12 @@ def forget_kept(r: Reconciler) -> None:
     """What a reset forgets beside the repair budget: the pinned images and the performance bests."""
     unpin(r, "reset")
     perf.forget(r.view.state_dir, r.log)
+
+
+def _corroborated(decision: Decision) -> bool:
+    """A stall's corroborating probe just ran: its verdict is acted on at once, not a sweep later (a wedge's repair
+    starts within heartbeat_stall + the probe)."""
+    return decision.why.kind == Kind.HEARTBEAT_STALLED and any(isinstance(a, Verify) for a in decision.actions)
 
 
 def unpin(r: Reconciler, why: str) -> None:

@@ -216,7 +216,7 @@ def measure_due(f: Facts) -> bool:
     return bool(p.interval) and f.now - st.perf.at >= p.interval and idle
 
 
-STALL_PROBE_S = 5.0
+STALL_PROBE_S = 3.0
 
 
 def _corroboration(f: Facts) -> float:

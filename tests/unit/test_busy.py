@@ -123,7 +123,7 @@ def test_a_stall_is_corroborated_by_a_short_probe_and_a_frozen_one_repaired() ->
     o = obs(C, deployed=True, serve=s, endpoint=UP)
     stalled = Heartbeat(s.identity, (10, 0, 0), moved_at=100, running=0, waiting=4, stalled_at=120)
     d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(last="success", last_at=90)), C, 121)
-    assert d.actions == (Verify(s.identity, deep=True, timeout=5.0),) and d.repair == ""
+    assert d.actions == (Verify(s.identity, deep=True, timeout=3.0),) and d.repair == ""
     failed = Tracker(1, 0, "failure", 126, "no answer within 5s")
     d = plan(o, serving_status(heartbeat=stalled, deep=failed), C, 126)
     assert d.repair == "serve" and d.actions == (StopServe("wedged"),) and d.why.kind == Kind.SERVE_WEDGED

@@ -82,7 +82,7 @@ def test_a_stall_is_corroborated_by_a_deep_probe_before_any_repair() -> None:
     o = obs(C, deployed=True, serve=s, endpoint=UP)
     stalled = Heartbeat(s.identity, (10, 0, 0), moved_at=100, running=2, stalled_at=120)
     d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(last="success", last_at=110)), C, 121)
-    assert d.phase == Phase.SERVING and d.repair == "" and d.actions == (Verify(s.identity, deep=True, timeout=5.0),)
+    assert d.phase == Phase.SERVING and d.repair == "" and d.actions == (Verify(s.identity, deep=True, timeout=3.0),)
     assert d.reason.startswith("HeartbeatStalled: 2 requests running, 0 waiting, and no token generated for 21s")
     d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(1, 0, "failure", 151, "no answer within 30s")), C, 151)
     assert d.repair == "serve" and d.actions == (StopServe("wedged"),)
@@ -164,7 +164,7 @@ def test_a_scheduled_deep_probe_the_wedge_caught_in_flight_corroborates_the_stal
     d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(1, 0, "failure", 130, "no answer within 30s")), C, 135)
     assert d.repair == "serve" and "the engine's heartbeat stopped" in d.reason, d.reason
     early = Tracker(1, 0, "failure", 115, "no answer within 30s")  # ended before the stall time: not of the stall
-    assert plan(o, serving_status(heartbeat=stalled, deep=early), C, 135).actions == (Verify(s.identity, deep=True, timeout=5.0),)
+    assert plan(o, serving_status(heartbeat=stalled, deep=early), C, 135).actions == (Verify(s.identity, deep=True, timeout=3.0),)
 
 
 def test_a_stall_the_deep_probe_answered_is_probed_again_on_its_schedule() -> None:
@@ -176,4 +176,4 @@ def test_a_stall_the_deep_probe_answered_is_probed_again_on_its_schedule() -> No
     answered = Tracker(0, 1, "success", 125, "content answered")
     assert plan(o, serving_status(heartbeat=stalled, deep=answered), C, 150).actions == ()
     later = 125 + C.healing.deep_probe_interval
-    assert plan(o, serving_status(heartbeat=stalled, deep=answered), C, later).actions == (Verify(s.identity, deep=True, timeout=5.0),)
+    assert plan(o, serving_status(heartbeat=stalled, deep=answered), C, later).actions == (Verify(s.identity, deep=True, timeout=3.0),)
