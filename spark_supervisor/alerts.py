@@ -151,8 +151,8 @@ class Alerter:
                "SPARK_ALERT_EVENT": doc["event"], "SPARK_ALERT_DEPLOYMENT": doc["deployment"],
                "SPARK_ALERT_SUMMARY": doc["summary"]}
         try:
-            done = subprocess.run(self.cfg.command, input=json.dumps(doc) + "\n", text=True, capture_output=True,
-                                  timeout=self.cfg.timeout, env=env, check=False)
+            done = subprocess.run(self.cfg.command, input=json.dumps(doc) + "\n", text=True, errors="backslashreplace",
+                                  capture_output=True, timeout=self.cfg.timeout, env=env, check=False)
         except subprocess.TimeoutExpired:  # its str() quotes the whole argv, which may hold a token
             raise _Rejected(f"{self.cfg.command[0]}: timed out after {self.cfg.timeout:g}s") from None
         except OSError as e:

@@ -81,3 +81,12 @@ def test_a_command_that_fails_or_hangs_never_logs_its_arguments() -> None:
     failed = [e for e in entries if e["event"] == "alert.failed"]
     assert len(failed) == 1 and "timed out after 1" in failed[0]["error"], entries
     assert "cmd-secret-arg" not in json.dumps(entries)
+
+
+def test_a_command_that_answers_bytes_not_utf8_fails_with_them_escaped_never_a_crash() -> None:
+    """Bytes from outside never crash anything: an alert command's stderr is its own."""
+    bad = [sys.executable, "-c", "import sys; sys.stderr.buffer.write(b'nope \\xff\\xfe'); sys.exit(3)"]
+    entries = send(Alerts(command=bad, events=["failed"], min_interval=1, timeout=5, attempts=1))
+    failed = [e for e in entries if e["event"] == "alert.failed"]
+    assert len(failed) == 1 and "exited 3: nope \\xff\\xfe" in failed[0]["error"], entries
+    assert not [e for e in entries if e["event"] == "alert.crashed"]
