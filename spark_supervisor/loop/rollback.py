@@ -72,7 +72,8 @@ def cannot_serve(r: Reconciler) -> bool:
 class Rollbacks:
     def __init__(self, log: Any) -> None:
         self.log = log
-        self.kept: dict[str, str] = {}  # deployment -> the KEPT document last written (written again on a change)
+        # deployment -> what its KEPT document last written held: its spec, its pins, its probation entry
+        self.kept: dict[str, tuple[tuple[str, str], dict[str, str], Held | None]] = {}
         # deployment -> the view it ran before the switch, the image IDs it ran (Status.pinned), and when its
         # phase then began (SERVING counts as the change made good only once entered after the switch)
         self.probation: dict[str, tuple[DeploymentView, dict[str, str], float]] = {}
@@ -124,17 +125,20 @@ class Rollbacks:
 
     # ------------------------------------------------------------------ kept across a restart (KEPT)
     def keep(self, name: str, r: Reconciler) -> None:
-        """Its pins and way back written to its state directory when they changed (each tick asks: cheap)."""
+        """Its pins and way back written to its state directory when they changed. Asked after every tick, so
+        the document (the way back's whole config among it) is made only when what it holds is not what was
+        last written: the same spec, the same pins, the same probation entry (by identity)."""
         held = self.probation.get(name)
-        doc = {"spec": list(spec_hashes(r.view)), "pinned": r.status.pinned,
+        spec, pinned = spec_hashes(r.view), dict(r.status.pinned)
+        last = self.kept.get(name)
+        if last is not None and last[0] == spec and last[1] == pinned and last[2] is held:
+            return
+        doc = {"spec": list(spec), "pinned": pinned,
                "way_back": None if held is None else {"config": held[0].cfg.model_dump(mode="json", exclude_defaults=True),
                                                       "pinned": held[1], "since": held[2]}}
-        text = json.dumps(doc, sort_keys=True)
-        if self.kept.get(name) == text:
-            return
         try:
-            statefile.atomic_write(Path(r.view.state_dir) / KEPT, text, 0o600)
-            self.kept[name] = text
+            statefile.atomic_write(Path(r.view.state_dir) / KEPT, json.dumps(doc, sort_keys=True), 0o600)
+            self.kept[name] = (spec, pinned, held)
         except OSError as e:
             r.log.error("state.write_failed", file=KEPT, error=str(e))
 
