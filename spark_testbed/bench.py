@@ -442,7 +442,7 @@ def saturated(d: Supervisor, seconds: float) -> dict[str, float]:
     d.wait(lambda s: s["phase"] == "SERVING", 120, "SERVING")
     t = time.time()
     fault_file().write_text("slow 3\n")
-    client = harness.Saturating(d)
+    client = Streams(d, 1, again=True)
     phases: set[str] = set()
     try:
         d.wait(lambda s: (s["liveness"].get("engine") or {}).get("running", 0) >= 1, 60, "the client running")
@@ -458,7 +458,7 @@ def saturated(d: Supervisor, seconds: float) -> dict[str, float]:
     return {"repairs": float(len(d.repairs(t))), "busy": float(len([e for e in d.events("probe.deep_busy")
                                                                    if event_time(e) >= t])),
             "failed": float(len([e for e in d.events("probe.deep_failed") if event_time(e) >= t])),
-            "tokens": float(client.tokens), "serving": float(phases == {"SERVING"})}
+            "tokens": float(sum(client.tokens)), "serving": float(phases == {"SERVING"})}
 
 
 def stuck_scheduler(d: Supervisor) -> dict[str, float]:

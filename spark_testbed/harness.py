@@ -333,54 +333,26 @@ def verify_serving(d: Supervisor) -> dict[str, Any]:
     return st
 
 
-class Saturating:
-    """A client that keeps an engine's slots busy as agent fleets do: long streamed requests, one after another, a
-    new one as soon as the last ended or a serve is back (tests/integration/test_busy_engine.py, `make bench`);
-    counts the tokens it was streamed."""
-
-    def __init__(self, d: Supervisor, max_tokens: int = 60000) -> None:
-        """max_tokens: each request's (within the model's context: the real server refuses more)."""
-        st = d.status()
-        assert st is not None
-        self.url, self.model = st["deployment"]["endpoint"], st["deployment"]["served_model_name"]
-        self.stop, self.tokens, self.max_tokens = threading.Event(), 0, max_tokens
-        self.client = httpx.Client(timeout=httpx.Timeout(5, read=600))
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        body = {"model": self.model, "messages": [{"role": "user", "content": "Count to a million."}],
-                "max_tokens": self.max_tokens, "ignore_eos": True, "stream": True}
-        while not self.stop.is_set():
-            try:
-                with self.client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r:
-                    for line in r.iter_lines():
-                        if self.stop.is_set():
-                            return
-                        self.tokens += line.startswith("data: {")
-            except (httpx.HTTPError, OSError, RuntimeError):
-                self.stop.wait(0.2)  # no serve yet: again at once, as a fleet's clients do
-
-    def close(self) -> None:
-        self.stop.set()
-        self.client.close()
-        self.thread.join(30)
-
-
 class Streams:
     """``n`` long streamed completions held open against the serve (users), until closed: the load the heartbeat
     watches (tests/integration/test_serving_well.py, `make bench`). Closing ends them at once, even a stream
-    the engine holds (its socket is shut under the reader)."""
+    the engine holds (its socket is shut under the reader). ``again``: each user sends a new request as soon as
+    its last ended or a serve is back, as agent fleets do: an engine's slots kept busy (test_busy_engine.py)."""
 
-    def __init__(self, d: Supervisor, n: int, max_tokens: int = 60000) -> None:
+    def __init__(self, d: Supervisor, n: int, max_tokens: int = 60000, *, again: bool = False) -> None:
         st = d.status()
         assert st is not None
         self.url, self.model = st["deployment"]["endpoint"], st["deployment"]["served_model_name"]
-        self.stop, self.tokens = threading.Event(), [0] * n
+        self.stop, self.tokens, self.again = threading.Event(), [0] * n, again
         self.clients = [httpx.Client(timeout=httpx.Timeout(10, read=600)) for _ in range(n)]
-        self.threads = [threading.Thread(target=self._one, args=(i, max_tokens), daemon=True) for i in range(n)]
+        self.threads = [threading.Thread(target=self._user, args=(i, max_tokens), daemon=True) for i in range(n)]
         for t in self.threads:
             t.start()
+
+    def _user(self, i: int, max_tokens: int) -> None:
+        self._one(i, max_tokens)
+        while self.again and not self.stop.wait(0.2):  # a pause between two requests, not a synchronisation
+            self._one(i, max_tokens)
 
     def _one(self, i: int, max_tokens: int) -> None:
         body = {"model": self.model, "messages": [{"role": "user", "content": "Count to a million."}],

@@ -19,7 +19,6 @@ import pytest
 
 from spark_testbed.harness import (
     BIN,
-    Saturating,
     Streams,
     Supervisor,
     event_time,
@@ -60,7 +59,7 @@ def events_since(d: Supervisor, name: str, t: float) -> list[dict[str, Any]]:
     return [e for e in d.events(name) if event_time(e) >= t]
 
 
-def held_serving(d: Supervisor, agent: Saturating, seconds: float) -> list[str]:
+def held_serving(d: Supervisor, agent: Streams, seconds: float) -> list[str]:
     """Every status for ``seconds`` SERVING (or VERIFYING on the way back to it) with no repair; its reasons."""
     reasons: list[str] = []
     end = time.time() + seconds
@@ -68,7 +67,7 @@ def held_serving(d: Supervisor, agent: Saturating, seconds: float) -> list[str]:
     def check(s: dict[str, Any]) -> bool:
         assert s["phase"] in ("SERVING", "VERIFYING"), f"{s['phase']}: {s['reason']}"
         reasons.append(s["reason"])
-        return time.time() > end and agent.tokens > 0
+        return time.time() > end and sum(agent.tokens) > 0
     d.wait(check, seconds + 60, f"{seconds:.0f} s under the load")
     return reasons
 
@@ -78,7 +77,7 @@ def test_a_saturated_engine_is_busy_never_repaired_serving_and_after_a_restart(d
     verify_serving(d)
     t = time.time()
     FAULT.write_text("slow 3\n")
-    agent = Saturating(d)
+    agent = Streams(d, 1, again=True)
     try:
         d.wait(lambda s: engine(s).get("running", 0) >= 1, 60, "the client's request seen running")
         reasons = held_serving(d, agent, 25)
@@ -97,7 +96,7 @@ def test_a_saturated_engine_is_busy_never_repaired_serving_and_after_a_restart(d
         held_serving(d, agent, 10)
         assert not d.repairs(t), [r["reason"] for r in d.repairs(t)]  # the operator's restart is no repair
         assert not events_since(d, "probe.sanity_failed", restarted) and not events_since(d, "probe.deep_failed", t)
-        print(f"{agent.tokens} tokens streamed; {len(events_since(d, 'probe.deep_busy', t))} busy deep probes")
+        print(f"{sum(agent.tokens)} tokens streamed; {len(events_since(d, 'probe.deep_busy', t))} busy deep probes")
     finally:
         FAULT.unlink(missing_ok=True)
         agent.close()

@@ -166,7 +166,7 @@ def test_a_busy_real_engine_is_never_restarted_and_users_words_in_its_log_are_ne
 
     import tomli_w
 
-    from spark_testbed.harness import Saturating, event_time
+    from spark_testbed.harness import Streams, event_time
     path = real_config(tmp_path, extra=["--max-num-seqs", "1", "--enable-log-requests", "--enable-log-outputs"])
     doc = tomllib.loads(path.read_text())
     doc["healing"] = {**doc["healing"], "deep_probe_interval": 5, "deep_probe_timeout": 1, "heartbeat_stall": 20}
@@ -174,7 +174,7 @@ def test_a_busy_real_engine_is_never_restarted_and_users_words_in_its_log_are_ne
     d = supervisor(path)
     st = d.wait_phase("SERVING", timeout=400)
     t = time.time()
-    clients = [Saturating(d, max_tokens=480) for _ in range(2)]
+    clients = Streams(d, 2, max_tokens=480, again=True)
     try:
         d.wait(lambda s: (s["liveness"].get("engine") or {}).get("running", 0) >= 1, 60, "the clients running")
         end = time.time() + 30
@@ -187,10 +187,9 @@ def test_a_busy_real_engine_is_never_restarted_and_users_words_in_its_log_are_ne
         busy = [e for e in d.events("probe.deep_busy") if event_time(e) >= t]
         assert len(busy) >= 2, d.tail()
         assert not [e for e in d.events("probe.deep_failed") if event_time(e) >= t] and not d.repairs(t)
-        assert seen == {"SERVING"} and all(c.tokens > 0 for c in clients), (seen, [c.tokens for c in clients])
+        assert seen == {"SERVING"} and all(t > 0 for t in clients.tokens), (seen, clients.tokens)
     finally:
-        for c in clients:
-            c.close()
+        clients.close()
     d.wait(lambda s: (s["liveness"].get("engine") or {}).get("running", 1) == 0, 60, "the engine idle")
     url = st["deployment"]["endpoint"]
     body = {"model": st["deployment"]["served_model_name"], "messages": [{"role": "user", "content": HOSTILE}],
