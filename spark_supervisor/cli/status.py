@@ -130,16 +130,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _age_s(doc: StatusDoc | None) -> float | None:
     """Seconds since the daemon wrote ``doc`` (None: not said, or not a time)."""
-    from datetime import UTC, datetime
+    from datetime import datetime
     try:
         updated = datetime.fromisoformat(str(doc["daemon"]["updated"])) if doc is not None else None
     except (KeyError, TypeError, ValueError):
         return None
-    if updated is None:
-        return None
-    if updated.tzinfo is None:
-        updated = updated.replace(tzinfo=UTC)
-    return round(max(0.0, time.time() - updated.timestamp()), 1)
+    return None if updated is None else round(max(0.0, time.time() - updated.timestamp()), 1)
 
 
 def _print_status(doc: StatusDoc) -> None:
