@@ -30,7 +30,9 @@ from .deployment import DeploymentView
 from .model import Kind, PerfVerdict, Status, Throughput
 
 FILE = "perf.json"
-PLAUSIBLE_TPS = 20_000.0  # one stream's decode above this is a clock or counting error, not a speed
+# One stream's decode above this is a clock or counting error. A burst read on a busy CPU reads 80,000 tok/s on the
+# real tiny model (make test-noisy): plausible enough to show, and JUMP keeps one such from becoming the best.
+PLAUSIBLE_TPS = 1_000_000.0
 JUMP = 1.5  # a measurement this far above the best waits for the next to confirm it (within CONFIRM)
 CONFIRM = 0.8
 
