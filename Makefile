@@ -105,18 +105,19 @@ BENCH_ARGS ?=
 bench-beside: testbed real-vllm  ## HEAD and the previous release (each its wheel in a cached venv), run by run, median and worst of n; writes bench/results-beside.md
 	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.bench $(BENCH_ARGS) --beside $(BESIDE_TAG)
 
-# shellcheck reads the shell scripts (spark_supervisor/scripts/*.sh) as they run: joined to the pieces they
+# shellcheck reads the shell scripts (spark_supervisor/specs/scripts/*.sh) as they run: joined to the pieces they
 # run with and the constants put in, as commands, modelcheck and servelogs load them (a piece alone reads
-# variables and functions of another). Its settings: spark_supervisor/scripts/.shellcheckrc.
-RUN_SCRIPTS := commands.SERVE_WRAPPER commands.SERVE_STATE commands.SERVE_STOP commands.PROBES commands.HOST_FACTS \
-	commands.IMAGE_PROBE commands.RAY_NODES modelcheck.RUN_PY servelogs.LIST servelogs.READ servelogs.FOLLOW
+# variables and functions of another). Its settings: spark_supervisor/specs/scripts/.shellcheckrc.
+RUN_SCRIPTS := specs.commands.SERVE_WRAPPER specs.commands.SERVE_STATE specs.commands.SERVE_STOP specs.commands.PROBES \
+	specs.commands.HOST_FACTS specs.commands.IMAGE_PROBE specs.commands.RAY_NODES judge.modelcheck.RUN_PY \
+	world.servelogs.LIST world.servelogs.READ world.servelogs.FOLLOW
 
 lint: venv
 	$(BIN)/ruff check spark_supervisor spark_testbed tests man
 	$(BIN)/mypy spark_supervisor tests spark_testbed
 	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
-	  $(BIN)/python -c 'import importlib, sys; [open(f"{sys.argv[1]}/{s}.sh", "w").write(getattr(importlib.import_module("spark_supervisor." + s.split(".")[0]), s.split(".")[1])) for s in sys.argv[2:]]' "$$d" $(RUN_SCRIPTS) && \
-	  cd "$$d" && $(BIN)/shellcheck --shell=sh --rcfile=$(CURDIR)/spark_supervisor/scripts/.shellcheckrc $(addsuffix .sh,$(RUN_SCRIPTS)) && \
+	  $(BIN)/python -c 'import importlib, sys; [open(f"{sys.argv[1]}/{s}.sh", "w").write(getattr(importlib.import_module("spark_supervisor." + s.rpartition(".")[0]), s.rpartition(".")[2])) for s in sys.argv[2:]]' "$$d" $(RUN_SCRIPTS) && \
+	  cd "$$d" && $(BIN)/shellcheck --shell=sh --rcfile=$(CURDIR)/spark_supervisor/specs/scripts/.shellcheckrc $(addsuffix .sh,$(RUN_SCRIPTS)) && \
 	  echo "shellcheck: $(words $(RUN_SCRIPTS)) scripts OK"
 
 .PHONY: promtool

@@ -281,7 +281,7 @@ def observe_scaling(workdir: Path, counts: tuple[int, ...] = (2, 3), n: int = 15
     from spark_supervisor import config as config_mod
     from spark_supervisor.adapters.docker import LISTINGS
     from spark_supervisor.adapters.shell import control_dir
-    from spark_supervisor.observe import Observer, World
+    from spark_supervisor.world.observe import Observer, World
     LISTINGS.TTL_S = 0.0  # every observation asks the engines (the daemon shares a listing between deployments)
     out: dict[int, dict[str, float]] = {}
     for count in counts:

@@ -1,6 +1,6 @@
 """A testbed node's host tree: a stand-in for the kernel's sysfs and procfs (and /etc/machine-id) of a DGX
 Spark, under which the daemon reads the node's fabric and identity facts (the node's `host_root`,
-spark_supervisor/scripts/host-facts.sh) and the vLLM stand-in decides whether NCCL could use RDMA.
+spark_supervisor/specs/scripts/host-facts.sh) and the vLLM stand-in decides whether NCCL could use RDMA.
 
 The testbed's nodes share one kernel and this machine has no RDMA hardware, so each node gets a tree of its
 own at <testbed dir>/<node>/host, rendered from a small JSON state beside it (<testbed dir>/<node>/host.json).

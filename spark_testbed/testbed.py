@@ -395,7 +395,7 @@ def _stop(daemon: subprocess.Popen[bytes]) -> None:
 
 def demo(timeout: float = DEMO_TIMEOUT) -> int:
     """`make demo`: plant the post-reboot mess on both nodes, then run the daemon until it serves."""
-    from spark_supervisor import statefile
+    from spark_supervisor.state import statefile
     up()
     clean_containers()
     for node in NODES:

@@ -13,14 +13,10 @@ from typing import Any
 import structlog
 import tomli_w
 
-from spark_supervisor import commands
-from spark_supervisor.act import ActionFailed
 from spark_supervisor.adapters import AdapterError
 from spark_supervisor.adapters.shell import Result
-from spark_supervisor.backend import Backend, Fingerprint
-from spark_supervisor.commands import ContainerSpec
+from spark_supervisor.change import proof
 from spark_supervisor.config import Config
-from spark_supervisor.loop import proof
 from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import (
     Action,
@@ -33,8 +29,12 @@ from spark_supervisor.model import (
     Verdict,
     Verify,
 )
-from spark_supervisor.notify import Notifier
-from spark_supervisor.observe import NodeAdapters, World
+from spark_supervisor.report.notify import Notifier
+from spark_supervisor.specs import commands
+from spark_supervisor.specs.commands import ContainerSpec
+from spark_supervisor.world.act import ActionFailed
+from spark_supervisor.world.backend import Backend, Fingerprint
+from spark_supervisor.world.observe import NodeAdapters, World
 from tests.helpers import cfg, data, images
 
 

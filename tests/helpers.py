@@ -8,7 +8,7 @@ from typing import Any
 
 from spark_supervisor import config
 from spark_supervisor.config import HASH_LABEL, NODE_LABEL, OWNER_LABEL, ray_hash
-from spark_supervisor.identity import node_container_name
+from spark_supervisor.config.identity import node_container_name
 from spark_supervisor.model import (
     Container,
     EndpointObservation,

@@ -14,9 +14,9 @@ import paramiko
 import tenacity
 from docker.types import DeviceRequest
 
-from .. import identity
-from ..commands import ContainerSpec
+from ..config import identity
 from ..model import Container
+from ..specs.commands import ContainerSpec
 from . import AdapterError, ImageMissingError, NotFoundError, TransientError, Unreachable, within
 
 # docker-py reaches an ssh:// engine through paramiko, whose transport thread wakes every 0.1 s (its

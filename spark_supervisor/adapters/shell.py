@@ -10,7 +10,7 @@ import socket
 import subprocess
 from dataclasses import dataclass
 
-from ..commands import ssh_argv
+from ..specs.commands import ssh_argv
 from . import AdapterError, TransientError, Unreachable
 
 

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Iterator
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..judge.completion import chat_request, judge, sanity_request
 from ..model import EndpointObservation, EndpointState, EngineStats, Verdict
-from ..probes import chat_request, judge, sanity_request
 from . import probe
 from .health import observed
 from .quick import KeptAlive

@@ -1,4 +1,4 @@
-"""`logs`: the serve's log of a launch on a node; what it reads and how is spark_supervisor.servelogs',
+"""`logs`: the serve's log of a launch on a node; what it reads and how is spark_supervisor.world.servelogs',
 imported when it runs (this module is standard library only: the parser stays fast)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from .base import _load
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from ..servelogs import Problem, resolve, show
+    from ..world.servelogs import Problem, resolve, show
     cfg = _load(args.config)
     try:
         dep, node = resolve(cfg, args.deployment, args.node)

@@ -1,5 +1,5 @@
 """`pause` and `resume` (maintenance mode) and `restart`: the commands; what pause and resume do is
-spark_supervisor.maintenance's, imported when one runs."""
+spark_supervisor.state.maintenance's, imported when one runs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from .base import state_dir_of
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    from ..maintenance import parse_duration, pause
+    from ..state.maintenance import parse_duration, pause
     try:
         seconds = parse_duration(args.duration) if args.duration else None
     except ValueError as e:
@@ -24,8 +24,8 @@ def cmd_pause(args: argparse.Namespace) -> int:
 def _ask(state_dir: str, command: str, **args: object) -> tuple[bool, str | None]:
     """The running daemon asked through its control socket, with who asks: (asked, its answer; None when no
     daemon runs). Not asked: why is printed."""
-    from .. import control
-    from ..maintenance import _WAIT_S, who
+    from ..state import control
+    from ..state.maintenance import _WAIT_S, who
     try:
         return True, control.ask(state_dir, command, timeout=_WAIT_S, by=who(), **args)
     except control.NotAnswering as e:
@@ -49,7 +49,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from .. import statefile
+    from ..state import statefile
     state_dir = state_dir_of(args.config)[0]
     ok, answer = _ask(state_dir, "resume")
     if not ok:

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 from .base import EX_CONFIG, _load
 
 if TYPE_CHECKING:
-    from ..deployment import DeploymentView
+    from ..config.view import DeploymentView
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from ..deployment import views
+    from ..config.view import views
     whole = _load(args.config)
     for w in whole.warnings:  # what may be meant, but should not be: said, and check still passes
         print(f"warning: {w}", file=sys.stderr)
@@ -28,7 +28,7 @@ def cmd_check(args: argparse.Namespace) -> int:
               + (f", after {', '.join(dep.after)}" if dep.after else ""))
     if not args.preflight:
         return 0
-    from ..statefile import check_state_dir
+    from ..state.statefile import check_state_dir
     # As the daemon judges it when it starts (the unit runs it as root; a preflight may run as its operator).
     unfit = check_state_dir(whole.supervisor.state_dir, {os.geteuid(), 0})
     for p in unfit:
@@ -41,9 +41,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _preflight(view: DeploymentView, prefix: str) -> int:
     """One deployment's preflight, printed; returns the number of problems."""
-    from .. import fabric
-    from ..observe import Observer, World
-    from ..preflight import preflight
+    from ..judge import fabric
+    from ..judge.preflight import preflight
+    from ..world.observe import Observer, World
     world = World(view)
     try:
         obs = Observer(world).observe(full=True)
@@ -70,10 +70,10 @@ def _check_images(view: DeploymentView, nodes: list[Any]) -> list[str]:
     """The image check the daemon runs before a first start, on every reachable node; prints what each holds."""
     import structlog
 
-    from ..act import ActionFailed, Actor
+    from ..judge.preflight import image_problem
     from ..model import CheckImage, ImageReport
-    from ..observe import World
-    from ..preflight import image_problem
+    from ..world.act import ActionFailed, Actor
+    from ..world.observe import World
     dep = view.dep
     world = World(view)
     problems, reports = [], {}
@@ -96,9 +96,9 @@ def _check_images(view: DeploymentView, nodes: list[Any]) -> list[str]:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from ..deployment import views
-    from ..diagnose import below, diagnose, render
-    from ..observe import World
+    from ..config.view import views
+    from ..world.diagnose import below, diagnose, render
+    from ..world.observe import World
     whole = _load(args.config)
     ok = True
     for name, view in views(whole).items():
@@ -115,12 +115,12 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .. import logs
+    from ..report import journal
     cfg = _load(args.config, EX_CONFIG)
-    logs.setup()
-    logs.register_config(cfg)  # whatever a log line holds later, the config's secrets are redacted in it
+    journal.setup()
+    journal.register_config(cfg)  # whatever a log line holds later, the config's secrets are redacted in it
     for w in cfg.warnings:
-        logs.get().warning("config.warning", problem=w)
+        journal.get().warning("config.warning", problem=w)
     from ..loop.daemon import AlreadyRunning, Daemon, StateDirUnfit, lock_state_dir
     try:
         fd = lock_state_dir(cfg.supervisor.state_dir)
@@ -131,16 +131,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"spark-supervisor: {e}", file=sys.stderr)
         return 1
     try:
-        return Daemon(args.config, cfg, log=logs.get()).run()
+        return Daemon(args.config, cfg, log=journal.get()).run()
     finally:
         os.ftruncate(fd, 0)  # no PID left behind for anyone to signal
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..deployment import views
+    from ..config.view import views
     from ..model import Phase, Status, describe
-    from ..observe import Observer, World
     from ..plan import plan
+    from ..world.observe import Observer, World
     whole = _load(args.config)
     outs = []
     for view in views(whole).values():
@@ -167,14 +167,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_teardown(args: argparse.Namespace) -> int:
-    from .. import logs
-    from ..act import ActionFailed
-    from ..backend import teardown
-    from ..deployment import DeploymentView
-    from ..loop.rollback import forget_kept
-    from ..observe import World
+    from ..change.rollback import forget_kept
+    from ..config.view import DeploymentView
+    from ..report import journal
+    from ..world.act import ActionFailed
+    from ..world.backend import teardown
+    from ..world.observe import World
     whole = _load(args.config)
-    from .. import control, maintenance
+    from ..state import control, maintenance
     state_dir = whole.supervisor.state_dir
     if control.daemon_holds_lock(state_dir):  # or it would repair what is being removed, and burn its budget
         done, message = maintenance.pause(state_dir, "teardown", None)
@@ -182,13 +182,13 @@ def cmd_teardown(args: argparse.Namespace) -> int:
             print(f"{message}; not tearing down under a daemon that would repair it", file=sys.stderr)
             return 1
         print(f"{message}\n(`spark-supervisor resume` brings the deployments back)")
-    logs.setup()
+    journal.setup()
     removed, failed = [], False
     for dep in whole.deployments:  # each on its own: one that cannot be reached does not stop the others
         view = DeploymentView.build(whole, dep)
         world = World(view)
         try:
-            removed += teardown(world, logs.get())
+            removed += teardown(world, journal.get())
             if why := forget_kept(view.state_dir):  # torn down: its next start is a first one, from its tags
                 print(f"{dep.name}: {why}", file=sys.stderr)
         except ActionFailed as e:
@@ -202,7 +202,7 @@ def cmd_teardown(args: argparse.Namespace) -> int:
 def cmd_reset(args: argparse.Namespace) -> int:
     """Re-arm FAILED and forget the repair budget: through the daemon's control socket, or on disk when
     no daemon holds the state directory (never by signalling a PID read from a file)."""
-    from .. import control, statefile
+    from ..state import control, statefile
     cfg = _load(args.config)
     state_dir = cfg.supervisor.state_dir
     try:
@@ -251,11 +251,11 @@ def cmd_apply(args: argparse.Namespace) -> int:
     would pull or fetch first is said instead."""
     import structlog
 
-    from ..backend import RealBackend
-    from ..changes import diff
+    from ..change.classify import diff
     from ..config import Config
-    from ..deployment import views as views_of
-    from ..observe import World
+    from ..config.view import views as views_of
+    from ..world.backend import RealBackend
+    from ..world.observe import World
     old: Config = _load(args.config)
     new: Config = _load(args.file)
     found, settings = diff(old, new)

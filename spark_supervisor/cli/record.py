@@ -1,6 +1,6 @@
 """`record` (a deployment's record, or what changed since the last good one) and `report` (the support bundle):
 read from the state directory, so they work with no daemon running. What they read and how is
-spark_supervisor.record's, imported when they run (this module is standard library only: the parser stays
+spark_supervisor.report.record's, imported when they run (this module is standard library only: the parser stays
 fast)."""
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from ..deployment import views
-    from ..record import store
-    from ..record.diff import diff
-    from ..record.text import render, render_diff
+    from ..config.view import views
+    from ..report.record.diff import diff
+    from ..report.record.text import render, render_diff
+    from ..state import records
     all_views = views(_load(args.config))
     name = args.deployment or (next(iter(all_views)) if len(all_views) == 1 else "")
     if name not in all_views:
@@ -33,7 +33,7 @@ def cmd_record(args: argparse.Namespace) -> int:
               f"(deployments: {', '.join(all_views)})", file=sys.stderr)
         return 2
     view = all_views[name]
-    last = store.latest(view.state_dir, name)
+    last = records.latest(view.state_dir, name)
     for problem in last.problems:
         print(f"warning: {problem}", file=sys.stderr)
     current, h = last.current, last.history
@@ -41,7 +41,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         print(f"{name}: no record yet in {view.state_dir} (one is made when it reaches SERVING)", file=sys.stderr)
         return 1
     where = ("its facts then: not a good serve" if last.bad
-             else f"record {len(h.records)} of {len(h.records)} in {view.state_dir}/{store.HISTORY}")
+             else f"record {len(h.records)} of {len(h.records)} in {view.state_dir}/{records.HISTORY}")
     if args.diff is None:
         print(json.dumps(current, indent=1) if args.json else render(current, where))
         return 0
@@ -63,7 +63,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ..record import bundle
+    from ..report.record import bundle
     cfg = _load(args.config)
     try:
         path, members, size = bundle.write(cfg, args.config, args.out, time.time())

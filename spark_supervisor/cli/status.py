@@ -79,7 +79,7 @@ def _say_problems(path: str, problems: list[str]) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .. import control, statefile
+    from ..state import control, statefile
     state_dir, problems = _where(args)
     if args.follow:  # before the first status exists too: the daemon may only be starting
         return cmd_follow(state_dir)
@@ -306,7 +306,7 @@ def cmd_follow(state_dir: str) -> int:
     """A live progress bar of the daemon's status (until SERVING or FAILED, or Ctrl-C)."""
     import threading
 
-    from .. import statefile
+    from ..state import statefile
     width = 30
     try:
         while True:

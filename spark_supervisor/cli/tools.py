@@ -11,7 +11,8 @@ def cmd_logscan(args: argparse.Namespace) -> int:
     """Any vLLM serve log: how far the load got, how long each step took, and why it failed."""
     import dataclasses
 
-    from .. import files, logscan
+    from ..base import files
+    from ..judge import logscan
     limit = 1 << 30  # a serve log of a few days is a few hundred MiB
     try:  # a named file must be a regular one (a FIFO or device would wait or never end); `-` reads a pipe
         raw = sys.stdin.buffer.read(limit + 1) if args.file == "-" else files.read_bytes(args.file, limit)

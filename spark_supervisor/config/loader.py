@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from .. import files
-from ..redaction import secret_env
+from ..base import files
+from ..base.redaction import secret_env
 from .fields import _SEARCH_PATH_ENV, Problems, _inside, _q
 from .labels import MAX_CONFIG_BYTES, MAX_KEY_BYTES
 from .root import Config

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 
 from pydantic import PrivateAttr, model_validator
 
-from .. import redaction
-from ..redaction import flag_values, secret_env
+from ..base import redaction
+from ..base.redaction import flag_values, secret_env
 from .checks import RULES
 from .fields import _raise, _Strict
 from .schema import Deployment, Node, Stale

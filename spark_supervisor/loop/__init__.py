@@ -1,3 +1,3 @@
-"""The loop: the process shell (``daemon``), the stack of one reconciler per deployment with its schedule,
-pause and staged reloads (``stack``, ``pause``, ``reload``), the systemd and status-file reporter
-(``reporting``), and one deployment's reconcile pass (``reconciler``) with its trackers (``tracking``)."""
+"""Layer 9: the process. ``daemon`` (signals, the control socket, the main loop), ``stack`` (one reconciler per
+deployment, with its schedule, and a change switched in), ``reload`` (SIGHUP: read, prove, switch),
+``reporting`` (systemd and the status file), ``waiting`` (the wait between ticks). Only ``cli`` is above."""

@@ -21,19 +21,19 @@ from pathlib import Path
 from typing import Any
 
 from .. import config as config_mod
-from .. import statefile
-from ..backend import Backend, on_exec_ended
+from ..adapters.retry import backoff_delay
+from ..change import proof
 from ..config import Config
-from ..control import ControlServer
-from ..deployment import DeploymentView
+from ..config.view import DeploymentView
 from ..model import Pause, Status
-from ..notify import Notifier
-from ..retry import backoff_delay
-from . import proof
-from .reconciler import Reconciler
+from ..reconcile.reconciler import Reconciler
+from ..reconcile.restart import restart
+from ..report.notify import Notifier
+from ..state import statefile
+from ..state.control import ControlServer
+from ..world.backend import Backend, on_exec_ended
 from .reload import Reloader
 from .reporting import Reporter
-from .restart import restart
 from .stack import Stack
 from .waiting import Waiting
 

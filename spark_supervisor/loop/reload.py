@@ -11,13 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import config as config_mod
-from .. import files, logs, statefile
-from ..admission import share_fits
-from ..deployment import DeploymentView, views
+from ..base import files
+from ..change import proof
+from ..config.view import DeploymentView, views
+from ..judge.admission import share_fits
 from ..model import Reason
 from ..model.document import ReloadDoc
-from ..notify import Notifier
-from . import proof
+from ..report import journal
+from ..report.notify import Notifier
+from ..state import statefile
 from .stack import Stack
 
 
@@ -115,7 +117,7 @@ class Reloader:
         self.proving, self.refused = None, {}
         self.stack.rollbacks.notes.clear()  # what they were about is replaced by this file
         changed = new != cfg
-        logs.register_config(new)  # a key or secret the new file brings is redacted from here on
+        journal.register_config(new)  # a key or secret the new file brings is redacted from here on
         for w in new.warnings:
             self.log.warning("config.warning", problem=w)
         self.log.info("config.reloaded", path=self.config_path, changed=changed,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import statefile
 from ..model import Phase
-from ..notify import Notifier
-from ..statusdoc import DeploymentDoc, StatusDoc
-from .reconciler import Reconciler
+from ..reconcile.reconciler import Reconciler
+from ..report.notify import Notifier
+from ..report.statusdoc import DeploymentDoc, StatusDoc
+from ..state import statefile
 from .reload import Reloader
 from .stack import Stack
 

@@ -11,18 +11,18 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ..act import ActionFailed
-from ..alerts import Alerter
-from ..backend import Backend, RealBackend
-from ..changes import Change, DeploymentChange, deployment_changes
+from ..adapters.retry import backoff_delay
+from ..change.classify import Change, DeploymentChange, deployment_changes
+from ..change.rollback import Rollbacks, pin_what_serves, spec_hashes
 from ..config import Config
-from ..deployment import DeploymentView, views
-from ..metrics import Metrics, NoMetrics
+from ..config.view import DeploymentView, views
 from ..model import Pause, Phase, Reason, Status
-from ..retry import backoff_delay
-from .pause import PauseState
-from .reconciler import Reconciler, unpin
-from .rollback import Rollbacks, pin_what_serves, spec_hashes
+from ..reconcile.pause import PauseState
+from ..reconcile.reconciler import Reconciler, unpin
+from ..report.alerts import Alerter
+from ..report.metrics import Metrics, NoMetrics
+from ..world.act import ActionFailed
+from ..world.backend import Backend, RealBackend
 
 # Phases that count as "answers" for a deployment that starts after it (its memory profiling is over).
 _ANSWERS = {Phase.VERIFYING, Phase.SERVING}

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from ..notify import Notifier
-from .reconciler import Reconciler
+from ..reconcile.reconciler import Reconciler
+from ..report.notify import Notifier
 
 
 class Waiting:

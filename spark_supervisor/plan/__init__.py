@@ -24,7 +24,7 @@ absent, a Ray node that Ray's (reachable) dashboard does not list alive, a serve
 not running, a probe failing past its threshold.
 """
 
-from ..identity import is_orphan, is_stale  # the hygiene step's owner rules, as the plan's
+from ..config.identity import is_orphan, is_stale  # the hygiene step's owner rules, as the plan's
 from .cluster import containers, hygiene, nodes_seen, placement, ray, rebooted
 from .facts import Facts, RayView, Rule, ray_view
 from .rules import RULES, plan

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .. import fabric, logscan
-from ..admission import admit, gpu_blockers, gpu_unknown, port_holders
 from ..config import Node
-from ..identity import is_orphan, is_stale, node_container_name, owned, spec_hash
+from ..config.identity import is_orphan, is_stale, node_container_name, owned, spec_hash
+from ..judge import fabric, logscan
+from ..judge.admission import admit, gpu_blockers, gpu_unknown, port_holders
 from ..model import (
     Action,
     Container,

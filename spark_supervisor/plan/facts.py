@@ -8,10 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
-from .. import logscan
 from ..config import Config, Deployment, Node
-from ..deployment import DeploymentView
-from ..identity import owned
+from ..config.identity import owned
+from ..config.view import DeploymentView
+from ..judge import logscan
 from ..model import (
     Action,
     Decision,

@@ -3,10 +3,10 @@ when asked). Pure."""
 
 from __future__ import annotations
 
-from .. import fabric, modelcheck
-from ..deployment import DeploymentView
+from ..config.view import DeploymentView
+from ..judge import fabric, modelcheck
+from ..judge.preflight import image_problem
 from ..model import CheckImage, CheckModel, Decision, Kind, Phase, PrefetchModel, Reason, Status
-from ..preflight import image_problem
 from .facts import Facts
 
 

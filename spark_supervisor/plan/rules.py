@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import Config
-from ..deployment import DeploymentView, as_view
+from ..config.view import DeploymentView, as_view
 from ..model import Decision, Kind, Observation, Phase, Reason, Status
 from .cluster import containers, hygiene, nodes_seen, placement, ray, rebooted
 from .facts import Facts, Rule, ray_view

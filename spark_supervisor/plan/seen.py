@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import logscan
 from ..config import Config
-from ..deployment import DeploymentView, as_view
+from ..config.view import DeploymentView, as_view
+from ..judge import logscan
+from ..judge.completion import health_result
 from ..model import Observation, Phase, ProbeResult
-from ..probes import health_result
 from .unknown import unknowns
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .. import fabric, logscan
-from ..admission import admit, free_memory_failure, gpu_blockers
 from ..config import Config
+from ..judge import fabric, logscan
+from ..judge.admission import admit, free_memory_failure, gpu_blockers
 from ..model import (
     Action,
     Decision,

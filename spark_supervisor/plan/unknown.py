@@ -4,8 +4,8 @@ without it (``with_unknowns``): the reason says so, and DEGRADED once it lasts p
 from __future__ import annotations
 
 from ..config import Config
-from ..deployment import DeploymentView, as_view
-from ..identity import owned
+from ..config.identity import owned
+from ..config.view import DeploymentView, as_view
 from ..model import Decision, Kind, Observation, Phase, Reason, Status
 from .facts import ray_view
 

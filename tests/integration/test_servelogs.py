@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from spark_supervisor.servelogs import launches
+from spark_supervisor.world.servelogs import launches
 from spark_testbed import testbed
 from spark_testbed.harness import BIN, Supervisor, write_config
 from spark_testbed.testbed import until

@@ -10,12 +10,10 @@ from typing import Any
 
 import pytest
 
-from spark_supervisor import act, commands
-from spark_supervisor.act import ActionFailed, Actor
 from spark_supervisor.adapters import AdapterError, NotFoundError, TransientError, Unreachable
 from spark_supervisor.adapters.shell import Result
 from spark_supervisor.config import HASH_LABEL, HELPER_LABEL, NODE_LABEL, OWNER_LABEL, ROLE_LABEL, Config
-from spark_supervisor.identity import PREFETCH_ROLE, node_container_name
+from spark_supervisor.config.identity import PREFETCH_ROLE, node_container_name
 from spark_supervisor.model import (
     Container,
     Kind,
@@ -28,6 +26,9 @@ from spark_supervisor.model import (
     StopUnits,
 )
 from spark_supervisor.plan import plan
+from spark_supervisor.specs import commands
+from spark_supervisor.world import act
+from spark_supervisor.world.act import ActionFailed, Actor
 from tests.fakes import Events, FakeShell, fake_world
 from tests.helpers import cfg, data, images, node_obs, obs, ray_container
 
@@ -279,7 +280,7 @@ def test_a_dry_actor_pulls_nothing_removes_nothing_and_writes_no_state(rig: Rig)
     image check's findings are not kept (images.json is the daemon's, under its lock)."""
     from pathlib import Path
 
-    from spark_supervisor import identity
+    from spark_supervisor.config import identity
     from spark_supervisor.model import CheckImage, Container, PrefetchModel
     dry = act.Actor(rig.world, rig.log, dry=True)
     spark2 = rig.engines["spark-2"]

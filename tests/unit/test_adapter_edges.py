@@ -16,7 +16,7 @@ from spark_supervisor.adapters.docker import LISTINGS, DockerEngine
 from spark_supervisor.adapters.shell import Result
 from spark_supervisor.adapters.vllm import VllmApi
 from spark_supervisor.model import EndpointState
-from spark_supervisor.observe import _units, parse_serve_state
+from spark_supervisor.world.observe import _units, parse_serve_state
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_vllm"
 
@@ -151,7 +151,7 @@ def test_an_ssh_engines_transport_wakes_once_in_5_seconds_not_ten_times_a_second
 def test_the_ticks_http_client_drops_a_kept_connection_before_the_server_closes_it() -> None:
     """vLLM's uvicorn closes a kept connection after 5 s idle (the stand-in does as it does): a request sent on
     one as it closes fails, and would read as a failed probe. The tick's client lets go of it well before."""
-    from spark_supervisor.observe import World
+    from spark_supervisor.world.observe import World
     from spark_testbed.vllm_standin import Api
     from tests.helpers import cfg
 

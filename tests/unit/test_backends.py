@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from spark_supervisor import commands
 from spark_supervisor.adapters.ray import read_nodes
 from spark_supervisor.config import RAY_STATE_LABEL, Config, serve_hash
-from spark_supervisor.deployment import as_view
+from spark_supervisor.config.view import as_view
+from spark_supervisor.judge.preflight import image_problem, parse_image_probe
 from spark_supervisor.model import (
     CheckImage,
     EndpointObservation,
@@ -27,7 +27,7 @@ from spark_supervisor.model import (
     Verdict,
 )
 from spark_supervisor.plan import plan, unknowns
-from spark_supervisor.preflight import image_problem, parse_image_probe
+from spark_supervisor.specs import commands
 from tests.helpers import cfg, data, images, node_obs, obs, ray_container
 
 C = cfg()

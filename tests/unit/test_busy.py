@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 
 from spark_supervisor.adapters.vllm import VllmApi
+from spark_supervisor.judge.completion import beside_heartbeat, deep_result
 from spark_supervisor.model import (
     Action,
     EndpointObservation,
@@ -27,7 +28,6 @@ from spark_supervisor.model import (
     Verify,
 )
 from spark_supervisor.plan import plan
-from spark_supervisor.probes import beside_heartbeat, deep_result
 from tests.fakes import make
 from tests.helpers import cfg, obs, serve_running
 from tests.unit.test_plan import serving_status, status

@@ -145,8 +145,8 @@ def test_a_settings_only_change_applies_in_place_without_a_proof(tmp_path: Path)
 
 def switch_and_fail(tmp_path: Path, rollback: bool) -> tuple[Any, dict[str, FakeBackend], Any]:
     """qwen SERVING, a reload to a new image that passes its proof, then the new spec's start fails for good."""
-    from spark_supervisor.act import ActionFailed
     from spark_supervisor.model import Kind, StartContainer
+    from spark_supervisor.world.act import ActionFailed
     from tests.helpers import obs
     daemon, be, clock, path, d = running(tmp_path)
     d2 = copy.deepcopy(d)
@@ -184,10 +184,10 @@ def test_a_spec_that_served_is_the_way_back_even_when_a_repair_runs_at_the_switc
     it ended; the spec had served (its images pinned), so it is still the way back."""
     import structlog
 
-    from spark_supervisor.deployment import as_view
-    from spark_supervisor.loop.reconciler import Reconciler
-    from spark_supervisor.loop.rollback import Rollbacks
+    from spark_supervisor.change.rollback import Rollbacks
+    from spark_supervisor.config.view import as_view
     from spark_supervisor.model import Status
+    from spark_supervisor.reconcile.reconciler import Reconciler
     from tests.helpers import cfg
 
     view = as_view(cfg())
@@ -214,8 +214,8 @@ def switched(tmp_path: Path) -> tuple[Any, dict[str, FakeBackend], Any, Any]:
 
 def test_one_transient_failure_of_the_new_spec_is_retried_on_it_not_rolled_back(tmp_path: Path) -> None:
     """Issue 42, item 8: a Docker timeout during the new spec's start drops nothing; the budget's worth does."""
-    from spark_supervisor.act import ActionFailed
     from spark_supervisor.model import StartContainer
+    from spark_supervisor.world.act import ActionFailed
     daemon, be, clock, new = switched(tmp_path)
     be["qwen"].fail[StartContainer] = ActionFailed("DockerTimeout", "create: no answer within 60s")
     ticks_until(daemon, lambda: new.status.phase == Phase.BACKOFF)
@@ -231,7 +231,7 @@ def test_one_transient_failure_of_the_new_spec_is_retried_on_it_not_rolled_back(
 
 
 def test_a_missed_load_deadline_of_the_new_spec_rolls_it_back_at_once() -> None:
-    from spark_supervisor.loop.rollback import cannot_serve
+    from spark_supervisor.change.rollback import cannot_serve
     from spark_supervisor.model import Kind, Status
     for phase, why, failures, rolls in [
             (Phase.STARTING_VLLM, Reason(Kind.LOAD_TIMEOUT, "not ready after 1200s"), 0, True),
@@ -239,7 +239,7 @@ def test_a_missed_load_deadline_of_the_new_spec_rolls_it_back_at_once() -> None:
             (Phase.BACKOFF, Reason("DockerTimeout", "x"), 1, False),
             (Phase.BACKOFF, Reason("DockerTimeout", "x"), 3, True),  # the testbed's budget: 3
             (Phase.FAILED, Reason(Kind.IMAGE_MISSING, "x"), 0, True)]:
-        from spark_supervisor.deployment import as_view
+        from spark_supervisor.config.view import as_view
         from tests.helpers import cfg
         st = Status(phase=phase, why=why, failures=failures)
         r = cast(Any, SimpleNamespace(status=st, view=as_view(cfg())))
@@ -249,8 +249,8 @@ def test_a_missed_load_deadline_of_the_new_spec_rolls_it_back_at_once() -> None:
 def test_the_pins_and_the_way_back_outlive_a_restart_of_the_daemon(tmp_path: Path) -> None:
     """Issue 42, item 7: the daemon restarted (a watchdog, the head's reboot) while the switched spec loads: its
     repairs still start the images that served, and its failure still rolls back to them."""
-    from spark_supervisor.act import ActionFailed
     from spark_supervisor.model import Kind, StartContainer
+    from spark_supervisor.world.act import ActionFailed
     from tests.unit.test_stack import make as make_stack
     daemon, be, clock, new = switched(tmp_path)
     daemon.tick()

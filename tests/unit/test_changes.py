@@ -1,4 +1,4 @@
-"""What a reload would do to each deployment (changes.diff) and `spark-supervisor apply --dry-run`, which
+"""What a reload would do to each deployment (classify.diff) and `spark-supervisor apply --dry-run`, which
 shows it and acts on nothing (its proofs, with probe containers, run on the testbed: test_change.py)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import tomli_w
 
-from spark_supervisor import changes
-from spark_supervisor.changes import Change
+from spark_supervisor.change import classify
+from spark_supervisor.change.classify import Change
 from spark_supervisor.cli.main import main
 from tests.helpers import cfg
 from tests.unit.test_stack import EMBED, stack
@@ -38,7 +38,7 @@ def test_each_deployments_change_is_named_and_the_others_are_untouched(edit: Any
     d = both()
     d2 = copy.deepcopy(d)
     edit(d2)
-    found, other = changes.diff(cfg(d), cfg(d2))
+    found, other = classify.diff(cfg(d), cfg(d2))
     assert [(c.name, c.change, c.differs) for c in found] == [("qwen", qwen, differs), ("embed", Change.UNCHANGED, ())]
     assert other == settings
     assert found[0].stops == (qwen in (Change.REPLACE, Change.SERVE_RESTART))
@@ -48,7 +48,7 @@ def test_added_and_removed_deployments() -> None:
     d = both()
     d2 = copy.deepcopy(d)
     d2["deployments"][1] = {**EMBED, "name": "rerank", "after": [], "serve": {**EMBED["serve"], "port": 8002}}
-    found, _ = changes.diff(cfg(d), cfg(d2))
+    found, _ = classify.diff(cfg(d), cfg(d2))
     assert [(c.name, c.change) for c in found] == [("qwen", Change.UNCHANGED), ("embed", Change.REMOVED),
                                                    ("rerank", Change.ADDED)]
     assert [c.stops for c in found] == [False, True, False]
@@ -69,7 +69,7 @@ class _Engines:
 
 def test_apply_dry_run_shows_each_change_and_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from spark_supervisor import observe
+    from spark_supervisor.world import observe
     monkeypatch.setattr(observe, "World", _Engines)
     d = both()
     old, new = tmp_path / "old.toml", tmp_path / "new.toml"

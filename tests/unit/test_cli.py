@@ -18,10 +18,12 @@ from typing import cast
 import pytest
 import tomli_w
 
-from spark_supervisor import cli, statefile, statusdoc
+from spark_supervisor import cli
 from spark_supervisor.loop.daemon import lock_state_dir
 from spark_supervisor.model import Phase, Status
 from spark_supervisor.model.document import StatusDoc
+from spark_supervisor.report import statusdoc
+from spark_supervisor.state import statefile
 from tests.helpers import cfg, data
 
 ROOT = Path(__file__).resolve().parents[2]

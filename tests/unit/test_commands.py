@@ -5,8 +5,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spark_supervisor import commands
 from spark_supervisor.config import HELPER_LABEL, OWNER_LABEL
+from spark_supervisor.specs import commands
 from spark_testbed.testbed import until
 from tests.helpers import cfg, data, recorded_serve_pid
 

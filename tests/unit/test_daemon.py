@@ -11,9 +11,8 @@ from typing import Any
 
 import tomli_w
 
-from spark_supervisor.act import ActionFailed
-from spark_supervisor.backend import Backend
-from spark_supervisor.deployment import DeploymentView
+from spark_supervisor.adapters.retry import backoff_delay
+from spark_supervisor.config.view import DeploymentView
 from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import (
     Action,
@@ -26,7 +25,8 @@ from spark_supervisor.model import (
     StartServe,
     Verdict,
 )
-from spark_supervisor.retry import backoff_delay
+from spark_supervisor.world.act import ActionFailed
+from spark_supervisor.world.backend import Backend
 from spark_testbed.testbed import until
 from tests.fakes import make
 from tests.helpers import data, images, obs, phase_now, ray_ok, serve_running
@@ -119,7 +119,7 @@ def test_a_second_sigterm_exits_at_once(tmp_path: Path) -> None:
 
 
 def test_status_lines_are_ascii() -> None:
-    from spark_supervisor.notify import ascii_status
+    from spark_supervisor.report.notify import ascii_status
     assert ascii_status("LOADING 12/39 shards \u2014 ETA 8m\n") == "LOADING 12/39 shards ? ETA 8m "
 
 
@@ -286,7 +286,7 @@ def test_repairs_json_of_the_wrong_shape_is_moved_aside_and_the_daemon_goes_on(t
 
 
 def test_budget_entries_from_the_future_are_not_counted(tmp_path: Path) -> None:
-    from spark_supervisor.statefile import RepairLog
+    from spark_supervisor.state.statefile import RepairLog
     log = RepairLog(str(tmp_path))
     log.add(2000.0, "gang", "x")
     log.add(1000.0, "serve", "y")
@@ -295,7 +295,7 @@ def test_budget_entries_from_the_future_are_not_counted(tmp_path: Path) -> None:
 
 
 def test_a_failed_repairs_write_is_shown_not_swallowed(tmp_path: Path) -> None:
-    from spark_supervisor.statefile import RepairLog
+    from spark_supervisor.state.statefile import RepairLog
     blocker = tmp_path / "file"
     blocker.write_text("")
     log = RepairLog(str(blocker / "sub"))  # a state dir below a file: every write fails
@@ -304,7 +304,7 @@ def test_a_failed_repairs_write_is_shown_not_swallowed(tmp_path: Path) -> None:
 
 
 def test_reset_reaches_the_daemon_through_its_control_socket(tmp_path: Path) -> None:
-    from spark_supervisor import control
+    from spark_supervisor.state import control
     daemon, be, clock, notes, _ = make(tmp_path)
     daemon.first.repairs.add(1.7e9 + clock.t, "gang", "x")
     server = control.ControlServer(str(tmp_path / "state"), daemon._on_request)
@@ -403,7 +403,7 @@ def test_every_start_checks_the_images_again(tmp_path: Path) -> None:
 
 
 def test_the_heads_container_starts_alone_then_the_others_at_once() -> None:
-    from spark_supervisor.loop.reconciler import _at_once
+    from spark_supervisor.reconcile.reconciler import _at_once
     starts = (StartContainer("spark-1"), StartContainer("spark-2"), StartContainer("spark-3"))
     assert [_at_once(starts, i) for i in range(3)] == [False, True, True]
     checks = (CheckImage("spark-1"), CheckImage("spark-2"))

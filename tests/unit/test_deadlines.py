@@ -14,7 +14,6 @@ from structlog.testing import capture_logs
 
 from spark_supervisor.cli import status
 from spark_supervisor.config import Config
-from spark_supervisor.loop import deadlines
 from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import (
     EndpointObservation,
@@ -26,6 +25,7 @@ from spark_supervisor.model import (
     ServeObservation,
     StartServe,
 )
+from spark_supervisor.reconcile import loadtimes
 from tests.fakes import Clock, FakeBackend, make
 from tests.helpers import cfg, data, node_obs, obs, phase_now, ray_container, serve_running
 
@@ -45,7 +45,7 @@ def learning() -> dict[str, Any]:
 
 
 def loads_file(tmp_path: Path) -> Path:
-    return tmp_path / "state" / "deployments" / "qwen" / deadlines.FILE
+    return tmp_path / "state" / "deployments" / "qwen" / loadtimes.FILE
 
 
 def deployed(c: Config, image: str = IMAGE, serve: ServeObservation | None = None,
@@ -226,26 +226,26 @@ def test_a_damaged_loads_file_is_ignored_not_fatal(tmp_path: Path) -> None:
 
 def test_the_history_stays_bounded(tmp_path: Path) -> None:
     state = str(tmp_path)
-    for i in range(deadlines.KEEP + 5):
-        deadlines.record(state, "k", {"model": "m"}, 100 + i, 10, 1.7e9 + i)
-    for j in range(deadlines.KEYS + 3):
-        deadlines.record(state, f"other{j}", {"model": "m"}, 50, 5, 1.8e9 + j)
-    doc = json.loads((tmp_path / deadlines.FILE).read_text())
-    assert len(doc["keys"]) == deadlines.KEYS and "k" not in doc["keys"]  # the oldest keys went first
-    assert doc["last"] == f"other{deadlines.KEYS + 2}"
-    deadlines.record(state, "k", {"model": "m"}, 1, 1, 1.9e9)
-    for i in range(deadlines.KEEP + 5):
-        deadlines.record(state, "k", {"model": "m"}, 100 + i, 10, 1.9e9 + i)
-    loads = deadlines.history(json.loads((tmp_path / deadlines.FILE).read_text()), "k")
-    assert len(loads) == deadlines.KEEP and loads[0][0] == 105 and loads[-1][0] == 124
+    for i in range(loadtimes.KEEP + 5):
+        loadtimes.record(state, "k", {"model": "m"}, 100 + i, 10, 1.7e9 + i)
+    for j in range(loadtimes.KEYS + 3):
+        loadtimes.record(state, f"other{j}", {"model": "m"}, 50, 5, 1.8e9 + j)
+    doc = json.loads((tmp_path / loadtimes.FILE).read_text())
+    assert len(doc["keys"]) == loadtimes.KEYS and "k" not in doc["keys"]  # the oldest keys went first
+    assert doc["last"] == f"other{loadtimes.KEYS + 2}"
+    loadtimes.record(state, "k", {"model": "m"}, 1, 1, 1.9e9)
+    for i in range(loadtimes.KEEP + 5):
+        loadtimes.record(state, "k", {"model": "m"}, 100 + i, 10, 1.9e9 + i)
+    loads = loadtimes.history(json.loads((tmp_path / loadtimes.FILE).read_text()), "k")
+    assert len(loads) == loadtimes.KEEP and loads[0][0] == 105 and loads[-1][0] == 124
 
 
 def test_limits_are_never_above_the_configured_budget_and_learning_can_be_turned_off() -> None:
     r = cfg(learning()).deployment.readiness
     doc = {"last": "k", "keys": {"k": {"loads": [{"load_s": 1000, "gap_s": 10}] * 3}}}
-    lim = deadlines.limits(r, doc, "k", {})
+    lim = loadtimes.limits(r, doc, "k", {})
     assert lim.deadline == 1200 and lim.deadline_why == "configured cold budget (learned p95 1000s x 2 of 3 good loads is not below it)"
     assert lim.stall == 60
-    off = deadlines.limits(r.model_copy(update={"learn_deadlines": False}), doc, "k", {})
+    off = loadtimes.limits(r.model_copy(update={"learn_deadlines": False}), doc, "k", {})
     assert (off.deadline, off.stall, off.learned, off.cold) == (1200, 900, False, "")
-    assert deadlines.p95([float(x) for x in range(1, 21)]) == 19 and deadlines.p95([3.0]) == 3
+    assert loadtimes.p95([float(x) for x in range(1, 21)]) == 19 and loadtimes.p95([3.0]) == 3

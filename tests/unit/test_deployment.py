@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import tomli_w
 
-from spark_supervisor import commands, config
-from spark_supervisor.deployment import DeploymentView, views
+from spark_supervisor import config
+from spark_supervisor.config.view import DeploymentView, views
+from spark_supervisor.specs import commands
 from tests.fakes import FakeBackend, make
 from tests.helpers import cfg, data
 from tests.unit.test_stack import EMBED, stack

@@ -1,4 +1,4 @@
-from spark_supervisor.diagnose import Layer, NodeDiagnosis
+from spark_supervisor.world.diagnose import Layer, NodeDiagnosis
 
 
 def test_the_verdict_reads_bottom_up_from_the_first_layer_that_answers() -> None:

@@ -10,12 +10,11 @@ from typing import Any
 import pytest
 import structlog
 
-from spark_supervisor import fabric, logscan
 from spark_supervisor.adapters import AdapterError
 from spark_supervisor.adapters.shell import Result
 from spark_supervisor.adapters.sysfs import gid_ipv4, host_facts_of, parse_host_facts
-from spark_supervisor.deployment import as_view
-from spark_supervisor.loop.tracking import Below
+from spark_supervisor.config.view import as_view
+from spark_supervisor.judge import fabric, logscan
 from spark_supervisor.model import (
     EndpointObservation,
     EndpointState,
@@ -32,8 +31,9 @@ from spark_supervisor.model import (
     Status,
     Verdict,
 )
-from spark_supervisor.observe import NVML_LOST, _nvidia
 from spark_supervisor.plan import plan
+from spark_supervisor.reconcile.tracking import Below
+from spark_supervisor.world.observe import NVML_LOST, _nvidia
 from tests.helpers import cfg, counted, data, images, node_obs, obs, ray_container, serve_running
 
 C = cfg()
@@ -234,8 +234,9 @@ def test_check_and_diagnose_say_what_the_daemon_judges(monkeypatch: pytest.Monke
     """`check --preflight` the reason a start would wait on, `diagnose` each problem; both the twins' warning."""
     from types import SimpleNamespace
 
-    from spark_supervisor import diagnose, observe, preflight
     from spark_supervisor.cli import ops
+    from spark_supervisor.judge import preflight
+    from spark_supervisor.world import diagnose, observe
     one = "a" * 32
     facts = hosts(spark_1={"machine": one}, spark_2={"machine": one, "mtu": 1500, "link": "down", "port": "DOWN"})
     twins, found = fabric.machine_id_twins(facts), fabric.problems(VIEW, facts)
@@ -409,8 +410,8 @@ def test_the_judgement_below_vllm_is_kept_until_its_facts_or_the_view_change(mon
 def test_status_shows_each_members_fabric_the_ranks_transport_and_a_lost_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     import time
 
-    from spark_supervisor import statusdoc
     from spark_supervisor.cli.status import _print_deployment
+    from spark_supervisor.report import statusdoc
     ts = logscan.transports(NCCL_IB + NCCL_SOCKET)
     boots = {n: h.boot_id for n, h in hosts().items()}
     st = serving(hosts=hosts(spark_2={"boot": "0f0f0f0f-new", "gid_at": 4}), boots=boots, transports=ts,

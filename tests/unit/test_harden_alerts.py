@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import structlog
 
-from spark_supervisor.alerts import Alerter
 from spark_supervisor.config import Alerts
+from spark_supervisor.report.alerts import Alerter
 from tests.unit.test_maintenance import Receiver
 
 

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import structlog
 
-from spark_supervisor import logs
+from spark_supervisor.report import journal
 from tests.helpers import data
 from tests.unit.test_logs import parse
 
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(logs, "_secrets", ())
+    monkeypatch.setattr(journal, "_secrets", ())
     yield
     structlog.reset_defaults()
 
@@ -36,12 +36,12 @@ def test_known_secrets_and_url_credentials_are_redacted_in_every_event(capsys: p
     d["deployments"][0]["readiness"] = {"api_key_file": str(key)}
     d["deployments"][0]["serve"]["env"] = {"MY_SECRET": "value-of-my-secret"}
     from spark_supervisor import config
-    logs.register_config(config.parse(d, "/etc/x.toml", env={}))
-    logs.setup(json=True)
+    journal.register_config(config.parse(d, "/etc/x.toml", env={}))
+    journal.setup(json=True)
     try:
         raise RuntimeError("token sk-the-serve-key in a traceback")
     except RuntimeError:
-        logs.get(deployment="main").exception(
+        journal.get(deployment="main").exception(
             "x.failed", argv=["vllm", "--api-ke", "sk-the-serve-key"], url="https://bob:pa55word@hook.example/x",
             nested={"env": {"A": "hf_from_the_environment"}, "hosts": ("ssh://root@spark-2",)},
             token_url="https://ghp_abcdef@github.com/x", parallel="false")
@@ -62,22 +62,22 @@ def test_the_journal_entries_are_redacted_too(tmp_path: Path, monkeypatch: pytes
     server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     server.bind(path)
     server.settimeout(10)
-    monkeypatch.setattr(logs, "SOCKET", path)
-    logs.register_secret("sk-registered-later")
-    logs.setup(journal=True)
+    monkeypatch.setattr(journal, "SOCKET", path)
+    journal.register_secret("sk-registered-later")
+    journal.setup(journal=True)
     try:
-        logs.get(deployment="main").error("alert.failed", error="http://u:secretpw@10.0.0.1/h: sk-registered-later")
+        journal.get(deployment="main").error("alert.failed", error="http://u:secretpw@10.0.0.1/h: sk-registered-later")
         entry = parse(server.recv(1 << 20))
     finally:
         server.close()
-        if logs.sink:
-            logs.sink.close()
+        if journal.sink:
+            journal.sink.close()
     assert "secretpw" not in json.dumps(entry) and "sk-registered-later" not in json.dumps(entry)
     assert json.loads(entry["JSON"])["error"] == "http://[redacted]@10.0.0.1/h: [redacted]"
 
 
 def test_short_values_are_not_secrets_and_the_registry_is_bounded() -> None:
-    logs.register_secret("", "abc", "  ")
-    assert logs._secrets == ()
-    logs.register_secret(*(f"secret-{i:04}" for i in range(1000)))
-    assert len(logs._secrets) == logs.MAX_SECRETS
+    journal.register_secret("", "abc", "  ")
+    assert journal._secrets == ()
+    journal.register_secret(*(f"secret-{i:04}" for i in range(1000)))
+    assert len(journal._secrets) == journal.MAX_SECRETS

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 import tomli_w
 
-from spark_supervisor import files, servelogs
-from spark_supervisor.servelogs import FOLLOW, LIST, READ, log_name
+from spark_supervisor.base import files
+from spark_supervisor.world import servelogs
+from spark_supervisor.world.servelogs import FOLLOW, LIST, READ, log_name
 from spark_testbed.testbed import until
 from tests.helpers import data
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from spark_supervisor import commands
-from spark_supervisor.act import ActionFailed, Actor
-from spark_supervisor.deployment import as_view
+from spark_supervisor.config.view import as_view
 from spark_supervisor.model import DropPageCache, StartServe
+from spark_supervisor.specs import commands
+from spark_supervisor.world.act import ActionFailed, Actor
 from tests.helpers import cfg, data
 
 KEY, TOKEN = "sk-the-api-key-0123", "hf_secretvalue1234"

@@ -10,13 +10,13 @@ from typing import Any, cast
 import pytest
 from pydantic import SecretStr
 
-from spark_supervisor import logscan
 from spark_supervisor.adapters import AdapterError
 from spark_supervisor.adapters.listening import parse_listening
-from spark_supervisor.deployment import as_view
+from spark_supervisor.config.view import as_view
+from spark_supervisor.judge import logscan
 from spark_supervisor.model import Listener, Observation, Phase, Reason, StartContainer, Status
-from spark_supervisor.observe import NodeAdapters, _ended
 from spark_supervisor.plan import plan
+from spark_supervisor.world.observe import NodeAdapters, _ended
 from tests.helpers import cfg, data, images, node_obs, obs, ray_container
 
 C = cfg()
@@ -190,7 +190,7 @@ def test_the_observation_reads_why_an_owned_container_ended_redacted() -> None:
 
 
 def test_the_ports_needed_are_read_from_the_config() -> None:
-    from spark_supervisor.admission import ports_needed
+    from spark_supervisor.judge.admission import ports_needed
     d = data()
     d["deployments"][0]["ray"] = {"port": 6380, "dashboard_port": 8266, "extra_args": ["--ray-client-server-port", "10002"]}
     d["deployments"][0]["serve"]["port"] = 8100

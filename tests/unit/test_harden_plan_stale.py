@@ -10,12 +10,12 @@ from typing import cast
 
 import pytest
 
-from spark_supervisor import backend
 from spark_supervisor.config import OWNER_LABEL, ROLE_LABEL
-from spark_supervisor.deployment import as_view
+from spark_supervisor.config.view import as_view
 from spark_supervisor.model import Container, Phase, RemoveContainers, Status
-from spark_supervisor.observe import World
 from spark_supervisor.plan import is_orphan, is_stale, plan
+from spark_supervisor.world import backend
+from spark_supervisor.world.observe import World
 from tests.fakes import FakeEngine
 from tests.helpers import cfg, data, node_obs, obs
 

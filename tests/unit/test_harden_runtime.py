@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 import tomli_w
 
-from spark_supervisor import control, files, statefile
-from spark_supervisor.deployment import as_view
+from spark_supervisor.base import files
+from spark_supervisor.config.view import as_view
 from spark_supervisor.loop.daemon import StateDirUnfit, lock_state_dir
-from spark_supervisor.maintenance import parse_duration
-from spark_supervisor.maintenance import pause as cli_pause
 from spark_supervisor.model import Pause, Phase
+from spark_supervisor.state import control, statefile
+from spark_supervisor.state.maintenance import parse_duration
+from spark_supervisor.state.maintenance import pause as cli_pause
 from tests.fakes import make
 from tests.helpers import obs
 
@@ -337,7 +338,7 @@ def test_run_on_a_state_dir_others_can_write_is_a_config_error_not_a_traceback(t
 def test_a_key_a_reload_brings_is_redacted_and_its_warnings_logged(tmp_path: Path) -> None:
     import structlog
 
-    from spark_supervisor import logs
+    from spark_supervisor.report import journal
     from tests.helpers import data
     daemon, be, clock, notes, path = make(tmp_path)
     d = data()
@@ -350,7 +351,7 @@ def test_a_key_a_reload_brings_is_redacted_and_its_warnings_logged(tmp_path: Pat
         clock.t += daemon.SETTLE_S
         daemon.tick()
     assert any(e["event"] == "config.warning" and "HF_TOKEN" in e["problem"] for e in seen), seen
-    assert "hf_reloadedsecretvalue1234" not in json.dumps(logs.redact(None, "", {"line": "x hf_reloadedsecretvalue1234"}))
+    assert "hf_reloadedsecretvalue1234" not in json.dumps(journal.redact(None, "", {"line": "x hf_reloadedsecretvalue1234"}))
 
 
 def test_logscan_refuses_a_fifo_at_once(tmp_path: Path) -> None:
@@ -391,9 +392,9 @@ def test_a_damaged_image_record_is_checked_again_not_a_crash(tmp_path: Path, kep
 
     import structlog
 
-    from spark_supervisor.act import Actor
     from spark_supervisor.config import image_check_key
     from spark_supervisor.model import ImageReport
+    from spark_supervisor.world.act import Actor
     from tests.helpers import cfg, data
     d = data()
     d["supervisor"]["state_dir"] = str(tmp_path / "state")
@@ -414,9 +415,9 @@ def test_a_sound_image_record_is_still_used(tmp_path: Path) -> None:
 
     import structlog
 
-    from spark_supervisor.act import Actor
     from spark_supervisor.config import image_check_key
     from spark_supervisor.model import ImageReport
+    from spark_supervisor.world.act import Actor
     from tests.helpers import cfg, data
     d = data()
     d["supervisor"]["state_dir"] = str(tmp_path / "state")

@@ -6,9 +6,10 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from spark_supervisor import commands, logscan
 from spark_supervisor.config import serve_hash
+from spark_supervisor.judge import logscan
 from spark_supervisor.model.reason import Kind
+from spark_supervisor.specs import commands
 from spark_testbed.testbed import until
 from tests.helpers import cfg, recorded_serve_pid
 

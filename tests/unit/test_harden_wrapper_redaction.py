@@ -4,11 +4,13 @@ deployment's secret variables and API key (redaction, by the deployment's secret
 from pathlib import Path
 from types import SimpleNamespace
 
-from spark_supervisor import commands, diagnose, modelcheck
 from spark_supervisor.adapters import AdapterError
 from spark_supervisor.config import Config, deployment_secrets
-from spark_supervisor.deployment import as_view
+from spark_supervisor.config.view import as_view
+from spark_supervisor.judge import modelcheck
 from spark_supervisor.model import ModelReport
+from spark_supervisor.specs import commands
+from spark_supervisor.world import diagnose
 from tests.helpers import cfg, data
 
 TOKEN = "hf_live_token_0123456789"

@@ -17,8 +17,8 @@ import pytest
 from spark_supervisor.adapters.health import observed, refused
 from spark_supervisor.adapters.quick import QuickProbe
 from spark_supervisor.adapters.vllm import VllmApi
+from spark_supervisor.judge.completion import health_result
 from spark_supervisor.model import EndpointObservation, EndpointState, ProbeResult
-from spark_supervisor.probes import health_result
 
 
 class Health(http.server.BaseHTTPRequestHandler):

@@ -132,7 +132,7 @@ def test_a_wedge_is_caught_and_repaired_through_the_daemon_on_its_default_settin
 
 def test_status_shows_the_heartbeat_in_words() -> None:
     from spark_supervisor.cli.status import _engine
-    from spark_supervisor.statusdoc import engine
+    from spark_supervisor.report.statusdoc import engine
     working = Heartbeat("s1", (10, 0, 0), moved_at=100, running=2, waiting=1)
     assert _engine(engine(working, 103)) == "2 running, 1 waiting; working (last moved 3s ago)"
     stalled = dataclasses.replace(working, stalled_at=120)

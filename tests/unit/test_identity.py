@@ -1,4 +1,4 @@
-"""The identity vocabulary (spark_supervisor/identity.py): the labels the supervisor writes are the ones it
+"""The identity vocabulary (spark_supervisor/config/identity.py): the labels the supervisor writes are the ones it
 reads back, and each ownership question has one answer, asked of one module."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from spark_supervisor import commands, identity
-from spark_supervisor.config import Config
+from spark_supervisor.config import Config, identity
 from spark_supervisor.model import Container, NodeObservation
+from spark_supervisor.specs import commands
 from tests.helpers import cfg, data
 
 C = cfg()

@@ -1,5 +1,6 @@
-"""The package's layout holds (issue 21): no import cycle among its modules, no module over MAX_MODULE_LINES
-lines, no class over MAX_CLASS_LINES. Read from the sources with `ast`, nothing imported.
+"""The package's layout holds (issues 21, 43): every module sits in a layer and imports only down the layers
+(LAYERS), no import cycle among its modules, no module over MAX_MODULE_LINES lines, no class over
+MAX_CLASS_LINES. Read from the sources with `ast`, nothing imported.
 
 An import cycle counts every import of a package module, at module level, inside a function (a lazy
 import only moves the cycle to run time) or under `if TYPE_CHECKING:` (never run, but two modules that
@@ -25,6 +26,35 @@ MAX_CLASS_LINES = 250
 # package.
 LONG_MODULES: dict[str, str] = {}
 LONG_CLASSES: dict[str, str] = {}
+
+# The layers, lowest first: a module imports the modules of its own package and those of the packages in
+# layers below its own, never one beside or above it. A path says its layer (docs/architecture.md has
+# the table with what each holds). The top level holds no module but the package's own two: a new module
+# goes into the layer whose imports it needs.
+LAYERS: list[set[str]] = [
+    {"base", "model"},    # 0 what everything uses: bounded files, redaction; the vocabulary (data only)
+    {"config"},           # 1 the config, its per-deployment view and the names of what it owns
+    {"state", "adapters"},  # 2 the state directory; the I/O adapters (Docker, SSH, HTTP, sysfs)
+    {"specs"},            # 3 the argument lists and container specs, the fixed scripts
+    {"judge"},            # 4 pure judgements of what was read
+    {"world", "plan"},    # 5 observe and act on the nodes; the pure decision table
+    {"report"},           # 6 metrics, alerts, systemd, the journal, the status document, the record
+    {"reconcile"},        # 7 one deployment's state machine
+    {"change"},           # 8 a config change: classify, prove, roll back
+    {"loop"},             # 9 the process: the daemon, its stack, reloads
+    {"cli"},              # 10 the commands
+    {"__main__"},         # 11 `python -m spark_supervisor`
+]
+TOP_LEVEL = {"__init__.py", "__main__.py"}
+
+# Imports that go up or sideways today, importer -> imported, each with why; an entry that no longer does
+# fails the test (take it out), so this list only shrinks. It is to end empty.
+UPWARD: dict[tuple[str, str], str] = {
+    ("adapters.docker", "specs.commands"): "ContainerSpec is defined with the builders",
+    ("adapters.shell", "specs.commands"): "ssh_argv is defined with the builders",
+    ("adapters.vllm", "judge.completion"): "the completion judge is called inside the HTTP adapter",
+    ("specs.commands", "judge.modelcheck"): "the model check's scripts are defined with its judgement",
+}
 
 
 def modules() -> dict[str, Path]:
@@ -165,6 +195,53 @@ def test_sizes(what: str, sizes: object, limit: int, allowed: dict[str, str]) ->
     assert not new, f"{what}s over {limit} lines (split them): {new}"
     done = sorted(k for k in allowed if k not in over)
     assert not done, f"no longer over {limit} lines: take them out of the allow-list: {done}"
+
+
+def _layer(module: str) -> str:
+    """The layer's package of a module of the package ("" for the package itself)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def upward(edges: dict[str, set[str]], layers: list[set[str]]) -> set[tuple[str, str]]:
+    """The imports (importer, imported; names relative to the package) that do not go down the layers: to a
+    package beside the importer's in its layer or above it. A module of no layer is an error of its own."""
+    tier = {package: i for i, layer in enumerate(layers) for package in layer}
+    found = set()
+    for importer, targets in edges.items():
+        for target in targets:
+            a, b = _layer(importer), _layer(target)
+            if a == b or not b:
+                continue
+            if tier[a] <= tier[b]:
+                found.add((importer.partition(".")[2], target.partition(".")[2]))
+    return found
+
+
+def test_every_module_is_in_a_layer() -> None:
+    placed = {package for layer in LAYERS for package in layer}
+    loose = sorted({_layer(m) for m in modules()} - placed - {""})
+    assert not loose, f"packages or top-level modules in no layer (put them in LAYERS, or into a layer): {loose}"
+    top = sorted(p.name for p in ROOT.glob("*.py"))
+    assert set(top) <= TOP_LEVEL, f"modules at the top level (move them into their layer's package): {top}"
+
+
+def test_imports_go_down_the_layers() -> None:
+    # each import named by the module it reaches, not also by the packages it runs on the way
+    deepest = {m: {t for t in ts if not any(o.startswith(t + ".") for o in ts)} for m, ts in graph().items()}
+    found = upward(deepest, LAYERS)
+    new = sorted(found - set(UPWARD))
+    assert not new, "imports up or beside the layers (move the code down, or the name to the layer both use): " + \
+        "; ".join(f"{a} -> {b}" for a, b in new)
+    done = sorted(set(UPWARD) - found)
+    assert not done, f"no longer up the layers: take them out of UPWARD: {done}"
+
+
+def test_upward_imports_are_found() -> None:
+    # The check itself: down is fine, beside and up are not, a package's own modules import each other.
+    layers = [{"a", "b"}, {"c"}]
+    edges = {"p.c.x": {"p.a", "p.a.y", "p.c.z"}, "p.a.y": {"p.b.w", "p.c"}, "p.c.z": {"p.c.x"}}
+    assert upward(edges, layers) == {("a.y", "b.w"), ("a.y", "c")}
 
 
 # A module that became a package keeps its old way in: `python -m spark_supervisor.cli` worked when cli was

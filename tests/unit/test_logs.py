@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from spark_supervisor import logs
+from spark_supervisor.report import journal as journal_mod
 
 
 def parse(datagram: bytes) -> dict[str, str]:
@@ -60,54 +60,54 @@ def journal(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
 def _reset_structlog() -> Iterator[None]:
     yield
     structlog.reset_defaults()
-    if logs.sink is not None:
-        logs.sink.close()
+    if journal_mod.sink is not None:
+        journal_mod.sink.close()
 
 
 @pytest.mark.parametrize(("level", "prio"), [("debug", 7), ("info", 6), ("warning", 4), ("warn", 4), ("error", 3),
                                              ("exception", 3), ("critical", 2), ("CRITICAL", 2), (None, 6),
                                              ("something", 6)])
 def test_priority_per_level(level: str | None, prio: int) -> None:
-    assert logs.priority(level) == prio
+    assert journal_mod.priority(level) == prio
 
 
 def test_message_is_the_event_then_key_values_on_one_line() -> None:
     ev = {"deployment": "main", "from": "LOADING", "to": "SERVING", "reason": "all good now", "event": "phase.changed",
           "level": "warning", "timestamp": "2026-12-03T08:00:00Z", "problems": ["a", "b c"], "n": 3, "ok": True,
           "path": "/etc/x.toml", "empty": "", "multi": "line one\nline two"}
-    assert logs.message(ev) == ('phase.changed deployment=main from=LOADING to=SERVING reason="all good now" '
+    assert journal_mod.message(ev) == ('phase.changed deployment=main from=LOADING to=SERVING reason="all good now" '
                                 'problems=["a","b c"] n=3 ok=true path=/etc/x.toml empty="" '
                                 'multi="line one\\nline two"')
-    long = logs.message({"event": "x", "blob": "y" * 100_000})
-    assert len(long) < logs.MAX_MESSAGE + 100 and long.endswith("more characters)")
+    long = journal_mod.message({"event": "x", "blob": "y" * 100_000})
+    assert len(long) < journal_mod.MAX_MESSAGE + 100 and long.endswith("more characters)")
 
 
 def test_an_exception_is_its_last_line_in_the_message_and_whole_in_traceback() -> None:
     tb = 'Traceback (most recent call last):\n  File "x.py", line 1\nZeroDivisionError: division by zero\n'
     ev = {"event": "reconcile.crashed", "level": "error", "exception": tb}
-    assert logs.message(ev) == 'reconcile.crashed exception="ZeroDivisionError: division by zero"'
-    fields = dict(logs.journal_fields(ev))
+    assert journal_mod.message(ev) == 'reconcile.crashed exception="ZeroDivisionError: division by zero"'
+    fields = dict(journal_mod.journal_fields(ev))
     assert fields["TRACEBACK"] == tb and fields["PRIORITY"] == 3
 
 
 def test_journal_fields() -> None:
     ev = {"deployment": "main", "node": "spark-2", "from": "LOADING", "to": "SERVING", "event": "phase.changed",
           "level": "warning", "timestamp": "t"}
-    fields = logs.journal_fields(ev)
+    fields = journal_mod.journal_fields(ev)
     d = dict(fields)
     assert len(d) == len(fields), "each field once"
-    assert d == {"MESSAGE": logs.message(ev), "PRIORITY": 4, "SYSLOG_IDENTIFIER": "spark-supervisor",
+    assert d == {"MESSAGE": journal_mod.message(ev), "PRIORITY": 4, "SYSLOG_IDENTIFIER": "spark-supervisor",
                  "EVENT": "phase.changed", "DEPLOYMENT": "main", "NODE": "spark-2", "PHASE": "SERVING",
                  "JSON": json.dumps(ev)}
     assert json.loads(str(d["JSON"])) == ev
     # `phase` names the phase where there is one; absent keys give no field.
-    d = dict(logs.journal_fields({"event": "start.stalled", "level": "error", "phase": "LOADING", "to": "x"}))
+    d = dict(journal_mod.journal_fields({"event": "start.stalled", "level": "error", "phase": "LOADING", "to": "x"}))
     assert d["PHASE"] == "LOADING" and "NODE" not in d and "DEPLOYMENT" not in d and "TRACEBACK" not in d
 
 
 def test_an_oversized_event_keeps_valid_json() -> None:
     ev = {"event": "x", "level": "info", "timestamp": "t", "deployment": "d", "blob": "y" * 200_000}
-    doc = json.loads(logs.to_json(ev))
+    doc = json.loads(journal_mod.to_json(ev))
     assert doc["event"] == "x" and doc["deployment"] == "d" and doc["truncated"] > 200_000 and "blob" not in doc
 
 
@@ -116,7 +116,7 @@ def test_an_oversized_event_keeps_valid_json() -> None:
     ("garbage", (12, 34), False), ("12:x", (12, 34), False), ("12:34", None, False)])
 def test_journal_stream_must_be_stderr(value: str | None, st: tuple[int, int] | None, expect: bool) -> None:
     stat = os.stat_result((0, st[1], st[0], 0, 0, 0, 0, 0, 0, 0)) if st else None
-    assert logs.journal_stream_is_stderr(value, stat) is expect
+    assert journal_mod.journal_stream_is_stderr(value, stat) is expect
 
 
 def test_the_real_stderr_decides_journal_mode(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -124,18 +124,18 @@ def test_the_real_stderr_decides_journal_mode(monkeypatch: pytest.MonkeyPatch, t
     st = os.fstat(f.fileno())
     monkeypatch.setattr("sys.stderr", f)
     monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
-    assert logs.under_journald()
+    assert journal_mod.under_journald()
     monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino + 1}")  # a child whose stderr was redirected
-    assert not logs.under_journald()
+    assert not journal_mod.under_journald()
     f.close()
 
 
 def test_structlog_events_arrive_as_native_journal_entries(journal: tuple[str, socket.socket],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     path, rx = journal
-    monkeypatch.setattr(logs, "SOCKET", path)
-    logs.setup(journal=True)
-    log = logs.get(deployment="main")
+    monkeypatch.setattr(journal_mod, "SOCKET", path)
+    journal_mod.setup(journal=True)
+    log = journal_mod.get(deployment="main")
     log.info("daemon.started", config="/etc/x.toml")
     log.warning("phase.changed", **{"from": "LOADING"}, to="BACKOFF", reason="NodeUnreachable: spark-2")
     try:
@@ -157,14 +157,14 @@ def test_structlog_events_arrive_as_native_journal_entries(journal: tuple[str, s
 
 def test_a_huge_event_is_cut_to_one_datagram(journal: tuple[str, socket.socket]) -> None:
     path, rx = journal
-    sink = logs.JournalSink(path, stream=io.StringIO())
+    sink = journal_mod.JournalSink(path, stream=io.StringIO())
     try:
         sink.emit({"event": "x", "level": "error", "blob": "y" * 1_000_000, "exception": "z\n" * 500_000})
         e = parse(rx.recv(1 << 21))
     finally:
         sink.close()
     assert e["EVENT"] == "x" and e["PRIORITY"] == "3"
-    assert len(e["MESSAGE"]) < logs.MAX_MESSAGE + 100 and len(e["TRACEBACK"]) < logs.MAX_TRACEBACK + 100
+    assert len(e["MESSAGE"]) < journal_mod.MAX_MESSAGE + 100 and len(e["TRACEBACK"]) < journal_mod.MAX_TRACEBACK + 100
     assert json.loads(e["JSON"])["truncated"] > 1_000_000
     assert sink.stream.getvalue() == ""  # type: ignore[union-attr]
 
@@ -173,7 +173,7 @@ def test_without_the_socket_the_priority_goes_as_a_prefix_on_stderr_and_the_sock
         tmp_path: Path) -> None:
     path = str(tmp_path / "socket")
     out, clock = io.StringIO(), Clock()
-    sink = logs.JournalSink(path, stream=out, clock=clock)
+    sink = journal_mod.JournalSink(path, stream=out, clock=clock)
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         sink.emit({"event": "repair.started", "level": "warning", "deployment": "main"})
@@ -184,7 +184,7 @@ def test_without_the_socket_the_priority_goes_as_a_prefix_on_stderr_and_the_sock
         rx.bind(path)  # journald is back, but the sink waits out its pause before trying it again
         sink.emit({"event": "a", "level": "info"})
         assert out.getvalue().splitlines()[-1].startswith("<6>")
-        clock.t += logs.RETRY_SOCKET_S
+        clock.t += journal_mod.RETRY_SOCKET_S
         sink.emit({"event": "b", "level": "info"})
         rx.settimeout(10)
         assert parse(rx.recv(1 << 20))["EVENT"] == "b"
@@ -197,7 +197,7 @@ def test_without_the_socket_the_priority_goes_as_a_prefix_on_stderr_and_the_sock
 def test_a_journal_that_does_not_read_never_stalls_the_daemon(journal: tuple[str, socket.socket]) -> None:
     path, _ = journal  # bound, never read: its queue fills
     out = io.StringIO()
-    sink = logs.JournalSink(path, stream=out)
+    sink = journal_mod.JournalSink(path, stream=out)
     t0 = time.monotonic()
     try:
         for i in range(3000):
@@ -214,7 +214,7 @@ def test_a_failure_inside_the_sink_is_swallowed(tmp_path: Path) -> None:
     class Broken(io.StringIO):
         def write(self, _s: str) -> int:
             raise OSError("stderr gone")
-    sink = logs.JournalSink(str(tmp_path / "none"), stream=Broken())
+    sink = journal_mod.JournalSink(str(tmp_path / "none"), stream=Broken())
     try:
         sink.emit({"event": "x", "level": "error"})  # no socket, no stderr: nothing raises
     finally:
@@ -222,13 +222,13 @@ def test_a_failure_inside_the_sink_is_swallowed(tmp_path: Path) -> None:
 
 
 def test_off_journald_json_lines_or_a_readable_console(capsys: pytest.CaptureFixture[str]) -> None:
-    logs.setup(json=True)
-    logs.get(deployment="main").warning("repair.started", kind="serve")
+    journal_mod.setup(json=True)
+    journal_mod.get(deployment="main").warning("repair.started", kind="serve")
     line = json.loads(capsys.readouterr().err)
     assert (line["event"], line["level"], line["deployment"], line["kind"]) == ("repair.started", "warning",
                                                                                "main", "serve")
     structlog.reset_defaults()
-    logs.setup(json=False)
-    logs.get(deployment="main").warning("repair.started", kind="serve")
+    journal_mod.setup(json=False)
+    journal_mod.get(deployment="main").warning("repair.started", kind="serve")
     err = capsys.readouterr().err
     assert "repair.started" in err and "kind" in err and not err.startswith("{")

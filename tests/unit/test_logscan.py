@@ -2,8 +2,8 @@
 
 import pytest
 
-from spark_supervisor import logscan
-from spark_supervisor.logscan import Failure, classify, transports
+from spark_supervisor.judge import logscan
+from spark_supervisor.judge.logscan import Failure, classify, transports
 from spark_supervisor.model.reason import Kind
 
 ESC = "\x1b[1;36m"
@@ -115,7 +115,7 @@ def test_a_rank_that_retried_its_connect_then_lost_its_head_died_of_the_loss() -
 
 
 def test_the_wrappers_refusal_of_a_cache_it_did_not_make_is_deterministic() -> None:
-    from spark_supervisor import commands
+    from spark_supervisor.specs import commands
     line = f"spark-serve: {commands.NOT_OURS}: /models/testbed holds files spark-supervisor did not create (Qwen3-8B)\n"
     f = logscan.scan("INFO starting\n" + line).failure
     assert f is not None and f.reason == "CacheDirNotOurs" and f.deterministic

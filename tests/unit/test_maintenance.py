@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import structlog
 
-from spark_supervisor import control, statefile
-from spark_supervisor.alerts import Alerter, RateLimit, webhook_label
 from spark_supervisor.config import Alerts
 from spark_supervisor.loop.daemon import Daemon
-from spark_supervisor.maintenance import parse_duration
 from spark_supervisor.model import EndpointObservation, EndpointState, Pause, Phase, StartServe
+from spark_supervisor.report.alerts import Alerter, RateLimit, webhook_label
+from spark_supervisor.state import control, statefile
+from spark_supervisor.state.maintenance import parse_duration
 from tests.fakes import FakeBackend, make
 from tests.helpers import data, obs, serve_running
 

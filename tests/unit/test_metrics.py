@@ -9,8 +9,7 @@ import pytest
 
 import spark_supervisor
 from spark_supervisor.config import Config
-from spark_supervisor.deployment import as_view
-from spark_supervisor.metrics import Metrics, NoMetrics
+from spark_supervisor.config.view import as_view
 from spark_supervisor.model import (
     Gid,
     HostFacts,
@@ -24,6 +23,7 @@ from spark_supervisor.model import (
     Transport,
     Verdict,
 )
+from spark_supervisor.report.metrics import Metrics, NoMetrics
 from tests.fakes import make
 from tests.helpers import cfg, counted, data, node_obs, obs, ray_container
 
@@ -294,7 +294,7 @@ def test_stale_fabric_series_go_a_member_not_read_leaves_none_and_a_reload_drops
 
 def test_fabric_series_are_recomputed_only_when_the_facts_change(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every tick calls update: the same facts (the same objects, or equal ones) cost no judgment."""
-    from spark_supervisor import fabric
+    from spark_supervisor.judge import fabric
     judged = counted(monkeypatch, fabric, "problems")
     m = Metrics("127.0.0.1", 0)
     try:
@@ -398,7 +398,7 @@ def test_idle_connections_past_the_caps_are_closed_and_a_scrape_from_elsewhere_a
     import threading
     import time
 
-    from spark_supervisor.metrics import CappedServer
+    from spark_supervisor.report.metrics import CappedServer
     from spark_testbed.testbed import until
     m = Metrics("0.0.0.0", 0)
     port = m.server.server_address[1]

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from spark_supervisor import commands, config, modelcheck
+from spark_supervisor import config
 from spark_supervisor.config import OWNER_LABEL, ROLE_LABEL
+from spark_supervisor.judge import modelcheck
 from spark_supervisor.model import (
     CheckImage,
     CheckModel,
@@ -30,6 +31,7 @@ from spark_supervisor.model import (
     Status,
 )
 from spark_supervisor.plan import plan
+from spark_supervisor.specs import commands
 from tests.helpers import cfg, counted, data, images, node_obs, obs, ray_ok
 
 REPO = "Org/Tiny-Model"
@@ -422,7 +424,7 @@ def test_a_prefetch_that_would_not_fit_on_the_disk_copies_nothing_and_says_why(t
 # ---------------------------------------------------------------------------- what the last check found
 def test_the_last_checks_finding_is_kept_per_node_and_key_written_only_when_it_changes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from spark_supervisor import statefile
+    from spark_supervisor.state import statefile
     sd = str(tmp_path)
     statefile.update_node(sd, "spark-1", image_id="sha256:i", key="r")  # the image's check, kept beside it
     writes = counted(monkeypatch, statefile, "write_json")
@@ -446,7 +448,7 @@ def test_the_last_checks_finding_is_kept_per_node_and_key_written_only_when_it_c
 
 def test_two_keepers_of_one_directory_each_write_only_their_own_finding(tmp_path: Path) -> None:
     """The daemon's and a change's proof's: what one found is not written over by the other's older view."""
-    from spark_supervisor import statefile
+    from spark_supervisor.state import statefile
     sd = str(tmp_path)
     daemon, proof = modelcheck.Kept(sd), modelcheck.Kept(sd)
     assert not daemon.complete("spark-1", "old") and not proof.complete("spark-1", "new")  # both read the file
@@ -464,7 +466,7 @@ def test_a_finding_that_could_not_be_written_is_kept_all_the_same(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found gone while Ray joined, and the file not writable: the next start checks before it starts, not
     put off again on the file's word into a loop of starts."""
-    from spark_supervisor import statefile
+    from spark_supervisor.state import statefile
     sd = str(tmp_path)
     modelcheck.Kept(sd).note("spark-2", "k", True)
     kept = modelcheck.Kept(sd)
@@ -483,8 +485,8 @@ def test_an_image_check_puts_the_model_check_off_only_when_asked_and_the_last_on
         tmp_path: Path) -> None:
     import structlog
 
-    from spark_supervisor.act import Actor
-    from spark_supervisor.observe import World
+    from spark_supervisor.world.act import Actor
+    from spark_supervisor.world.observe import World
     d = data()
     d["supervisor"]["state_dir"] = str(tmp_path)
     c = cfg(d)
@@ -538,8 +540,8 @@ def test_every_start_asks_for_the_model_check_to_wait_and_the_actor_decides() ->
 def test_the_image_and_model_checks_in_one_container_read_as_the_two_apart(tmp_path: Path) -> None:
     """A first start (or a new image) makes both checks in one container (commands.checks_probe): run here by a
     real sh, as the container would, its output split (commands.split_checks) reads as the two probes' own."""
-    from spark_supervisor import commands
-    from spark_supervisor.preflight import parse_image_probe
+    from spark_supervisor.judge.preflight import parse_image_probe
+    from spark_supervisor.specs import commands
     d = write_model(tmp_path / "m")
     dep = config.parse(data(deployments=[{"name": "m", "serve": {"model": str(d), "tensor_parallel_size": 2,
                                                                  "command": [sys.executable, "-m", "vllm"]},
@@ -574,9 +576,9 @@ def test_a_first_start_checks_the_image_and_the_model_in_one_container_and_a_lat
     before the start (the model is checked while Ray joins). A proof checks the model, in its own container."""
     import structlog
 
-    from spark_supervisor import commands
-    from spark_supervisor.act import Actor
     from spark_supervisor.model import ImageReport
+    from spark_supervisor.specs import commands
+    from spark_supervisor.world.act import Actor
     from tests.fakes import fake_world
     d = write_model(tmp_path / "m")
     data_ = data()
@@ -607,7 +609,7 @@ def test_a_first_start_checks_the_image_and_the_model_in_one_container_and_a_lat
 
 
 def test_the_image_probes_exit_is_read_after_output_that_does_not_end_its_line() -> None:
-    from spark_supervisor import commands
+    from spark_supervisor.specs import commands
     image = 'printf "ray_path=/r"; exit 3'  # what an image's odd shell could leave: no newline at the end
     r = subprocess.run(["sh", "-c", commands.CHECKS, "spark-checks", image, "n", "", "", "",
                         "echo model", "m"], capture_output=True, text=True, timeout=30)

@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from spark_supervisor.adapters import UNEXPECTED
-from spark_supervisor.metrics import Metrics
 from spark_supervisor.model import (
     Gid,
     HostFacts,
@@ -28,6 +27,7 @@ from spark_supervisor.model import (
     Transport,
     Verdict,
 )
+from spark_supervisor.report.metrics import Metrics
 from tests.helpers import cfg, obs
 
 MONITORING = Path(__file__).resolve().parents[2] / "monitoring"

@@ -20,7 +20,7 @@ from spark_supervisor.adapters import AdapterError, Unreachable
 from spark_supervisor.adapters.shell import NodeShell
 from spark_supervisor.config import OWNER_LABEL
 from spark_supervisor.model import Container
-from spark_supervisor.observe import NodeAdapters, observe_node
+from spark_supervisor.world.observe import NodeAdapters, observe_node
 from spark_testbed import nvidia_smi
 from tests.fakes import FakeEngine
 from tests.helpers import cfg, data
@@ -179,7 +179,7 @@ def serving(w: Any, engine: type[ServingEngine], answer: Any) -> None:
     import httpx
 
     from spark_supervisor.adapters.vllm import VllmApi
-    from spark_supervisor.identity import node_container_name
+    from spark_supervisor.config.identity import node_container_name
     dep = w.cfg.deployment
     for node in w.cfg.nodes:
         box = Container(f"id-{node.name}", node_container_name(dep, node), dep.ray.image, "running",
@@ -194,8 +194,8 @@ def test_a_followers_death_is_seen_while_rank_0_still_answers_health() -> None:
     import httpx
 
     from spark_supervisor.adapters.vllm import VllmApi
-    from spark_supervisor.identity import node_container_name
-    from spark_supervisor.observe import Observer, World
+    from spark_supervisor.config.identity import node_container_name
+    from spark_supervisor.world.observe import Observer, World
 
     d = data()
     d["deployments"][0]["serve"]["distributed_executor_backend"] = "mp"
@@ -238,7 +238,7 @@ def test_the_engines_heartbeat_is_read_while_its_health_answers_late() -> None:
     import httpx
 
     from spark_supervisor.adapters.vllm import VllmApi
-    from spark_supervisor.observe import Observer, World
+    from spark_supervisor.world.observe import Observer, World
     c = cfg()
     dep = c.deployment
     w = World(c)
@@ -282,7 +282,7 @@ def test_the_endpoint_is_asked_before_the_serves_log_is_read() -> None:
     (the start's completion, its KV cache): readiness and the load's facts are judged on one evidence."""
     import httpx
 
-    from spark_supervisor.observe import Observer, World
+    from spark_supervisor.world.observe import Observer, World
     c = cfg()
     dep = c.deployment
     w = World(c)
@@ -313,7 +313,7 @@ def test_only_a_healthy_serves_quick_sweep_may_keep_its_listing() -> None:
     and answering. A start, a full observation and a sweep after a failed /health list afresh."""
     import httpx
 
-    from spark_supervisor.observe import Observer, World
+    from spark_supervisor.world.observe import Observer, World
     c = cfg()
     w = World(c)
     health = {"status": 200}

@@ -15,14 +15,14 @@ from pathlib import Path
 import prometheus_client
 import pytest
 
-from spark_supervisor import observe
 from spark_supervisor.adapters import AdapterError, UnexpectedError, guarded, probe
 from spark_supervisor.adapters.listening import parse_listening
 from spark_supervisor.adapters.nvidia import parse_smi_xml
 from spark_supervisor.adapters.shell import printable, run_local
-from spark_supervisor.metrics import Metrics
 from spark_supervisor.model import Container, EngineStats
-from spark_supervisor.observe import observe_node
+from spark_supervisor.report.metrics import Metrics
+from spark_supervisor.world import observe
+from spark_supervisor.world.observe import observe_node
 from tests.fakes import FakeEngine
 from tests.unit.test_observe import adapters, world
 

@@ -11,10 +11,8 @@ from typing import Any
 
 import structlog
 
-from spark_supervisor import perf
 from spark_supervisor.adapters.vllm import read_stream
-from spark_supervisor.deployment import as_view
-from spark_supervisor.metrics import NoMetrics
+from spark_supervisor.config.view import as_view
 from spark_supervisor.model import (
     Action,
     EndpointObservation,
@@ -32,6 +30,8 @@ from spark_supervisor.model import (
     Verify,
 )
 from spark_supervisor.plan import plan
+from spark_supervisor.report.metrics import NoMetrics
+from spark_supervisor.world import perf
 from tests.fakes import make
 from tests.helpers import cfg, data, obs, phase_now, serve_running
 from tests.unit.test_plan import serving_status

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import structlog
 
-from spark_supervisor import act, commands
-from spark_supervisor.act import Actor
 from spark_supervisor.model import EndpointObservation, EndpointState, Phase
-from spark_supervisor.observe import World
+from spark_supervisor.specs import commands
+from spark_supervisor.world import act
+from spark_supervisor.world.act import Actor
+from spark_supervisor.world.observe import World
 from tests.fakes import make
 from tests.helpers import cfg, obs, serve_running
 
@@ -84,8 +85,8 @@ def test_a_pinned_image_gone_is_named_never_pulled_and_the_operator_can_move_pas
     name that does not exist); a reset, or a reload, starts what the tag names."""
     import pytest
 
-    from spark_supervisor.act import ActionFailed
     from spark_supervisor.model import Kind
+    from spark_supervisor.world.act import ActionFailed
     from tests.fakes import ActorEngine, FakeShell
     from tests.unit.test_stack import make as make_stack
 

@@ -1,8 +1,8 @@
 from dataclasses import replace
 
 from spark_supervisor.config import Config
+from spark_supervisor.judge.preflight import parse_ip_addr, preflight
 from spark_supervisor.model import Observation
-from spark_supervisor.preflight import parse_ip_addr, preflight
 from tests.helpers import cfg, data, node_obs, obs
 
 IP_ADDR = """1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever

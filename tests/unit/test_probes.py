@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from spark_supervisor import probes
-from spark_supervisor.probes import judge_completion
+from spark_supervisor.judge import completion
+from spark_supervisor.judge.completion import judge_completion
 
 
 def body(msg: dict[str, Any], finish: str = "length", tokens: int = 32) -> str:
@@ -52,12 +52,12 @@ REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real_vllm"
 
 
 def test_the_real_servers_embedding_passes() -> None:
-    v = probes.judge("embeddings", 200, (REAL / "embeddings.json").read_bytes(), serve="s", latency_s=0.01)
+    v = completion.judge("embeddings", 200, (REAL / "embeddings.json").read_bytes(), serve="s", latency_s=0.01)
     assert v.passed and v.why == "an embedding of 128 dimensions" and v.serve == "s"
 
 
 def test_the_real_servers_rerank_passes_with_a_negative_score() -> None:
-    v = probes.judge("rerank", 200, (REAL / "rerank.json").read_bytes())
+    v = completion.judge("rerank", 200, (REAL / "rerank.json").read_bytes())
     assert v.passed and v.why.startswith("2 documents scored (")
 
 
@@ -70,16 +70,16 @@ def test_the_real_servers_rerank_passes_with_a_negative_score() -> None:
     ("rerank", {"detail": "Not Found"}, "the response is not a rerank response"),
 ])
 def test_a_broken_pooling_answer_fails(kind: str, body: str | dict[str, Any], why: str) -> None:
-    v = probes.judge(kind, 200, body if isinstance(body, str) else json.dumps(body))
+    v = completion.judge(kind, 200, body if isinstance(body, str) else json.dumps(body))
     assert not v.passed and v.why.startswith(why), v.why
 
 
 def test_a_chat_probe_on_a_pooling_model_is_a_404_failure() -> None:
-    v = probes.judge("chat", 404, (REAL / "pooling_chat.json").read_bytes())
+    v = completion.judge("chat", 404, (REAL / "pooling_chat.json").read_bytes())
     assert not v.passed and v.why == 'HTTP 404: {"detail":"Not Found"}'
 
 
 def test_each_kind_asks_its_own_route() -> None:
-    assert probes.sanity_request("embeddings", "m", "p", 8) == ("/v1/embeddings", {"model": "m", "input": "p"})
-    assert probes.sanity_request("rerank", "m", "p", 8)[0] == "/v1/rerank"
-    assert probes.sanity_request("chat", "m", "p", 8)[1]["max_tokens"] == 8
+    assert completion.sanity_request("embeddings", "m", "p", 8) == ("/v1/embeddings", {"model": "m", "input": "p"})
+    assert completion.sanity_request("rerank", "m", "p", 8)[0] == "/v1/rerank"
+    assert completion.sanity_request("chat", "m", "p", 8)[1]["max_tokens"] == 8

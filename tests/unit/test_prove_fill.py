@@ -8,11 +8,11 @@ from typing import Any, cast
 
 import structlog
 
-from spark_supervisor import modelcheck
-from spark_supervisor.act import Actor
+from spark_supervisor.judge import modelcheck
 from spark_supervisor.model import CheckImage, ImageReport, ModelReport, PrefetchModel
-from spark_supervisor.observe import World
-from spark_supervisor.prove import fill
+from spark_supervisor.world.act import Actor
+from spark_supervisor.world.observe import World
+from spark_supervisor.world.prove import fill
 from tests.helpers import cfg, data
 
 

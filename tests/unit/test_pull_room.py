@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 import structlog
 
-from spark_supervisor import act
-from spark_supervisor.act import ActionFailed, Actor, free_gib
 from spark_supervisor.adapters import AdapterError
 from spark_supervisor.adapters.shell import Result
 from spark_supervisor.model import Kind
-from spark_supervisor.observe import NodeAdapters, World
+from spark_supervisor.world import act
+from spark_supervisor.world.act import ActionFailed, Actor, free_gib
+from spark_supervisor.world.observe import NodeAdapters, World
 from tests.helpers import cfg, data
 
 DF = "Filesystem     1024-blocks      Used Available Capacity Mounted on\n/dev/nvme0n1p2  3843862672 3801862672  {kib} 99% /\n"

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from spark_supervisor import logscan
-from spark_supervisor.act import ActionFailed
+from spark_supervisor.judge import logscan
 from spark_supervisor.model import Kind, Reason
 from spark_supervisor.model.reason import deterministic
+from spark_supervisor.world.act import ActionFailed
 
 PACKAGE = Path(__file__).resolve().parents[2] / "spark_supervisor"
 CAMEL = re.compile(r"[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from spark_supervisor import config
-from spark_supervisor.deployment import as_view
+from spark_supervisor.config.view import as_view
 from spark_supervisor.model import (
     Gid,
     Gpu,
@@ -27,8 +27,9 @@ from spark_supervisor.model import (
     Transport,
 )
 from spark_supervisor.model.host import NONE
-from spark_supervisor.record import Decided, Sources, build, diff, store, what_changed
-from spark_supervisor.record.text import render, render_diff
+from spark_supervisor.report.record import Decided, Sources, build, diff, what_changed
+from spark_supervisor.report.record.text import render, render_diff
+from spark_supervisor.state import records
 from tests.helpers import cfg, data, images
 
 IF = "enp1s0f1np1"
@@ -190,53 +191,53 @@ def test_a_record_reads_as_grouped_aligned_lines() -> None:
 # --------------------------------------------------------------------------------------------- the store
 def test_the_history_is_bounded_by_count_and_by_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     d = str(tmp_path)
-    monkeypatch.setattr(store, "KEEP", 3)
+    monkeypatch.setattr(records, "KEEP", 3)
     for i in range(5):
-        store.append(d, {**build(sources(serve_id=f"s{i}")), "wall": float(i)}, float(i))
-    h = store.read(d, "qwen")
+        records.append(d, {**build(sources(serve_id=f"s{i}")), "wall": float(i)}, float(i))
+    h = records.read(d, "qwen")
     assert [r["serve_id"] for r in h.records] == ["s2", "s3", "s4"] and not h.problems
-    size = len((tmp_path / store.HISTORY).read_bytes())
-    monkeypatch.setattr(store, "MAX_BYTES", size - 1)  # one record less fits
-    store.append(d, build(sources(serve_id="s5")), 6.0)
-    assert [r["serve_id"] for r in store.read(d, "qwen").records] == ["s4", "s5"]
-    assert os.stat(tmp_path / store.HISTORY).st_mode & 0o777 == 0o600
+    size = len((tmp_path / records.HISTORY).read_bytes())
+    monkeypatch.setattr(records, "MAX_BYTES", size - 1)  # one record less fits
+    records.append(d, build(sources(serve_id="s5")), 6.0)
+    assert [r["serve_id"] for r in records.read(d, "qwen").records] == ["s4", "s5"]
+    assert os.stat(tmp_path / records.HISTORY).st_mode & 0o777 == 0o600
 
 
 def test_a_corrupt_or_foreign_line_is_skipped_with_a_problem_and_set_aside_at_the_next_write(tmp_path: Path) -> None:
     d = str(tmp_path)
-    store.append(d, build(sources(serve_id="s1")), 1.0)
-    with open(tmp_path / store.HISTORY, "a") as f:
+    records.append(d, build(sources(serve_id="s1")), 1.0)
+    with open(tmp_path / records.HISTORY, "a") as f:
         f.write('{"cut": tr\n[1, 2]\n' + json.dumps({**build(sources()), "deployment": "other"}) + "\n")
-    h = store.read(d, "qwen")
+    h = records.read(d, "qwen")
     assert [r["serve_id"] for r in h.records] == ["s1"]
     assert [p.split(": skipped: ")[1][:12] for p in h.problems] == ["not JSON (Ex", "not a JSON o", "of deploymen"]
-    store.append(d, build(sources(serve_id="s2")), 2.0)
-    assert [r["serve_id"] for r in store.read(d, "qwen").records] == ["s1", "s2"]
-    assert len(list(tmp_path.glob(f"{store.HISTORY}.bad-*"))) == 1  # the damaged file kept for a look
+    records.append(d, build(sources(serve_id="s2")), 2.0)
+    assert [r["serve_id"] for r in records.read(d, "qwen").records] == ["s1", "s2"]
+    assert len(list(tmp_path.glob(f"{records.HISTORY}.bad-*"))) == 1  # the damaged file kept for a look
 
 
 def test_the_history_is_read_back_bounded_and_a_special_file_is_a_problem_not_a_hang(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     d = str(tmp_path)
     for i in range(3):
-        store.append(d, build(sources(serve_id=f"s{i}")), float(i))
-    line = len((tmp_path / store.HISTORY).read_bytes()) // 3
-    monkeypatch.setattr(store, "MAX_BYTES", line + line // 2)  # grown past what is read: its end, whole lines
-    h = store.read(d, "qwen")
+        records.append(d, build(sources(serve_id=f"s{i}")), float(i))
+    line = len((tmp_path / records.HISTORY).read_bytes()) // 3
+    monkeypatch.setattr(records, "MAX_BYTES", line + line // 2)  # grown past what is read: its end, whole lines
+    h = records.read(d, "qwen")
     assert [r["serve_id"] for r in h.records] == ["s2"] and "only its end was read" in h.problems[0]
-    (tmp_path / store.HISTORY).unlink()
-    os.mkfifo(tmp_path / store.HISTORY)
-    h = store.read(d, "qwen")
+    (tmp_path / records.HISTORY).unlink()
+    os.mkfifo(tmp_path / records.HISTORY)
+    h = records.read(d, "qwen")
     assert h.records == [] and "is a FIFO" in h.problems[0]
-    assert store.latest(str(tmp_path / "none"), "qwen").current is None  # none yet: nothing, no problem
+    assert records.latest(str(tmp_path / "none"), "qwen").current is None  # none yet: nothing, no problem
 
 
 def test_a_measured_verdict_is_added_to_its_serves_record_only(tmp_path: Path) -> None:
     d = str(tmp_path)
-    store.append(d, build(sources(serve_id="s1")), 1.0)
-    assert not store.amend(d, "qwen", "s0", {"good": False}, 2.0)
-    assert store.amend(d, "qwen", "s1", {"good": False}, 2.0)
-    assert store.read(d, "qwen").newest["good"] is False  # type: ignore[index]
+    records.append(d, build(sources(serve_id="s1")), 1.0)
+    assert not records.amend(d, "qwen", "s0", {"good": False}, 2.0)
+    assert records.amend(d, "qwen", "s1", {"good": False}, 2.0)
+    assert records.read(d, "qwen").newest["good"] is False  # type: ignore[index]
 
 
 def test_the_performance_is_compared_by_its_verdict_not_its_figures() -> None:
@@ -249,16 +250,16 @@ def test_the_performance_is_compared_by_its_verdict_not_its_figures() -> None:
 
 def test_a_record_line_nested_too_deeply_or_mistyped_is_skipped_and_said_never_a_crash(tmp_path: Path) -> None:
     """Issue 42 (LOW): such a line gave a Traceback in `record`/`report` and stopped the daemon writing records."""
-    from spark_supervisor.record import store
-    from spark_supervisor.record.build import build
+    from spark_supervisor.report.record.build import build
+    from spark_supervisor.state import records
     rec = build(sources(serve_id="s1"))
     name = rec["deployment"]
     deep = "[" * 100_000 + "]" * 100_000
     mistyped = json.dumps({**rec, "decisions": 5})
-    (tmp_path / store.HISTORY).write_text(f"{deep}\n{mistyped}\n{json.dumps(rec)}\n")
-    h = store.read(str(tmp_path), name)
+    (tmp_path / records.HISTORY).write_text(f"{deep}\n{mistyped}\n{json.dumps(rec)}\n")
+    h = records.read(str(tmp_path), name)
     assert [r["serve_id"] for r in h.records] == ["s1"]
     assert [p.split(": skipped: ")[1] for p in h.problems] == ["nested too deeply to be a record",
                                                               "its decisions are not a list"]
-    h = store.append(str(tmp_path), {**rec, "serve_id": "s2"}, 2.0)  # the daemon goes on writing records
-    assert [r["serve_id"] for r in store.read(str(tmp_path), name).records] == ["s1", "s2"]
+    h = records.append(str(tmp_path), {**rec, "serve_id": "s2"}, 2.0)  # the daemon goes on writing records
+    assert [r["serve_id"] for r in records.read(str(tmp_path), name).records] == ["s1", "s2"]

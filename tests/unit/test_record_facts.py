@@ -13,13 +13,15 @@ from types import SimpleNamespace
 
 import structlog
 
-from spark_supervisor import commands, modelcheck, statefile
-from spark_supervisor.act import Actor
 from spark_supervisor.adapters.nvidia import parse_smi_xml
 from spark_supervisor.adapters.sysfs import parse_host_facts
-from spark_supervisor.deployment import as_view
+from spark_supervisor.config.view import as_view
+from spark_supervisor.judge import modelcheck
+from spark_supervisor.judge.preflight import parse_image_probe
 from spark_supervisor.model.host import NONE
-from spark_supervisor.preflight import parse_image_probe
+from spark_supervisor.specs import commands
+from spark_supervisor.state import statefile
+from spark_supervisor.world.act import Actor
 from tests.helpers import cfg, data
 
 

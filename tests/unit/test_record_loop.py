@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 import tomli_w
 
-from spark_supervisor import cli, perf, statefile
+from spark_supervisor import cli
 from spark_supervisor.loop.daemon import Daemon
-from spark_supervisor.loop.recording import Recorder
 from spark_supervisor.model import (
     Action,
     EndpointObservation,
@@ -30,7 +29,10 @@ from spark_supervisor.model import (
     Phase,
     Throughput,
 )
-from spark_supervisor.record import build, store
+from spark_supervisor.reconcile.recording import Recorder
+from spark_supervisor.report.record import build
+from spark_supervisor.state import records, statefile
+from spark_supervisor.world import perf
 from tests.fakes import FakeBackend, make
 from tests.helpers import cfg, counted, data, obs, phase_now, serve_running
 from tests.unit.test_record import KERNEL, A, B, checked, host, sources
@@ -63,8 +65,8 @@ def until(daemon: Daemon, phase: Phase, clock: Any, ticks: int = 8) -> None:
     raise AssertionError(f"{phase.value} not reached: {daemon.status.phase.value} {daemon.status.reason}")
 
 
-def records(tmp_path: Path) -> list[dict[str, Any]]:
-    return store.read(str(tmp_path / "state" / "deployments" / "qwen"), "qwen").records
+def recorded(tmp_path: Path) -> list[dict[str, Any]]:
+    return records.read(str(tmp_path / "state" / "deployments" / "qwen"), "qwen").records
 
 
 def started(tmp_path: Path, d: dict[str, Any] | None = None) -> tuple[Daemon, FakeBackend, Any, Path]:
@@ -79,7 +81,7 @@ def test_a_new_serve_that_reaches_serving_is_recorded_once(tmp_path: Path) -> No
     r.repairs.add(1.7e9 + clock.t, "serve", "ServeExited: exit code 137")  # a decision before this record
     be.next = seen(daemon)
     until(daemon, Phase.SERVING, clock)
-    (rec,) = records(tmp_path)
+    (rec,) = recorded(tmp_path)
     assert rec["nodes"]["spark-2"]["host"]["kernel"] == KERNEL and rec["nodes"]["spark-1"]["image"]["id"] == A
     assert rec["nodes"]["spark-1"]["image"]["vllm"] == "0.33.0" and rec["good"] is True
     assert rec["serve_id"] == serve_running(daemon.cfg).identity
@@ -88,7 +90,7 @@ def test_a_new_serve_that_reaches_serving_is_recorded_once(tmp_path: Path) -> No
     until(daemon, Phase.DEGRADED, clock)
     be.next = seen(daemon)
     until(daemon, Phase.SERVING, clock)
-    assert len(records(tmp_path)) == 1  # the same serve again: recorded already
+    assert len(recorded(tmp_path)) == 1  # the same serve again: recorded already
 
 
 def test_going_bad_says_what_changed_in_the_status_the_alert_and_record_diff(
@@ -130,7 +132,7 @@ def test_going_bad_compares_with_the_good_record_kept_without_reading_the_histor
     r = daemon.stack.first
     be.next = seen(daemon)
     until(daemon, Phase.SERVING, clock)
-    reads = counted(monkeypatch, store, "read")
+    reads = counted(monkeypatch, records, "read")
     be.next = seen(daemon, kernels={"spark-2": NEW_KERNEL}, gpu_lost="Failed to initialize NVML: Unknown Error")
     until(daemon, Phase.DEGRADED, clock)
     said = f"since the last good serve: kernel {KERNEL} → {NEW_KERNEL} on spark-2"
@@ -154,7 +156,7 @@ def test_a_start_that_fails_on_another_image_names_the_image(tmp_path: Path) -> 
     be.next = seen(daemon, image=B, serve=failed)
     until(daemon, Phase.FAILED, clock)
     assert daemon.status.changed.startswith("since the last good serve: image sha256:aaaaaaaaaaaa… → sha256:bbbbbbbbbbbb…")
-    bad, _ = store.read_bad(str(tmp_path / "state" / "deployments" / "qwen"), "qwen")
+    bad, _ = records.read_bad(str(tmp_path / "state" / "deployments" / "qwen"), "qwen")
     assert bad is not None and bad["verdict"] == "FAILED" and bad["changed"] == daemon.status.changed
     assert bad["reason"].startswith("ServeFailed: BadArguments") and bad["good"] is False
 
@@ -180,7 +182,7 @@ def test_a_throughput_regression_is_held_to_the_serve_before_it(tmp_path: Path) 
     until(daemon, Phase.VERIFYING, clock)
     until(daemon, Phase.DEGRADED, clock)
     assert phase_now(daemon.status) == Phase.DEGRADED and daemon.status.why.kind == Kind.THROUGHPUT_REGRESSION
-    first, second = records(tmp_path)
+    first, second = recorded(tmp_path)
     assert first["good"] is True and first["results"]["performance"]["verdict"] == "ok"
     assert second["good"] is False and second["results"]["performance"]["verdict"] == "regression"
     assert daemon.status.changed.startswith("since the last good serve: image sha256:aaaaaaaaaaaa… → sha256:bbbb")
@@ -198,7 +200,7 @@ def test_page_cache_drops_and_rollbacks_between_two_records_are_its_decisions(tm
     be.next = seen(daemon, pid=78)
     until(daemon, Phase.VERIFYING, clock)
     until(daemon, Phase.SERVING, clock)
-    _, second = records(tmp_path)
+    _, second = recorded(tmp_path)
     assert [x["what"] for x in second["decisions"]] == ["page-cache drop", "rollback"]
     assert second["decisions"][0]["reason"].startswith("spark-2: ")
 
@@ -211,7 +213,7 @@ def test_record_without_a_record_or_a_deployment_says_so(tmp_path: Path, capsys:
     assert cli.main(["record", "-c", str(path)]) == 1 and "no record yet" in capsys.readouterr().err
     assert cli.main(["record", "nope", "-c", str(path)]) == 2 and "no deployment 'nope'" in capsys.readouterr().err
     own = str(tmp_path / "state" / "deployments" / "qwen")
-    store.append(own, build(sources(cfg(d))), 1.0)
+    records.append(own, build(sources(cfg(d))), 1.0)
     assert cli.main(["record", "-c", str(path), "--diff"]) == 1
     assert "0 good records before it" in capsys.readouterr().err
     assert cli.main(["record", "-c", str(path), "--json"]) == 0
@@ -247,8 +249,8 @@ def test_a_report_holds_the_record_status_logs_and_config_and_none_of_the_secret
     c = cfg(dict(d, deployments=[{**dep, "readiness": {}, "serve": {**dep["serve"], "env": {}}}]))
     leak = " ".join(SECRETS.values())
     own = str(tmp_path / "state" / "deployments" / "qwen")
-    store.append(own, build(sources(c, serve_id="s1")), 1.0)
-    store.write_bad(own, {**build(sources(c, verdict="FAILED", serve_id="s2")), "wall": 1.8e9,
+    records.append(own, build(sources(c, serve_id="s1")), 1.0)
+    records.write_bad(own, {**build(sources(c, verdict="FAILED", serve_id="s2")), "wall": 1.8e9,
                           "reason": f"ServeFailed: {leak}"})
     statefile.write_json(str(tmp_path / "state"), "status.json", {"phase": "FAILED", "reason": leak, "history": [
         {"at": "2026-01-01T00:00:00Z", "phase": "FAILED", "reason": leak}], "deployment": {"name": "qwen"}})
@@ -307,11 +309,11 @@ def test_a_record_that_cannot_be_made_or_written_never_stops_the_tick_or_its_ale
     r.alert = lambda _name, event, **_kw: sent.append(event)
     def full(*_: object, **__: object) -> None:
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(store, "_write", full)  # the disk is full: the record is lost, the serve is not
+    monkeypatch.setattr(records, "_write", full)  # the disk is full: the record is lost, the serve is not
     be.next = seen(daemon)
     until(daemon, Phase.SERVING, clock)
-    assert records(tmp_path) == []
-    monkeypatch.setattr("spark_supervisor.loop.recording.build", lambda _src: 1 / 0)  # a bug
+    assert recorded(tmp_path) == []
+    monkeypatch.setattr("spark_supervisor.reconcile.recording.build", lambda _src: 1 / 0)  # a bug
     be.next = seen(daemon, gpu_lost="Failed to initialize NVML: Unknown Error")
     until(daemon, Phase.DEGRADED, clock)
     assert sent == ["degraded"] and daemon.status.changed == ""
@@ -328,7 +330,7 @@ def test_a_deployment_adopted_after_a_restart_of_the_daemon_is_recorded_with_the
         "spark-1": {"image_id": B, "key": kept.key, "report": dataclasses.asdict(kept)}})  # of another image
     be.next = seen(daemon)
     until(daemon, Phase.SERVING, clock)
-    (rec,) = records(tmp_path)
+    (rec,) = recorded(tmp_path)
     assert rec["nodes"]["spark-2"]["image"]["vllm"] == "0.33.0"
     assert rec["nodes"]["spark-2"]["image"]["digest"] == "vllm/vllm-openai@sha256:" + "d" * 64
     assert rec["nodes"]["spark-1"]["image"] == {**rec["nodes"]["spark-2"]["image"], **dict.fromkeys(

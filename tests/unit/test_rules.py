@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from spark_supervisor import plan as p
 from spark_supervisor.config import Config
-from spark_supervisor.deployment import as_view
+from spark_supervisor.config.view import as_view
 from spark_supervisor.model import (
     Container,
     Observation,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from spark_supervisor import logscan, probes
+from spark_supervisor.judge import completion, logscan
 from spark_supervisor.model import EndpointObservation, EndpointState, Phase, RayObservation, Status
 from spark_supervisor.plan import derive, plan, unknowns
 from spark_supervisor.plan import seen as seen_mod
@@ -40,7 +40,7 @@ def test_one_tick_reads_the_log_the_unknowns_and_health_once(tmp_path: Path, mon
     counted(monkeypatch, calls, logscan, "scan")
     for where in (seen_mod, unknown_mod):  # the tick's reading, and the planner's own when it has none
         counted(monkeypatch, calls, where, "unknowns")
-    for where in (seen_mod, probes):
+    for where in (seen_mod, completion):
         counted(monkeypatch, calls, where, "health_result")
     daemon.tick()  # one tick of the one deployment, its status document written
     assert (tmp_path / "state" / "status.json").exists()
@@ -53,7 +53,7 @@ def test_what_is_derived_is_what_each_would_read(phase: Phase) -> None:
     o = obs(c, deployed=True, serve=serve_running(c, LOG), endpoint=EndpointObservation(EndpointState.UP, health=200))
     s = derive(o, phase, c)
     assert s.progress == logscan.scan(LOG) and s.unknown == unknowns(o, c, phase)
-    assert s.health == probes.health_result(o.endpoint)
+    assert s.health == completion.health_result(o.endpoint)
     st = Status()
     st.phase = phase
     assert plan(o, st, c, 10.0, s) == plan(o, st, c, 10.0)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_supervisor import commands
+from spark_supervisor.specs import commands
 from tests.helpers import cfg, data
 
 PARSER = '''

@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 import tomli_w
 
-from spark_supervisor import commands, config, servelogs
+from spark_supervisor import config
 from spark_supervisor.cli import main
-from spark_supervisor.servelogs import Launch, Problem, launches, log_name, parse_name, pick
+from spark_supervisor.specs import commands
+from spark_supervisor.world import servelogs
+from spark_supervisor.world.servelogs import Launch, Problem, launches, log_name, parse_name, pick
 from spark_testbed.testbed import until
 from tests.helpers import cfg, data
 
@@ -277,9 +279,9 @@ def test_one_redactor_for_the_daemons_log_logs_and_the_bundle(tmp_path: Path, ca
     import os
     import tarfile
 
-    from spark_supervisor import logs as daemon_logs
-    from spark_supervisor import redaction
+    from spark_supervisor.base import redaction
     from spark_supervisor.config import known_secrets, load
+    from spark_supervisor.report import journal as daemon_logs
     token, team, bot = "XXXXwebhookTOKEN0123", "T0123ABCD", "B0456EFGH"
     monkeypatch.setenv("WANDB_KEY", "wandb-secret-42")
     monkeypatch.setenv("DB_PASS", "pa55word-secret")

@@ -14,8 +14,8 @@ import structlog
 import tomli_w
 
 from spark_supervisor import config
-from spark_supervisor.deployment import DeploymentView, as_view
-from spark_supervisor.loop import proof
+from spark_supervisor.change import proof
+from spark_supervisor.config.view import DeploymentView, as_view
 from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import (
     CheckImage,
@@ -213,7 +213,7 @@ def test_a_reload_tears_down_only_the_deployment_removed_and_starts_the_one_adde
 @pytest.mark.parametrize("owned, blocked", [(frozenset({4242}), False), (frozenset({1}), True), (None, True)])
 def test_another_deployments_serve_on_the_gpu_is_not_a_foreign_process(owned: frozenset[int] | None,
                                                                        blocked: bool) -> None:
-    from spark_supervisor.admission import gpu_blockers
+    from spark_supervisor.judge.admission import gpu_blockers
     from spark_supervisor.model import Gpu, GpuProcess
     c = cfg(stack(EMBED))
     v = c.view(c.deployments[1])

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from spark_supervisor import logscan, probes
+from spark_supervisor.judge import completion, logscan
 from spark_supervisor.model import EndpointObservation, EndpointState
 from tests.standin_process import StandinProcess
 
@@ -55,15 +55,15 @@ def test_a_healthy_start_reads_the_same(standin: Standin) -> None:
     # /health: 200 with an empty body on both (tests/fixtures/real_vllm/health.txt).
     code, body = s.request("GET", "/health")
     assert (code, body) == (200, b"")
-    assert probes.health_result(EndpointObservation(EndpointState.UP, "", code)) == "success"
+    assert completion.health_result(EndpointObservation(EndpointState.UP, "", code)) == "success"
     real_models = json.loads((FIXTURES / "models.json").read_text())
     code, models = s.request("GET", "/v1/models")
     assert code == 200 and json.loads(models)["data"][0]["id"] == real_models["data"][0]["id"] == "tiny-qwen3"
     # The runbook's healthy shape: content null, text in reasoning, finish_reason length.
-    real_v = probes.judge_completion(200, (FIXTURES / "completion.json").read_bytes())
+    real_v = completion.judge_completion(200, (FIXTURES / "completion.json").read_bytes())
     code, body = s.request("POST", "/v1/chat/completions", {"model": "tiny-qwen3", "max_tokens": 16,
                                                              "messages": [{"role": "user", "content": "hi"}]})
-    fake_v = probes.judge_completion(code, body)
+    fake_v = completion.judge_completion(code, body)
     assert (fake_v.passed, fake_v.field, fake_v.finish_reason) == (real_v.passed, real_v.field,
                                                                   real_v.finish_reason) == (True, "reasoning", "length")
 
@@ -96,7 +96,7 @@ def test_an_engine_death_on_the_first_request_reads_the_same(standin: Standin) -
     assert real.failure is not None and fake.failure is not None
     assert (fake.failure.reason, fake.failure.deterministic) == (real.failure.reason, real.failure.deterministic)
     assert "Unsupported CPU attention configuration" in real.failure.line and "Unsupported" in fake.failure.line
-    assert not probes.judge_completion(code, body).passed
+    assert not completion.judge_completion(code, body).passed
 
 
 def test_a_killed_engine_core_is_an_engine_death_with_its_generic_line() -> None:
@@ -111,17 +111,17 @@ def test_a_pooling_model_answers_its_probe_the_same_and_has_no_chat(standin: Sta
     tiny-qwen3 --convert embed) and the stand-in's pass the same probe; chat is 404 on both."""
     s = standin("--runner", "pooling", "--convert", "embed")
     s.started()
-    real = probes.judge(kind, 200, (FIXTURES / f"{kind}.json").read_bytes())
-    path, body = probes.sanity_request(kind, "tiny-qwen3", "Reply with the single word: ready", 32)
+    real = completion.judge(kind, 200, (FIXTURES / f"{kind}.json").read_bytes())
+    path, body = completion.sanity_request(kind, "tiny-qwen3", "Reply with the single word: ready", 32)
     code, answer = s.request("POST", path, body)
-    fake = probes.judge(kind, code, answer)
+    fake = completion.judge(kind, code, answer)
     assert real.passed and fake.passed, (real, fake)
     assert real.why.split(" (")[0].split(" of ")[0] == fake.why.split(" (")[0].split(" of ")[0]
     real_chat = json.loads((FIXTURES / "pooling_chat.json").read_text())
-    path, body = probes.sanity_request("chat", "tiny-qwen3", "hi", 4)
+    path, body = completion.sanity_request("chat", "tiny-qwen3", "hi", 4)
     code, answer = s.request("POST", path, body)
     assert (code, json.loads(answer)) == (404, real_chat)
-    assert not probes.judge("chat", code, answer).passed
+    assert not completion.judge("chat", code, answer).passed
 
 
 def test_the_connection_is_kept_alive_between_requests_as_the_real_servers_is(standin: Standin) -> None:

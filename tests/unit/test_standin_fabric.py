@@ -1,6 +1,6 @@
 """The testbed's stand-ins below vLLM held to the real formats (wire-formats.md §8): each node's host tree
 (spark_testbed/hosttree.py) read by the real host-facts script as this machine's own "/" is, its files shaped
-as the kernel's; the fault switches seen by spark_supervisor.fabric as what they are; the vLLM stand-in's NCCL
+as the kernel's; the fault switches seen by spark_supervisor.judge.fabric as what they are; the vLLM stand-in's NCCL
 lines read by logscan.transports as the captured real ones; the nvidia-smi stand-in's lost NVML as the real
 one's. No testbed needed: the trees are built in a temporary testbed directory."""
 
@@ -18,11 +18,14 @@ from typing import Any
 
 import pytest
 
-from spark_supervisor import commands, config, fabric, logscan, observe
+from spark_supervisor import config
 from spark_supervisor.adapters.shell import Result
 from spark_supervisor.adapters.sysfs import parse_host_facts
-from spark_supervisor.deployment import DeploymentView, as_view
+from spark_supervisor.config.view import DeploymentView, as_view
+from spark_supervisor.judge import fabric, logscan
 from spark_supervisor.model import HostFacts, Kind, Transport
+from spark_supervisor.specs import commands
+from spark_supervisor.world import observe
 from spark_testbed import hosttree, nvidia_smi, testbed, vllm_standin
 
 ROOT = Path(__file__).resolve().parents[2]

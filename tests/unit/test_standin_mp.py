@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_supervisor import logscan, probes
+from spark_supervisor.judge import completion, logscan
 from spark_testbed.testbed import until
 from tests.standin_process import StandinProcess, free_port
 
@@ -159,7 +159,7 @@ def test_a_lost_follower_is_found_by_the_next_request_as_the_real_pair_does(rank
     code, body = _chat(head)
     real_body = (FIXTURES / "follower_killed_response.txt").read_text()
     assert code == 500 and json.loads(body) == json.loads(real_body)
-    assert not probes.judge_completion(code, body).passed
+    assert not completion.judge_completion(code, body).passed
     t = time.monotonic()
     assert head.exited() == REAL["a_rank0_exit"][0] == 0
     assert time.monotonic() - t < 0.5 + 5  # real: 0.5 s (0.32), ~3 s (0.20)

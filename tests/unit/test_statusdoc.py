@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from spark_supervisor import logscan, statefile, statusdoc
 from spark_supervisor.cli import status
+from spark_supervisor.judge import logscan
 from spark_supervisor.model import (
     EndpointObservation,
     EndpointState,
@@ -77,6 +77,8 @@ from spark_supervisor.model.document import (
     UnknownDoc,
     VerdictDoc,
 )
+from spark_supervisor.report import statusdoc
+from spark_supervisor.state import statefile
 from tests.helpers import cfg, node_obs, ray_container
 
 
@@ -388,8 +390,8 @@ def test_a_facts_fields_are_kept_between_documents_and_each_document_gets_its_ow
     idle CPU with the stack), equal facts share them, and a change to one document's copy reaches no other."""
     import dataclasses
 
-    from spark_supervisor import statusdoc
     from spark_supervisor.model import Gpu, GpuProcess, ImageReport, ModelReport
+    from spark_supervisor.report import statusdoc
     statusdoc._fields.cache_clear()
     image = ImageReport("spark-1", "img", "k", ray_version="2.60.0", model=ModelReport("spark-1", "m", "k", files=3))
     a, b = statusdoc.as_dict(image), statusdoc.as_dict(dataclasses.replace(image))  # equal, not the same object

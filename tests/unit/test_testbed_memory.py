@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_supervisor import logscan
 from spark_supervisor.adapters.nvidia import parse_meminfo
+from spark_supervisor.judge import logscan
 from spark_testbed import nvidia_smi, testbed
 from tests.standin_process import StandinProcess
 

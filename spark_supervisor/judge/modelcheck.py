@@ -1,0 +1,289 @@
+"""The model on every node before the load: found now, not by a failed 15-minute load or stall timeouts.
+
+``deployments.serve.model`` is a directory, or a Hugging Face repo id looked up in the hub cache
+(``--download-dir``, else ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``;
+``models--Org--Name/snapshots/<rev>/`` through ``refs/<revision>``, or the only snapshot). The probe
+(``PROBE_PY``) runs in a short-lived container of the deployment's image with the node container's mounts
+and environment, so it sees the paths vLLM will see, and prints what it found as one JSON line; ``judge``
+decides here, pure: ``config.json``, the weights index readable, every shard it names present (a dangling
+link into ``blobs/`` is missing), none empty, their sum at least the index's ``metadata.total_size``; or,
+without an index, a ``model.safetensors`` (or other weight files).
+
+``PREFETCH_PY`` fills a node that lacks the model, in a detached container of the image: a copy from a
+directory the image sees (``[deployments.model] prefetch_from``) or a download from the hub, writing its
+progress to a file that the supervisor reads while it runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import threading
+import time
+from typing import Any
+
+from ..base import redaction
+from ..config import Config, Deployment, deployment_secrets, ray_hash
+from ..model import Kind, ModelReport
+from ..specs import script
+from ..state import statefile
+
+MARK = "spark-model:"
+PROGRESS = "/tmp/spark-model-prefetch.json"  # in the prefetch container
+PREFETCH_KEEP_S = 900  # the prefetch container waits this long after its end for its result to be read
+MAX_LISTED = 5000  # files of the model directory looked at (a model has tens)
+SHOWN = 3  # missing files named in a reason, then "and N more"
+
+# The Python that runs in the image (stdlib only), shared by the probe and the prefetch: where vLLM would
+# find the model (huggingface_hub's own rules for the cache).
+_RESOLVE = script.load("model-resolve.py")
+
+# $1 model, $2 revision, $3 download dir. Sizes: >= 0 bytes, -1 absent, -2 a dangling link, -3 a directory.
+PROBE_PY = _RESOLVE + script.load("model-probe.py").replace("MAX]", f"{MAX_LISTED}]")
+
+# $1 model, $2 revision, $3 download dir, $4 the source directory ("" for the hub), $5 the deadline in
+# seconds, $6 how long to wait for the result to be read, $7 the progress file. Copies only what is missing or of another size,
+# each file through a ".spark-partial" name, so a half-copied file is never taken for a whole one.
+PREFETCH_PY = _RESOLVE + script.load("model-prefetch.py")
+
+# Runs one of the programs above with the image's Python: the interpreter of the serve command (a python
+# itself, or the `#!` line of its script), else python3 or python on PATH. $1 the serve command, $2 the
+# program, then its arguments.
+RUN_PY = script.load("model-run-py.sh").replace("MARK", MARK)
+
+
+# ------------------------------------------------------------------------------------------------ config
+def probe_args(dep: Deployment) -> list[str]:
+    return [dep.serve.model, dep.serve.revision, dep.serve.download_dir]
+
+
+def key(cfg: Config, dep: Deployment) -> str:
+    """What a check depends on: the image, mounts and environment (ray_hash), the model and how vLLM finds it."""
+    s = dep.serve
+    spec = {"ray": ray_hash(cfg, dep), "model": s.model, "env": s.env, "command": s.command[0],
+            "revision": s.revision, "download_dir": s.download_dir}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# ------------------------------------------------------------------------------------- what was found
+class Kept:
+    """What each node's last model check found, by key: the one source the put-off check asks (the actor's
+    CheckImage(model_later=True)). Read from the node's findings in the state directory (statefile.NODES)
+    once per node, then kept here and written back when it changes: a write that failed loses only the
+    saving, and cannot put the check off into a loop of starts."""
+
+    KEYS = 8  # keys kept per node
+
+    def __init__(self, state_dir: str):
+        self.state_dir = state_dir
+        self._lock = threading.Lock()  # the nodes are checked at once
+        self._nodes: dict[str, dict[str, int]] = {}
+
+    def _of(self, node: str) -> dict[str, int]:
+        if node not in self._nodes:
+            self._nodes[node] = self._models(statefile.read_node(self.state_dir, node))
+        return self._nodes[node]
+
+    @staticmethod
+    def _models(entry: dict[str, Any]) -> dict[str, int]:
+        kept = entry.get("models")
+        return dict(kept) if isinstance(kept, dict) else {}
+
+    def _with(self, kept: dict[str, int], check_key: str, complete: bool) -> dict[str, int]:
+        """``kept`` with this key's finding (complete: kept, the newest of KEYS; else gone)."""
+        kept = {k: v for k, v in kept.items() if k != check_key}
+        return dict(list(kept.items())[-(self.KEYS - 1):]) | {check_key: round(time.time())} if complete else kept
+
+    def complete(self, node: str, check_key: str) -> bool:
+        """The node's last model check for this key found the model complete."""
+        with self._lock:
+            return check_key in self._of(node)
+
+    def note(self, node: str, check_key: str, complete: bool) -> None:
+        """What a check found (complete or not); written only when the file says otherwise. OSError when it
+        cannot be written (it is kept here all the same)."""
+        with self._lock:
+            kept = self._of(node)
+            if complete != (check_key in kept):
+                self._nodes[node] = self._with(kept, check_key, complete)
+            # The file decides whether to write (another Kept of the same directory, a change's proof, may have
+            # written this key since), and only this key changes in it: the other's keys stay.
+            statefile.edit_node(self.state_dir, node, lambda was: was if complete == (check_key in self._models(was))
+                                else {**was, "models": self._with(self._models(was), check_key, complete)})
+
+
+# ----------------------------------------------------------------------------------------------- parsing
+class ProbeError(ValueError):
+    """The probe's output is not what it prints: the check could not be made (unknown, not missing)."""
+
+
+def parse(out: str) -> dict[str, Any]:
+    """PROBE_PY's line (the last one marked). {"no_python": True} when the image has no Python."""
+    lines = [ln[len(MARK):].strip() for ln in out.splitlines() if ln.startswith(MARK)]
+    if not lines:
+        raise ProbeError(f"no result in its output: {out.strip()[-200:]!r}")
+    if lines[-1] == "no-python":
+        return {"no_python": True}
+    try:
+        facts = json.loads(lines[-1])
+    except ValueError as e:
+        raise ProbeError(f"unreadable result ({e}): {lines[-1][:200]!r}") from None
+    if not isinstance(facts, dict) or facts.get("source") not in ("local", "hub"):
+        raise ProbeError(f"unexpected result: {lines[-1][:200]!r}")
+    return facts
+
+
+_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def _size_problem(name: str, size: Any) -> str:
+    if not isinstance(size, int) or size == -1:
+        return name
+    if size == -2:
+        return f"{name} (dangling link)"
+    if size == -3:
+        return f"{name} (a directory)"
+    if size == 0:
+        return f"{name} (0 bytes)"
+    return ""
+
+
+def _not_in_cache(node: str, model: str, check_key: str, facts: dict[str, Any]) -> ModelReport:
+    """A hub model whose snapshot the probe did not find: which part of the cache is missing."""
+    cache, snaps = facts.get("cache", "?"), facts.get("snapshots") or []
+    repo = posixpath.basename(str(facts.get("repo", "")))
+    if not snaps:
+        missing = f"{model} is not in the hub cache {cache} (no {repo}/snapshots)"
+    elif facts.get("ref"):
+        missing = f"snapshot {facts['ref']} named by {repo}/refs is not in {repo}/snapshots"
+    else:
+        missing = f"{repo}/refs/main (and {len(snaps)} snapshots: which one?)"
+    return ModelReport(node, model, check_key, path=str(facts.get("repo", "")), source="hub",
+                       cache=str(cache), missing=(missing,))
+
+
+def judge(node: str, model: str, check_key: str, facts: dict[str, Any]) -> ModelReport:
+    """What the probe found, judged: the files missing or implausible (none: complete)."""
+    if facts.get("no_python"):
+        return ModelReport(node, model, check_key, unchecked="no Python in the image to look with")
+    source, path = facts["source"], str(facts.get("dir") or "")
+    missing: list[str] = []
+    files = nbytes = 0
+    if source == "hub" and not path:
+        return _not_in_cache(node, model, check_key, facts)
+    kind = facts.get("kind")
+    if kind == "none":
+        missing.append(f"{path} (no such directory)" if source == "local" else f"{path} (not a directory)")
+    elif kind == "file":  # one file (GGUF)
+        p = _size_problem(posixpath.basename(path), facts.get("size"))
+        missing += [p] if p else []
+        files, nbytes = (0, 0) if p else (1, int(facts.get("size", 0)))
+    else:
+        listed: dict[str, Any] = facts.get("files") or {}
+        if facts.get("list_error"):
+            missing.append(f"{path} (unreadable: {facts['list_error']})")
+        if not any(listed.get(c, -1) >= 0 for c in ("config.json", "params.json")):
+            missing.append(_size_problem("config.json", listed.get("config.json", -1)))
+        index = facts.get("index")
+        if index is not None:
+            if index.get("error") or not index.get("shards"):
+                missing.append(f"{index.get('name')} (unreadable: {index.get('error') or 'no weight_map'})")
+            else:
+                for shard, size in index["shards"].items():
+                    p = _size_problem(shard, size)
+                    if p:
+                        missing.append(p)
+                    else:
+                        files, nbytes = files + 1, nbytes + int(size)
+                total = index.get("total_size")
+                if (isinstance(total, int | float) and not missing and total > 0
+                        and nbytes < 0.99 * total):  # headers make the files a little larger than the tensors
+                    missing.append(f"shards hold {nbytes:,} bytes, less than the index's total_size {int(total):,} "
+                                   "(truncated)")
+        else:
+            weights = {n: s for n, s in listed.items() if n.endswith(_WEIGHTS)}
+            good = {n: s for n, s in weights.items() if isinstance(s, int) and s > 0}
+            if "model.safetensors" in weights and "model.safetensors" not in good:
+                missing.append(_size_problem("model.safetensors", weights["model.safetensors"]))
+            elif not good:
+                missing += ([_size_problem(n, s) for n, s in sorted(weights.items())]
+                            or ["model.safetensors (no weights index, no weight files)"])
+            files, nbytes = len(good), sum(good.values())
+    revision = posixpath.basename(path) if source == "hub" and "/snapshots/" in path else ""
+    return ModelReport(node, model, check_key, path=path, source=source, cache=str(facts.get("cache", "")),
+                       missing=tuple(m for m in missing if m), files=files, bytes=nbytes, revision=revision,
+                       config_sha256=str(facts.get("config_sha256") or ""))
+
+
+def parse_progress(out: str) -> dict[str, Any]:
+    """The prefetch's progress file ({} while it has not written one yet)."""
+    try:
+        p = json.loads(out)
+    except ValueError:
+        return {}
+    return p if isinstance(p, dict) else {}
+
+
+# ------------------------------------------------------------------------------------------------ reasons
+def host_path(dep: Deployment, path: str) -> str:
+    """Where a path the container sees lives on the node: through the deployment's volumes ("" when on none:
+    then it is inside the container, lost with it)."""
+    best = ("", "")
+    for src, dst, _ in dep.ray.mounts:
+        dst = dst.rstrip("/") or "/"
+        if (path == dst or path.startswith(dst.rstrip("/") + "/")) and len(dst) > len(best[1]):
+            best = (src, dst)
+    if not best[1]:
+        return ""
+    src, dst = best
+    rest = path[len(dst):].lstrip("/") if dst != "/" else path.lstrip("/")
+    where = src if src.startswith("/") else f"(volume {src})"
+    return posixpath.join(where, rest) if rest else where
+
+
+def _listed(items: tuple[str, ...]) -> str:
+    shown = ", ".join(items[:SHOWN])
+    return shown + (f" and {len(items) - SHOWN} more" if len(items) > SHOWN else "")
+
+
+def describe(cfg: Config, dep: Deployment, reports: dict[str, ModelReport]) -> str:
+    """ModelMissing's detail: the nodes, their missing files (a few), and what to run to fix it."""
+    bad = [m for m in reports.values() if m.missing]
+    good = [m for m in reports.values() if not m.missing and not m.unchecked and m.path]
+    parts = [f"{m.node}: {_listed(m.missing)}" + (f" in {m.path}" if m.found else "") for m in bad]
+    text = f"{dep.serve.model} incomplete: " + "; ".join(parts)
+    failed = [f"{m.node}: {m.detail}" for m in bad if m.prefetched and m.detail]
+    if failed:
+        text += f"; the prefetch did not complete it ({'; '.join(failed)})"
+    # a prefetch's error may quote what it was given
+    return redaction.text(f"{text}. Hint: {hint(dep, bad, good)}", deployment_secrets(cfg, dep))
+
+
+def hint(dep: Deployment, bad: list[ModelReport], good: list[ModelReport]) -> str:
+    nodes = ", ".join(m.node for m in bad)
+    later = ", then `spark-supervisor reset`"
+    if not dep.model.prefetch:
+        later += " (or set [deployments.model] prefetch = true to have it fetched)"
+    if bad and bad[0].source == "hub":
+        cache = bad[0].cache
+        on_host = host_path(dep, cache) if cache else ""
+        rev = f" --revision {dep.serve.revision}" if dep.serve.revision else ""
+        where = (f" --cache-dir {on_host}" if on_host else
+                 f" --cache-dir {cache} inside {dep.ray.image} (it is on no volume: mount it in deployments.ray.volumes)"
+                 if cache else "")
+        return f"on {nodes} run `hf download {dep.serve.model}{rev}{where}` (huggingface-cli download on older huggingface_hub){later}"
+    path = bad[0].path if bad else dep.serve.model
+    on_host = host_path(dep, path) or path
+    if good:
+        src = good[0]
+        src_host = host_path(dep, src.path) or src.path
+        return f"copy it from {src.node}: on {nodes} run `rsync -a {src.node}:{src_host}/ {on_host}/`{later}"
+    return f"put the model at {on_host} on {nodes}{later}"
+
+
+def problem(cfg: Config, dep: Deployment, reports: dict[str, ModelReport]) -> tuple[str, str] | None:
+    """(reason kind, detail) when a node lacks the model, else None."""
+    if any(m.missing for m in reports.values()):
+        return (Kind.MODEL_MISSING, describe(cfg, dep, reports))
+    return None
