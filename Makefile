@@ -109,7 +109,7 @@ bench-beside: testbed real-vllm  ## HEAD and the previous release (each its whee
 # run with and the constants put in, as commands, modelcheck and servelogs load them (a piece alone reads
 # variables and functions of another). Its settings: spark_supervisor/specs/scripts/.shellcheckrc.
 RUN_SCRIPTS := specs.commands.SERVE_WRAPPER specs.commands.SERVE_STATE specs.commands.SERVE_STOP specs.commands.PROBES \
-	specs.commands.HOST_FACTS specs.commands.IMAGE_PROBE specs.commands.RAY_NODES judge.modelcheck.RUN_PY \
+	specs.commands.HOST_FACTS specs.commands.IMAGE_PROBE specs.commands.RAY_NODES specs.modelprobe.RUN_PY \
 	world.servelogs.LIST world.servelogs.READ world.servelogs.FOLLOW
 
 lint: venv

@@ -22,6 +22,7 @@ from spark_supervisor.model import (
     Action,
     CheckImage,
     Container,
+    ContainerSpec,
     ImageReport,
     Observation,
     Outcome,
@@ -31,7 +32,6 @@ from spark_supervisor.model import (
 )
 from spark_supervisor.report.notify import Notifier
 from spark_supervisor.specs import commands
-from spark_supervisor.specs.commands import ContainerSpec
 from spark_supervisor.world.act import ActionFailed
 from spark_supervisor.world.backend import Backend, Fingerprint
 from spark_supervisor.world.observe import NodeAdapters, World

@@ -15,8 +15,7 @@ import tenacity
 from docker.types import DeviceRequest
 
 from ..config import identity
-from ..model import Container
-from ..specs.commands import ContainerSpec
+from ..model import Container, ContainerSpec
 from . import AdapterError, ImageMissingError, NotFoundError, TransientError, Unreachable, within
 
 # docker-py reaches an ssh:// engine through paramiko, whose transport thread wakes every 0.1 s (its

@@ -5,13 +5,26 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
 from dataclasses import dataclass
 
-from ..specs.commands import ssh_argv
 from . import AdapterError, TransientError, Unreachable
+
+
+def ssh_argv(target: str, argv: list[str], *, connect_timeout: float, control_dir: str = "",
+             config_file: str = "") -> list[str]:
+    """ssh runs the remote command through the remote shell, so quote each argument exactly once."""
+    opts = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(connect_timeout))}",
+            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=2"]
+    if config_file:
+        opts = ["-F", config_file, *opts]
+    if control_dir:
+        opts += ["-o", "ControlMaster=auto", "-o", f"ControlPath={control_dir}/ssh-%C",
+                 "-o", "ControlPersist=120"]
+    return ["ssh", *opts, target, "--", shlex.join(argv)]
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,7 @@ from collections.abc import Iterable, Iterator
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..judge.completion import chat_request, judge, sanity_request
-from ..model import EndpointObservation, EndpointState, EngineStats, Verdict
+from ..model import Answer, EndpointObservation, EndpointState, EngineStats, Verdict
 from . import probe
 from .health import observed
 from .quick import KeptAlive
@@ -137,12 +136,10 @@ class VllmApi:
             return EngineStats(error=f"/metrics: more than {MAX_METRICS_BYTES >> 20} MiB")
         return engine_stats(body.decode("utf-8", "replace"))
 
-    def stream(self, model: str, prompt: str, max_tokens: int, timeout: float, gap: float) -> tuple[float, float, int]:
-        """One streamed chat completion of ``max_tokens`` generated in full (vLLM's ignore_eos), timed as it
-        arrives: (time to first token, decode tokens/s, tokens); at most ``timeout`` in all and ``gap`` between
-        two reads (an engine that stops answering must not hold the caller). Raises httpx.HTTPError or ValueError."""
-        body = {**chat_request(model, prompt, max_tokens), "stream": True, "ignore_eos": True,
-                "stream_options": {"include_usage": True}}
+    def stream(self, body: dict[str, object], timeout: float, gap: float) -> tuple[float, float, int]:
+        """One streamed chat completion (specs.requests.stream_request), timed as it arrives: (time to first
+        token, decode tokens/s, tokens); at most ``timeout`` in all and ``gap`` between two reads (an engine
+        that stops answering must not hold the caller). Raises httpx.HTTPError or ValueError."""
         deadline = time.monotonic() + timeout
         sent = time.monotonic()
         with self.http.stream("POST", f"{self.url}/v1/chat/completions", headers=self.headers, json=body,
@@ -158,11 +155,11 @@ class VllmApi:
                     yield now, line
             return read_stream(timed(), sent)
 
-    def sanity(self, model: str, prompt: str, max_tokens: int, timeout: float, serve: str,
-               kind: str = "chat") -> Verdict:
-        """One real request of the readiness probe's kind: a chat completion, an embedding or a rerank."""
+    def sanity(self, path: str, body: dict[str, object], timeout: float, serve: str) -> Verdict | Answer:
+        """One real request of the readiness probe's kind (specs.requests.sanity_request): its answer, for
+        judge.completion to judge, or the verdict when there is none (no connection, no answer in time, the
+        key refused)."""
         t0 = time.monotonic()
-        path, body = sanity_request(kind, model, prompt, max_tokens)
         try:
             r = self.http.post(f"{self.url}{path}", headers=self.headers, timeout=timeout, json=body)
         except httpx.ConnectTimeout:
@@ -175,4 +172,4 @@ class VllmApi:
         if r.status_code in (401, 403):  # the key is refused: the probe cannot ask, which says nothing of the engine
             return Verdict(False, f"HTTP {r.status_code}: cannot ask (the API key is refused: "
                            "the deployment's api_key_file or api_key_env)", serve, ran=False)
-        return judge(kind, r.status_code, r.content, serve=serve, latency_s=time.monotonic() - t0)
+        return Answer(r.status_code, r.content, time.monotonic() - t0)

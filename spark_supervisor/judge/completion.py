@@ -18,24 +18,16 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ..model import EndpointObservation, EndpointState, EngineStats, ProbeResult, Verdict
+from ..model import Answer, EndpointObservation, EndpointState, EngineStats, ProbeResult, Verdict
+from ..specs.requests import RERANK_DOCUMENTS
 
 
-def chat_request(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "temperature": 0, "stream": False}
-
-
-RERANK_DOCUMENTS = ("ready", "not ready")
-
-
-def sanity_request(kind: str, model: str, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
-    """The path and body of a sanity request of this kind (readiness.probe)."""
-    if kind == "embeddings":
-        return "/v1/embeddings", {"model": model, "input": prompt}
-    if kind == "rerank":
-        return "/v1/rerank", {"model": model, "query": prompt, "documents": list(RERANK_DOCUMENTS)}
-    return "/v1/chat/completions", chat_request(model, prompt, max_tokens)
+def judged(kind: str, got: Verdict | Answer, serve: str) -> Verdict:
+    """The verdict on what a sanity request of this kind got: an answer judged, or the adapter's own verdict
+    when there was none to judge (no connection, no answer in time, a refused key)."""
+    if isinstance(got, Verdict):
+        return got
+    return judge(kind, got.status_code, got.body, serve=serve, latency_s=got.latency_s)
 
 
 def judge(kind: str, status_code: int, body: bytes | str, *, serve: str = "", latency_s: float = 0.0) -> Verdict:

@@ -16,101 +16,16 @@ progress to a file that the supervisor reads while it runs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import posixpath
-import threading
-import time
 from typing import Any
 
 from ..base import redaction
-from ..config import Config, Deployment, deployment_secrets, ray_hash
+from ..config import Config, Deployment, deployment_secrets
 from ..model import Kind, ModelReport
-from ..specs import script
-from ..state import statefile
+from ..specs.modelprobe import MARK
 
-MARK = "spark-model:"
-PROGRESS = "/tmp/spark-model-prefetch.json"  # in the prefetch container
-PREFETCH_KEEP_S = 900  # the prefetch container waits this long after its end for its result to be read
-MAX_LISTED = 5000  # files of the model directory looked at (a model has tens)
 SHOWN = 3  # missing files named in a reason, then "and N more"
-
-# The Python that runs in the image (stdlib only), shared by the probe and the prefetch: where vLLM would
-# find the model (huggingface_hub's own rules for the cache).
-_RESOLVE = script.load("model-resolve.py")
-
-# $1 model, $2 revision, $3 download dir. Sizes: >= 0 bytes, -1 absent, -2 a dangling link, -3 a directory.
-PROBE_PY = _RESOLVE + script.load("model-probe.py").replace("MAX]", f"{MAX_LISTED}]")
-
-# $1 model, $2 revision, $3 download dir, $4 the source directory ("" for the hub), $5 the deadline in
-# seconds, $6 how long to wait for the result to be read, $7 the progress file. Copies only what is missing or of another size,
-# each file through a ".spark-partial" name, so a half-copied file is never taken for a whole one.
-PREFETCH_PY = _RESOLVE + script.load("model-prefetch.py")
-
-# Runs one of the programs above with the image's Python: the interpreter of the serve command (a python
-# itself, or the `#!` line of its script), else python3 or python on PATH. $1 the serve command, $2 the
-# program, then its arguments.
-RUN_PY = script.load("model-run-py.sh").replace("MARK", MARK)
-
-
-# ------------------------------------------------------------------------------------------------ config
-def probe_args(dep: Deployment) -> list[str]:
-    return [dep.serve.model, dep.serve.revision, dep.serve.download_dir]
-
-
-def key(cfg: Config, dep: Deployment) -> str:
-    """What a check depends on: the image, mounts and environment (ray_hash), the model and how vLLM finds it."""
-    s = dep.serve
-    spec = {"ray": ray_hash(cfg, dep), "model": s.model, "env": s.env, "command": s.command[0],
-            "revision": s.revision, "download_dir": s.download_dir}
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-
-
-# ------------------------------------------------------------------------------------- what was found
-class Kept:
-    """What each node's last model check found, by key: the one source the put-off check asks (the actor's
-    CheckImage(model_later=True)). Read from the node's findings in the state directory (statefile.NODES)
-    once per node, then kept here and written back when it changes: a write that failed loses only the
-    saving, and cannot put the check off into a loop of starts."""
-
-    KEYS = 8  # keys kept per node
-
-    def __init__(self, state_dir: str):
-        self.state_dir = state_dir
-        self._lock = threading.Lock()  # the nodes are checked at once
-        self._nodes: dict[str, dict[str, int]] = {}
-
-    def _of(self, node: str) -> dict[str, int]:
-        if node not in self._nodes:
-            self._nodes[node] = self._models(statefile.read_node(self.state_dir, node))
-        return self._nodes[node]
-
-    @staticmethod
-    def _models(entry: dict[str, Any]) -> dict[str, int]:
-        kept = entry.get("models")
-        return dict(kept) if isinstance(kept, dict) else {}
-
-    def _with(self, kept: dict[str, int], check_key: str, complete: bool) -> dict[str, int]:
-        """``kept`` with this key's finding (complete: kept, the newest of KEYS; else gone)."""
-        kept = {k: v for k, v in kept.items() if k != check_key}
-        return dict(list(kept.items())[-(self.KEYS - 1):]) | {check_key: round(time.time())} if complete else kept
-
-    def complete(self, node: str, check_key: str) -> bool:
-        """The node's last model check for this key found the model complete."""
-        with self._lock:
-            return check_key in self._of(node)
-
-    def note(self, node: str, check_key: str, complete: bool) -> None:
-        """What a check found (complete or not); written only when the file says otherwise. OSError when it
-        cannot be written (it is kept here all the same)."""
-        with self._lock:
-            kept = self._of(node)
-            if complete != (check_key in kept):
-                self._nodes[node] = self._with(kept, check_key, complete)
-            # The file decides whether to write (another Kept of the same directory, a change's proof, may have
-            # written this key since), and only this key changes in it: the other's keys stay.
-            statefile.edit_node(self.state_dir, node, lambda was: was if complete == (check_key in self._models(was))
-                                else {**was, "models": self._with(self._models(was), check_key, complete)})
 
 
 # ----------------------------------------------------------------------------------------------- parsing

@@ -7,6 +7,7 @@ import ipaddress
 from ..config import Config, Deployment
 from ..config.view import DeploymentView, as_view
 from ..model import ImageReport, Kind, Observation
+from ..specs import modelprobe
 from ..specs.commands import node_env
 from . import modelcheck
 
@@ -112,6 +113,6 @@ def image_problem(cfg: Config, dep: Deployment, reports: dict[str, ImageReport])
     # With prefetch the planner fills the nodes first; a check put off to the Ray join is made first (both in
     # plan.gates.model_gate), so that the failure names every node.
     if dep.model.check and not dep.model.prefetch and not any(r.model_later and r.model is None for r in got):
-        key = modelcheck.key(cfg, dep)
+        key = modelprobe.key(cfg, dep)
         return modelcheck.problem(cfg, dep, {r.node: r.model for r in got if r.model is not None and r.model.key == key})
     return None

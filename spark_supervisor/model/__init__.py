@@ -8,6 +8,7 @@ from .action import (
     Action,
     CheckImage,
     CheckModel,
+    ContainerSpec,
     Decision,
     DropPageCache,
     Measure,
@@ -22,6 +23,7 @@ from .action import (
 )
 from .host import Gid, HostFacts, Link, RdmaPort, Transport
 from .observation import (
+    Answer,
     Container,
     EndpointObservation,
     EndpointState,
@@ -57,7 +59,7 @@ from .status import (
 Outcome = Verdict | ImageReport | ModelReport | Throughput | None
 
 __all__ = [
-    "Action", "BelowJudgement", "CheckImage", "CheckModel", "Gid", "HostFacts", "Link", "RdmaPort", "Transport", "Container", "Decision", "DropPageCache", "EndpointObservation", "EndpointState",
+    "Action", "Answer", "BelowJudgement", "CheckImage", "CheckModel", "ContainerSpec", "Gid", "HostFacts", "Link", "RdmaPort", "Transport", "Container", "Decision", "DropPageCache", "EndpointObservation", "EndpointState",
     "EngineStats", "Gpu", "GpuProcess", "Heartbeat", "ImageReport", "Kind", "KvCache", "Listener", "LoadLimits", "Measure", "Memory",
     "ModelReport", "NodeObservation", "Observation", "Outcome", "Pause", "PerfVerdict", "Phase", "PrefetchModel", "ProbeResult", "RayNode",
     "RayObservation", "Reason", "RemoveContainers", "ServeObservation", "StartContainer", "StartServe", "Status",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .phase import Phase
@@ -23,6 +23,18 @@ class RemoveContainers:
     node: str
     containers: tuple[str, ...]  # names
     why: str = "stale"
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """A container to create, as specs builds it and the docker adapter creates it."""
+
+    name: str
+    image: str
+    command: list[str]
+    environment: dict[str, str]
+    labels: dict[str, str]
+    options: dict[str, Any] = field(default_factory=dict)  # docker-py create() keyword arguments
 
 
 @dataclass(frozen=True)
@@ -51,7 +63,7 @@ class CheckImage:
 
 @dataclass(frozen=True)
 class CheckModel:
-    """The model check alone (modelcheck.PROBE_PY) on a node whose image is checked: the one put off to the
+    """The model check alone (modelprobe.PROBE_PY) on a node whose image is checked: the one put off to the
     Ray join by CheckImage(model_later=True)."""
 
     node: str

@@ -10,6 +10,15 @@ from .host import HostFacts
 
 
 @dataclass(frozen=True)
+class Answer:
+    """A serve's HTTP answer to a sanity request, as received: judge.completion reads it."""
+
+    status_code: int
+    body: bytes
+    latency_s: float
+
+
+@dataclass(frozen=True)
 class Container:
     id: str
     name: str

@@ -12,7 +12,7 @@ class ModelReport:
 
     node: str
     model: str
-    key: str  # modelcheck.key: a new image, mounts, env or model means a new check
+    key: str  # modelprobe.key: a new image, mounts, env or model means a new check
     path: str = ""  # the directory it resolved to (a snapshot in the hub cache, or the local path)
     source: str = ""  # "local" or "hub"
     cache: str = ""  # the hub cache it looked in

@@ -7,6 +7,7 @@ from ..config.view import DeploymentView
 from ..judge import fabric, modelcheck
 from ..judge.preflight import image_problem
 from ..model import CheckImage, CheckModel, Decision, Kind, Phase, PrefetchModel, Reason, Status
+from ..specs import modelprobe
 from .facts import Facts
 
 
@@ -39,7 +40,7 @@ def model_gate(f: Facts, phase: Phase, *, started: bool = False) -> Decision | N
     dep, st = f.dep, f.st
     if not dep.model.check:
         return None
-    key = modelcheck.key(f.cfg, dep)
+    key = modelprobe.key(f.cfg, dep)
     images = {n.name: r for n in f.members if (r := st.images.get(n.name)) is not None}
     reports = {n: r.model for n, r in images.items() if r.model is not None}
     stale = [n for n, m in reports.items() if m.key != key]

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from ..base import redaction
@@ -19,7 +18,8 @@ from ..config.identity import (
 )
 from ..config.identity import helper_labels, node_container_name, node_labels, prefetch_labels
 from ..config.identity import prefetch_name as prefetch_name  # its name, also named where it is built
-from . import script
+from ..model import ContainerSpec
+from . import modelprobe, script
 
 
 def cache_parent(dep: Deployment) -> str:
@@ -55,16 +55,6 @@ def nccl_env(cfg: Config, dep: Deployment) -> dict[str, str]:
     if not f.nccl_debug or len(cfg.members(dep)) < 2:
         return {}
     return {"NCCL_DEBUG": f.nccl_debug, **({"NCCL_DEBUG_SUBSYS": f.nccl_debug_subsys} if f.nccl_debug_subsys else {})}
-
-
-@dataclass(frozen=True)
-class ContainerSpec:
-    name: str
-    image: str
-    command: list[str]
-    environment: dict[str, str]
-    labels: dict[str, str]
-    options: dict[str, Any] = field(default_factory=dict)  # docker-py create() keyword arguments
 
 
 def node_container(cfg: Config, dep: Deployment, node: Node, *, dashboard: bool = True) -> ContainerSpec:
@@ -290,19 +280,6 @@ def parse_probes(out: str, count: int) -> list[tuple[int, str] | None]:
     return got
 
 
-def ssh_argv(target: str, argv: list[str], *, connect_timeout: float, control_dir: str = "",
-             config_file: str = "") -> list[str]:
-    """ssh runs the remote command through the remote shell, so quote each argument exactly once."""
-    opts = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(connect_timeout))}",
-            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=2"]
-    if config_file:
-        opts = ["-F", config_file, *opts]
-    if control_dir:
-        opts += ["-o", "ControlMaster=auto", "-o", f"ControlPath={control_dir}/ssh-%C",
-                 "-o", "ControlPersist=120"]
-    return ["ssh", *opts, target, "--", shlex.join(argv)]
-
-
 HOST_FACTS = script.load("host-facts.sh")
 
 
@@ -381,41 +358,38 @@ def serve_args_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
     """The serve's arguments (rank ``node``'s, the model as ``--model``) through the image's own vLLM argument
     parser (SERVE_ARGS_PY), as a short-lived container of the image with the node container's mounts and
     environment and no network: what a change is proven with before it replaces what serves."""
-    from ..judge import modelcheck
     base = node_container(cfg, dep, node)
     options = _probe_options(base)
     argv = serve_argv(dep, rank_args(cfg, dep, node))[len(dep.serve.command):]
     if dep.serve.model_arg == "positional":
         argv = ["--model", *argv]  # make_arg_parser takes the model as --model (`vllm serve` adds the positional)
-    return ContainerSpec("", base.image, ["sh", "-c", modelcheck.RUN_PY, "spark-serve-args", dep.serve.command[0],
+    return ContainerSpec("", base.image, ["sh", "-c", modelprobe.RUN_PY, "spark-serve-args", dep.serve.command[0],
                                           SERVE_ARGS_PY, *argv],
                          {**base.environment, **dep.serve.env}, helper_labels("serve-args-check", node=node),
                          {**options, "network_mode": "none"})
 
 
 def model_probe(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
-    """The model check of one node (modelcheck.PROBE_PY), as a short-lived container of the image with the
+    """The model check of one node (modelprobe.PROBE_PY), as a short-lived container of the image with the
     node container's mounts and environment: the paths vLLM will see."""
-    from ..judge import modelcheck
     base = node_container(cfg, dep, node)
     options = _probe_options(base)
-    return ContainerSpec("", base.image, ["sh", "-c", modelcheck.RUN_PY, "spark-model-probe", dep.serve.command[0],
-                                          modelcheck.PROBE_PY, *modelcheck.probe_args(dep)],
+    return ContainerSpec("", base.image, ["sh", "-c", modelprobe.RUN_PY, "spark-model-probe", dep.serve.command[0],
+                                          modelprobe.PROBE_PY, *modelprobe.probe_args(dep)],
                          {**base.environment, **dep.serve.env}, helper_labels("model-check", node=node),
                          {**options, "network_mode": "none"})
 
 
 def model_prefetch(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
-    """The prefetch of one node (modelcheck.PREFETCH_PY): a detached container of the image with the node
+    """The prefetch of one node (modelprobe.PREFETCH_PY): a detached container of the image with the node
     container's mounts, environment and network (the hub), labelled as ours so a teardown removes it."""
-    from ..judge import modelcheck
     base = node_container(cfg, dep, node)
     options = {k: v for k, v in base.options.items() if k in ("volumes", "init")}
     m = dep.model
     return ContainerSpec(prefetch_name(dep, node), base.image,
-                         ["sh", "-c", modelcheck.RUN_PY, "spark-model-prefetch", dep.serve.command[0],
-                          modelcheck.PREFETCH_PY, *modelcheck.probe_args(dep), m.prefetch_from,
-                          f"{m.prefetch_timeout:g}", str(modelcheck.PREFETCH_KEEP_S), modelcheck.PROGRESS],
+                         ["sh", "-c", modelprobe.RUN_PY, "spark-model-prefetch", dep.serve.command[0],
+                          modelprobe.PREFETCH_PY, *modelprobe.probe_args(dep), m.prefetch_from,
+                          f"{m.prefetch_timeout:g}", str(modelprobe.PREFETCH_KEEP_S), modelprobe.PROGRESS],
                          {**base.environment, **dep.serve.env},
                          prefetch_labels(dep, node),
                          {**options, "network_mode": "host"})

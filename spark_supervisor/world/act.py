@@ -21,6 +21,7 @@ from ..model import (
     CheckImage,
     CheckModel,
     Container,
+    ContainerSpec,
     DropPageCache,
     ImageReport,
     Kind,
@@ -39,8 +40,8 @@ from ..model import (
     Verify,
 )
 from ..model.reason import deterministic as reason_deterministic
-from ..specs import commands
-from ..state import statefile
+from ..specs import commands, modelprobe, requests
+from ..state import modelchecks, statefile
 from . import perf
 from .observe import World, parse_serve_state
 
@@ -67,7 +68,7 @@ class Actor:
         self.would: list[str] = []
         # A transient engine/SSH hiccup is retried within one operation, as the config's [retry] says.
         self._retry = retry_mod.from_config(world.cfg.retry)
-        self.models = modelcheck.Kept(world.cfg.supervisor.state_dir)
+        self.models = modelchecks.Kept(world.cfg.supervisor.state_dir)
         self.pins: dict[str, str] = {}  # node -> image ID its repairs start (Status.pinned)
 
     def run(self, action: Action) -> Outcome:
@@ -136,7 +137,7 @@ class Actor:
                 systemctl(a, verb, unit)
                 self.log.info(f"clean.unit_{done}", node=a.node.name, unit=unit)
 
-    def _pinned(self, node: str, spec: commands.ContainerSpec) -> commands.ContainerSpec:
+    def _pinned(self, node: str, spec: ContainerSpec) -> ContainerSpec:
         """The spec with the image its node ran when the deployment last served, by ID, if one is pinned: the
         node container and every helper of the image (its checks, the prefetch) run what served."""
         pin = self.pins.get(node)
@@ -151,7 +152,7 @@ class Actor:
         and the model complete at the node's last check)."""
         dep = self.world.view.dep
         model_due = dep.model.check and not (model_later and self.models.complete(a.node.name,
-                                                                                   modelcheck.key(self.world.cfg, dep)))
+                                                                                   modelprobe.key(self.world.cfg, dep)))
         report = self._check_image(a, with_model=model_due)
         if not dep.model.check:
             return report
@@ -202,7 +203,7 @@ class Actor:
         return dataclasses.replace(report, model=self._model_checked(a, spec.image, code, model_out)) if both else report
 
     def _check_model(self, a: Any) -> ModelReport:
-        """modelcheck.PROBE_PY in a short-lived container of the image on the node, every time (files come
+        """modelprobe.PROBE_PY in a short-lived container of the image on the node, every time (files come
         and go). While a prefetch runs there, its progress instead; once it has ended, its container goes and
         the node is checked again."""
         cfg = self.world.cfg
@@ -212,11 +213,11 @@ class Actor:
         if found is not None:
             p: dict[str, Any] = {}
             if found.running:
-                code, out = a.docker.exec(found.name, ["cat", modelcheck.PROGRESS], what="prefetch progress")
+                code, out = a.docker.exec(found.name, ["cat", modelprobe.PROGRESS], what="prefetch progress")
                 p = modelcheck.parse_progress(out) if code == 0 else {}
                 if p.get("state", "running") == "running":
                     n = {k: int(p.get(k) or 0) for k in ("files_done", "files_total", "bytes_done", "bytes_total")}
-                    return ModelReport(node.name, dep.serve.model, modelcheck.key(cfg, dep), path=str(p.get("target", "")),
+                    return ModelReport(node.name, dep.serve.model, modelprobe.key(cfg, dep), path=str(p.get("target", "")),
                                        prefetch="running", prefetched=True, files_done=n["files_done"],
                                        files_total=n["files_total"], bytes_done=n["bytes_done"],
                                        bytes_total=n["bytes_total"])
@@ -235,7 +236,7 @@ class Actor:
         """The model probe's answer judged, kept for the next start's CheckImage(model_later=True), and logged."""
         cfg = self.world.cfg
         dep, node = self.world.view.dep, a.node
-        key = modelcheck.key(cfg, dep)
+        key = modelprobe.key(cfg, dep)
         if code != 0:  # the probe exits 0 whatever it finds: the image could not run it (unknown, not missing)
             raise ActionFailed(Kind.MODEL_CHECK_FAILED, f"{node.name}: {image} exited {code}: {self._redact(out.strip()[-200:])}")
         try:
@@ -266,7 +267,7 @@ class Actor:
         self.log.warning("model.prefetch_started", node=a.node.name, model=dep.serve.model, container=spec.name, id=cid,
                          source=dep.model.prefetch_from or "hub", timeout_s=dep.model.prefetch_timeout)
         return dataclasses.replace(self._check_image(a), model=ModelReport(
-            a.node.name, dep.serve.model, modelcheck.key(cfg, dep), prefetch="running", prefetched=True))
+            a.node.name, dep.serve.model, modelprobe.key(cfg, dep), prefetch="running", prefetched=True))
 
     def _stop_serve(self, node: Node) -> None:
         dep = self.world.view.dep
@@ -392,7 +393,8 @@ def verify(w: World, log: Any, serve: str, deep: bool, timeout: float) -> Verdic
     # The engine's own counters over the probe's window: a probe that waited behind others' work is busy,
     # not failed (completion.beside_heartbeat). Read only with the heartbeat followed.
     before = w.api.engine() if cfg.healing.heartbeat_stall else None
-    v = w.api.sanity(dep.serve.name, r.sanity_prompt, r.sanity_max_tokens, timeout, serve, r.probe)
+    path, body = requests.sanity_request(r.probe, dep.serve.name, r.sanity_prompt, r.sanity_max_tokens)
+    v = completion.judged(r.probe, w.api.sanity(path, body, timeout, serve), serve)
     if before is not None and v.timed_out:
         v = completion.beside_heartbeat(v, before, w.api.engine(), deep=deep)
     outcome = "passed" if v.passed else "busy" if v.busy else "failed"

@@ -27,6 +27,7 @@ import httpx
 from ..config import Deployment
 from ..config.view import DeploymentView
 from ..model import Kind, PerfVerdict, Status, Throughput
+from ..specs import requests
 from ..state import statefile
 
 FILE = "perf.json"
@@ -53,7 +54,7 @@ def measure(api: Any, dep: Deployment, serve: str, log: Any, gap: float) -> Thro
     p = dep.performance
 
     def one() -> tuple[float, float, int]:
-        ttft, decode, tokens = api.stream(dep.serve.name, p.prompt, p.max_tokens, p.timeout, gap)
+        ttft, decode, tokens = api.stream(requests.stream_request(dep.serve.name, p.prompt, p.max_tokens), p.timeout, gap)
         return float(ttft), float(decode), int(tokens)
     try:
         ttft, decode, tokens = one()

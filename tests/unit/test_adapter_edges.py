@@ -15,7 +15,9 @@ from spark_supervisor.adapters import AdapterError
 from spark_supervisor.adapters.docker import LISTINGS, DockerEngine
 from spark_supervisor.adapters.shell import Result
 from spark_supervisor.adapters.vllm import VllmApi
-from spark_supervisor.model import EndpointState
+from spark_supervisor.judge import completion
+from spark_supervisor.model import EndpointState, Verdict
+from spark_supervisor.specs import requests
 from spark_supervisor.world.observe import _units, parse_serve_state
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_vllm"
@@ -79,17 +81,23 @@ def test_a_refused_connection_is_refused_not_an_error() -> None:
     assert api(handler).observe_health().state == EndpointState.REFUSED
 
 
+def sanity(client: VllmApi) -> Verdict:
+    """A chat sanity request as the readiness probe sends it, judged as it judges it."""
+    path, body = requests.sanity_request("chat", "tiny-qwen3", "hi", 16)
+    return completion.judged("chat", client.sanity(path, body, 5, "serve-1"), "serve-1")
+
+
 def test_the_sanity_request_is_judged_on_the_real_servers_answer() -> None:
     body = json.loads((FIXTURES / "completion.json").read_text())
-    v = api(lambda _: httpx.Response(200, json=body)).sanity("tiny-qwen3", "hi", 16, 5, "serve-1")
+    v = sanity(api(lambda _: httpx.Response(200, json=body)))
     assert v.passed and v.field == "reasoning" and v.serve == "serve-1"
     dead = (FIXTURES / "engine_death_response.txt").read_bytes()
-    v = api(lambda _: httpx.Response(500, content=dead)).sanity("tiny-qwen3", "hi", 16, 5, "serve-1")
+    v = sanity(api(lambda _: httpx.Response(500, content=dead)))
     assert not v.passed and v.ran
 
     def slow(r: httpx.Request) -> httpx.Response:
         raise httpx.ReadTimeout("slow", request=r)
-    v = api(slow).sanity("tiny-qwen3", "hi", 16, 5, "serve-1")
+    v = sanity(api(slow))
     assert not v.passed and "no answer within 5s" in v.why
 
 

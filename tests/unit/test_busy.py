@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 
 from spark_supervisor.adapters.vllm import VllmApi
+from spark_supervisor.judge import completion
 from spark_supervisor.judge.completion import beside_heartbeat, deep_result
 from spark_supervisor.model import (
     Action,
@@ -28,6 +29,7 @@ from spark_supervisor.model import (
     Verify,
 )
 from spark_supervisor.plan import plan
+from spark_supervisor.specs import requests
 from tests.fakes import make
 from tests.helpers import cfg, obs, serve_running
 from tests.unit.test_plan import serving_status, status
@@ -85,7 +87,8 @@ def test_a_refused_api_key_is_cannot_ask_not_a_failure() -> None:
         return httpx.Response(401, json={"error": "Unauthorized"})
     with httpx.Client(transport=httpx.MockTransport(refuse)) as client:
         api = VllmApi(client, "http://127.0.0.1:8000", api_key="wrong", timeout=5)
-        v = api.sanity("m", "Reply with the single word: ready", 8, 5, "s1")
+        got = api.sanity(*requests.sanity_request("chat", "m", "Reply with the single word: ready", 8), 5, "s1")
+        v = completion.judged("chat", got, "s1")
         api.kept.close()
     assert (v.passed, v.ran) == (False, False) and v.why.startswith("HTTP 401: cannot ask")
     assert deep_result(v) == ProbeResult.UNKNOWN

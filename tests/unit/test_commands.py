@@ -5,6 +5,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from spark_supervisor.adapters.shell import ssh_argv
 from spark_supervisor.config import HELPER_LABEL, OWNER_LABEL
 from spark_supervisor.specs import commands
 from spark_testbed.testbed import until
@@ -52,7 +53,7 @@ def test_the_serve_wrapper_takes_argv_as_positional_parameters() -> None:
 
 
 def test_ssh_quotes_each_remote_argument_once() -> None:
-    argv = commands.ssh_argv("root@spark-2", ["systemctl", "stop", "a b; rm -rf /"], connect_timeout=5)
+    argv = ssh_argv("root@spark-2", ["systemctl", "stop", "a b; rm -rf /"], connect_timeout=5)
     assert argv[0] == "ssh" and "BatchMode=yes" in argv and "ConnectTimeout=5" in argv
     assert argv[-2] == "--" and shlex.split(argv[-1]) == ["systemctl", "stop", "a b; rm -rf /"]
 

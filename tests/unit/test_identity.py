@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spark_supervisor.config import Config, identity
-from spark_supervisor.model import Container, NodeObservation
+from spark_supervisor.model import Container, ContainerSpec, NodeObservation
 from spark_supervisor.specs import commands
 from tests.helpers import cfg, data
 
@@ -32,7 +32,7 @@ def box(name: str, labels: dict[str, str] | None = None, image: str = "img") -> 
     return Container(f"id-{name}", name, image, "running", labels or {})
 
 
-def built(spec: commands.ContainerSpec) -> Container:
+def built(spec: ContainerSpec) -> Container:
     return box(spec.name, spec.labels, spec.image)
 
 

@@ -21,6 +21,7 @@ from spark_supervisor.model import (
     CheckImage,
     CheckModel,
     Container,
+    ContainerSpec,
     ModelReport,
     Phase,
     PrefetchModel,
@@ -31,7 +32,8 @@ from spark_supervisor.model import (
     Status,
 )
 from spark_supervisor.plan import plan
-from spark_supervisor.specs import commands
+from spark_supervisor.specs import commands, modelprobe
+from spark_supervisor.state import modelchecks
 from tests.helpers import cfg, counted, data, images, node_obs, obs, ray_ok
 
 REPO = "Org/Tiny-Model"
@@ -77,8 +79,8 @@ def probe(model: str, env: dict[str, str] | None = None, extra: list[str] | None
     dep = config.parse(data(deployments=[{"name": "m", "serve": {"model": model, "extra_args": extra or [],
                                                                  "tensor_parallel_size": 2}}]),
                        "t.toml", env={}).deployment
-    r = subprocess.run(["sh", "-c", modelcheck.RUN_PY, "spark-model-probe", sys.executable, modelcheck.PROBE_PY,
-                        *modelcheck.probe_args(dep)], capture_output=True, text=True, timeout=60,
+    r = subprocess.run(["sh", "-c", modelprobe.RUN_PY, "spark-model-probe", sys.executable, modelprobe.PROBE_PY,
+                        *modelprobe.probe_args(dep)], capture_output=True, text=True, timeout=60,
                        env={"PATH": os.environ["PATH"], "HOME": "/nonexistent", **(env or {})}, cwd=cwd)
     assert r.returncode == 0, r.stderr
     return modelcheck.judge("spark-2", model, "k", modelcheck.parse(r.stdout))
@@ -214,18 +216,18 @@ def test_a_local_path_hint_copies_from_a_node_that_has_it() -> None:
 # ---------------------------------------------------------------------------------------- the planner
 C = hub_cfg()
 P = hub_cfg(prefetch=True, prefetch_from="/root/.cache/huggingface/src")
-KEY = modelcheck.key(C, C.deployment)
+KEY = modelprobe.key(C, C.deployment)
 
 
 def checked(c: config.Config, **per_node: ModelReport) -> Status:
-    key = modelcheck.key(c, c.deployment)
+    key = modelprobe.key(c, c.deployment)
     reports = {n: dataclasses.replace(r, model=per_node.get(n, ModelReport(n, REPO, key, path="/p", files=1)))
                for n, r in images(c).items()}
     return Status(images=reports)
 
 
 def missing(node: str, c: config.Config = C, **kw: Any) -> ModelReport:
-    return ModelReport(node, REPO, modelcheck.key(c, c.deployment), path="/p/snap", source="hub",
+    return ModelReport(node, REPO, modelprobe.key(c, c.deployment), path="/p/snap", source="hub",
                        cache="/root/.cache/huggingface/hub", missing=("model-00002-of-00003.safetensors",), **kw)
 
 
@@ -247,7 +249,7 @@ def test_prefetch_runs_once_is_watched_then_rechecked() -> None:
     d = plan(obs(P), checked(P, **{"spark-2": missing("spark-2", P)}), P, 100)
     assert d.actions == (PrefetchModel("spark-2"),) and d.phase == Phase.DETECTING
     assert d.why == Reason("PrefetchingModel", f"{P.deployment.serve.model} on spark-2 from /root/.cache/huggingface/src")
-    running = ModelReport("spark-2", REPO, modelcheck.key(P, P.deployment), prefetch="running", prefetched=True,
+    running = ModelReport("spark-2", REPO, modelprobe.key(P, P.deployment), prefetch="running", prefetched=True,
                           bytes_done=2**30, bytes_total=2**31, files_done=1, files_total=3, path="/p/snap")
     d = plan(obs(P), checked(P, **{"spark-2": running}), P, 100)
     assert d.actions == (CheckImage("spark-2"),) and d.why.kind == "PrefetchingModel"
@@ -311,7 +313,7 @@ def test_the_prefetch_container_is_ours_but_not_a_node_of_the_deployment() -> No
     pre = Container("p1", commands.prefetch_name(P.deployment, P.nodes[1]), "img", "running",
                     {OWNER_LABEL: P.deployment.name, ROLE_LABEL: commands.PREFETCH_ROLE})
     o = obs(P, nodes={"spark-1": node_obs("spark-1"), "spark-2": node_obs("spark-2", (pre,))})
-    running = ModelReport("spark-2", REPO, modelcheck.key(P, P.deployment), prefetch="running", prefetched=True)
+    running = ModelReport("spark-2", REPO, modelprobe.key(P, P.deployment), prefetch="running", prefetched=True)
     d = plan(o, checked(P, **{"spark-2": running}), P, 100)
     assert d.actions == (CheckImage("spark-2"),) and not d.repair
 
@@ -353,7 +355,7 @@ def test_the_prefetch_copies_a_local_directory_into_the_hub_cache_and_the_probe_
     src = write_model(tmp_path / "src")
     progress = tmp_path / "progress.json"
     env = {"PATH": os.environ["PATH"], "HF_HUB_CACHE": str(tmp_path / "hub")}
-    r = subprocess.run(["sh", "-c", modelcheck.RUN_PY, "p", sys.executable, modelcheck.PREFETCH_PY, REPO, "", "",
+    r = subprocess.run(["sh", "-c", modelprobe.RUN_PY, "p", sys.executable, modelprobe.PREFETCH_PY, REPO, "", "",
                         str(src), "60", "0", str(progress)], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stderr
     p = json.loads(progress.read_text())
@@ -362,7 +364,7 @@ def test_the_prefetch_copies_a_local_directory_into_the_hub_cache_and_the_probe_
     # into a cache that has the snapshot with one shard's blob gone: only that one is copied
     snap = write_hub(tmp_path / "hub2")
     (snap / SHARDS[0]).resolve().unlink()
-    subprocess.run(["sh", "-c", modelcheck.RUN_PY, "p", sys.executable, modelcheck.PREFETCH_PY, REPO, "", "",
+    subprocess.run(["sh", "-c", modelprobe.RUN_PY, "p", sys.executable, modelprobe.PREFETCH_PY, REPO, "", "",
                     str(src), "60", "0", str(progress)], check=True, timeout=60,
                    env={**env, "HF_HUB_CACHE": str(tmp_path / "hub2")})
     p = json.loads(progress.read_text())
@@ -373,7 +375,7 @@ def test_the_prefetch_copies_a_local_directory_into_the_hub_cache_and_the_probe_
 def test_a_finished_prefetch_waits_to_be_read_and_ends_at_once_when_stopped(tmp_path: Path) -> None:
     from spark_testbed.testbed import until
     progress = tmp_path / "progress.json"
-    p = subprocess.Popen(["sh", "-c", modelcheck.RUN_PY, "p", sys.executable, modelcheck.PREFETCH_PY, "/models/x", "",
+    p = subprocess.Popen(["sh", "-c", modelprobe.RUN_PY, "p", sys.executable, modelprobe.PREFETCH_PY, "/models/x", "",
                           "", str(tmp_path / "nope"), "60", "600", str(progress)])
     try:
         def failed() -> bool:
@@ -392,7 +394,7 @@ def test_a_finished_prefetch_waits_to_be_read_and_ends_at_once_when_stopped(tmp_
 
 def test_a_prefetch_from_a_directory_that_is_not_there_fails_with_why(tmp_path: Path) -> None:
     progress = tmp_path / "progress.json"
-    subprocess.run(["sh", "-c", modelcheck.RUN_PY, "p", sys.executable, modelcheck.PREFETCH_PY, "/models/x", "", "",
+    subprocess.run(["sh", "-c", modelprobe.RUN_PY, "p", sys.executable, modelprobe.PREFETCH_PY, "/models/x", "", "",
                     str(tmp_path / "nope"), "60", "0", str(progress)], check=True, timeout=60)
     p = json.loads(progress.read_text())
     assert p["state"] == "failed" and "is not a directory in the image" in p["error"]
@@ -401,7 +403,7 @@ def test_a_prefetch_from_a_directory_that_is_not_there_fails_with_why(tmp_path: 
 def test_a_hub_prefetch_that_cannot_download_fails_with_why(tmp_path: Path) -> None:
     progress = tmp_path / "progress.json"
     env = {"PATH": os.environ["PATH"], "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
-    subprocess.run(["sh", "-c", modelcheck.RUN_PY, "p", sys.executable, modelcheck.PREFETCH_PY, REPO, "", "", "",
+    subprocess.run(["sh", "-c", modelprobe.RUN_PY, "p", sys.executable, modelprobe.PREFETCH_PY, REPO, "", "", "",
                     "60", "0", str(progress)], check=True, timeout=60, env=env)
     p = json.loads(progress.read_text())  # no huggingface_hub here, or offline: either way it says why
     assert p["state"] == "failed" and p["source"] == "hub" and p["error"], p
@@ -413,7 +415,7 @@ def test_a_prefetch_that_would_not_fit_on_the_disk_copies_nothing_and_says_why(t
     with open(src / "huge.bin", "wb") as f:  # sparse: as large as the disk has room for, and a GiB more
         f.truncate(st.f_bavail * st.f_frsize + (1 << 30))
     progress, hub = tmp_path / "progress.json", tmp_path / "hub"
-    subprocess.run(["sh", "-c", modelcheck.RUN_PY, "p", sys.executable, modelcheck.PREFETCH_PY, REPO, "", "",
+    subprocess.run(["sh", "-c", modelprobe.RUN_PY, "p", sys.executable, modelprobe.PREFETCH_PY, REPO, "", "",
                     str(src), "3", "0", str(progress)], check=True, timeout=60,  # a copy it wrongly starts ends soon
                    env={"PATH": os.environ["PATH"], "HF_HUB_CACHE": str(hub)})
     p = json.loads(progress.read_text())
@@ -428,29 +430,29 @@ def test_the_last_checks_finding_is_kept_per_node_and_key_written_only_when_it_c
     sd = str(tmp_path)
     statefile.update_node(sd, "spark-1", image_id="sha256:i", key="r")  # the image's check, kept beside it
     writes = counted(monkeypatch, statefile, "write_json")
-    kept = modelcheck.Kept(sd)
+    kept = modelchecks.Kept(sd)
     assert not kept.complete("spark-1", "k1")
     kept.note("spark-1", "k1", True)
     kept.note("spark-1", "k1", True)  # the same finding again: not written
     assert kept.complete("spark-1", "k1") and len(writes) == 1
     assert not kept.complete("spark-2", "k1") and not kept.complete("spark-1", "k2")
-    assert modelcheck.Kept(sd).complete("spark-1", "k1")  # a restarted daemon reads it
+    assert modelchecks.Kept(sd).complete("spark-1", "k1")  # a restarted daemon reads it
     assert statefile.read_node(sd, "spark-1")["image_id"] == "sha256:i"  # the image's check kept
     kept.note("spark-1", "k1", False)  # found incomplete since: the next start checks before it starts
     assert not kept.complete("spark-1", "k1") and len(writes) == 2
     for i in range(20):
         kept.note("spark-1", f"k{i}", True)
     models = statefile.read_node(sd, "spark-1")["models"]
-    assert len(models) == modelcheck.Kept.KEYS and "k19" in models and "k0" not in models
+    assert len(models) == modelchecks.Kept.KEYS and "k19" in models and "k0" not in models
     (tmp_path / statefile.NODES).write_text("[not an object")  # damaged: no evidence, checked before the start
-    assert not modelcheck.Kept(sd).complete("spark-1", "k19")
+    assert not modelchecks.Kept(sd).complete("spark-1", "k19")
 
 
 def test_two_keepers_of_one_directory_each_write_only_their_own_finding(tmp_path: Path) -> None:
     """The daemon's and a change's proof's: what one found is not written over by the other's older view."""
     from spark_supervisor.state import statefile
     sd = str(tmp_path)
-    daemon, proof = modelcheck.Kept(sd), modelcheck.Kept(sd)
+    daemon, proof = modelchecks.Kept(sd), modelchecks.Kept(sd)
     assert not daemon.complete("spark-1", "old") and not proof.complete("spark-1", "new")  # both read the file
     daemon.note("spark-1", "old", True)
     proof.note("spark-1", "new", True)
@@ -468,8 +470,8 @@ def test_a_finding_that_could_not_be_written_is_kept_all_the_same(
     put off again on the file's word into a loop of starts."""
     from spark_supervisor.state import statefile
     sd = str(tmp_path)
-    modelcheck.Kept(sd).note("spark-2", "k", True)
-    kept = modelcheck.Kept(sd)
+    modelchecks.Kept(sd).note("spark-2", "k", True)
+    kept = modelchecks.Kept(sd)
     assert kept.complete("spark-2", "k")
 
     def full(*_: Any) -> None:
@@ -478,7 +480,7 @@ def test_a_finding_that_could_not_be_written_is_kept_all_the_same(
     with pytest.raises(OSError):
         kept.note("spark-2", "k", False)
     assert not kept.complete("spark-2", "k")
-    assert modelcheck.Kept(sd).complete("spark-2", "k")  # the file still says so: only a saving lost
+    assert modelchecks.Kept(sd).complete("spark-2", "k")  # the file still says so: only a saving lost
 
 
 def test_an_image_check_puts_the_model_check_off_only_when_asked_and_the_last_one_found_it_complete(
@@ -499,7 +501,7 @@ def test_an_image_check_puts_the_model_check_off_only_when_asked_and_the_last_on
         return ModelReport(a.node.name, "m", "k")
     actor._check_model = check_model  # type: ignore[method-assign]
     a = actor.world.nodes["spark-2"]
-    key = modelcheck.key(c, c.deployment)
+    key = modelprobe.key(c, c.deployment)
     assert actor._check(a, model_later=True).model is not None and made == ["spark-2"]  # no finding kept yet
     actor.models.note("spark-2", key, True)
     r = actor._check(a, model_later=True)
@@ -530,7 +532,7 @@ def test_a_start_whose_checks_were_forgotten_checks_before_the_launch() -> None:
 
 def test_every_start_asks_for_the_model_check_to_wait_and_the_actor_decides() -> None:
     """The planner lets every start's image check put the model check off; the actor alone decides, on what
-    each node's last check found (modelcheck.Kept): a model found gone while Ray joined is checked first."""
+    each node's last check found (modelchecks.Kept): a model found gone while Ray joined is checked first."""
     st = later(**{"spark-2": missing("spark-2")})  # found gone while Ray joined
     st.starts = 1  # the containers went: the next start checks its images again
     d = plan(obs(C), st, C, 100)
@@ -550,7 +552,7 @@ def test_the_image_and_model_checks_in_one_container_read_as_the_two_apart(tmp_p
     c = cfg(data(deployments=[{"name": "m", "serve": {"model": str(d), "tensor_parallel_size": 2}}]))
     env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent"}
 
-    def run(spec: commands.ContainerSpec) -> tuple[int, str]:
+    def run(spec: ContainerSpec) -> tuple[int, str]:
         r = subprocess.run(spec.command, capture_output=True, text=True, timeout=120, env=env)
         return r.returncode, r.stdout + r.stderr
     node = c.nodes[1]
@@ -586,7 +588,7 @@ def test_a_first_start_checks_the_image_and_the_model_in_one_container_and_a_lat
     data_["deployments"][0]["serve"]["model"] = str(d)
     c = cfg(data_)
     model_out = subprocess.run(commands.model_probe(c, c.deployment, c.nodes[1]).command[:4] + [
-        sys.executable, modelcheck.PROBE_PY, *modelcheck.probe_args(c.deployment)], capture_output=True, text=True,
+        sys.executable, modelprobe.PROBE_PY, *modelprobe.probe_args(c.deployment)], capture_output=True, text=True,
         timeout=60, env={"PATH": os.environ["PATH"], "HOME": "/nonexistent"}).stdout
     world, engines, _ = fake_world(c)
     try:
@@ -603,7 +605,7 @@ def test_a_first_start_checks_the_image_and_the_model_in_one_container_and_a_lat
         e.once = (0, model_out)
         r = actor.run(CheckImage("spark-2"))  # a proof's
         assert isinstance(r, ImageReport) and r.model is not None and r.model.files == 3
-        assert [s.command[2] for s in e.ran_once[1:]] == [modelcheck.RUN_PY]  # the model's own container
+        assert [s.command[2] for s in e.ran_once[1:]] == [modelprobe.RUN_PY]  # the model's own container
     finally:
         world.close()
 

@@ -6,6 +6,7 @@ import pytest
 
 from spark_supervisor.judge import completion
 from spark_supervisor.judge.completion import judge_completion
+from spark_supervisor.specs import requests
 
 
 def body(msg: dict[str, Any], finish: str = "length", tokens: int = 32) -> str:
@@ -80,6 +81,6 @@ def test_a_chat_probe_on_a_pooling_model_is_a_404_failure() -> None:
 
 
 def test_each_kind_asks_its_own_route() -> None:
-    assert completion.sanity_request("embeddings", "m", "p", 8) == ("/v1/embeddings", {"model": "m", "input": "p"})
-    assert completion.sanity_request("rerank", "m", "p", 8)[0] == "/v1/rerank"
-    assert completion.sanity_request("chat", "m", "p", 8)[1]["max_tokens"] == 8
+    assert requests.sanity_request("embeddings", "m", "p", 8) == ("/v1/embeddings", {"model": "m", "input": "p"})
+    assert requests.sanity_request("rerank", "m", "p", 8)[0] == "/v1/rerank"
+    assert requests.sanity_request("chat", "m", "p", 8)[1]["max_tokens"] == 8

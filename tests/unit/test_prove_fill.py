@@ -8,8 +8,8 @@ from typing import Any, cast
 
 import structlog
 
-from spark_supervisor.judge import modelcheck
 from spark_supervisor.model import CheckImage, ImageReport, ModelReport, PrefetchModel
+from spark_supervisor.specs import modelprobe
 from spark_supervisor.world.act import Actor
 from spark_supervisor.world.observe import World
 from spark_supervisor.world.prove import fill
@@ -47,7 +47,7 @@ def report(node: str, *missing: str) -> ImageReport:
 
 def test_a_node_without_the_model_is_filled_before_the_switch() -> None:
     w = world()
-    key = modelcheck.key(w.cfg, w.view.dep)
+    key = modelprobe.key(w.cfg, w.view.dep)
     running = ModelReport("spark-2", "m", key, prefetch="running", prefetched=True, files_done=3, files_total=7)
     done = ModelReport("spark-2", "m", key, path="/models/m", files=4, prefetched=True, detail="7 files")
     nodes = Nodes(w, {"spark-2": [running, done]})
@@ -61,7 +61,7 @@ def test_a_node_without_the_model_is_filled_before_the_switch() -> None:
 
 def test_a_prefetch_that_fails_refuses_the_change_naming_the_node_and_why() -> None:
     w = world()
-    key = modelcheck.key(w.cfg, w.view.dep)
+    key = modelprobe.key(w.cfg, w.view.dep)
     failed = ModelReport("spark-2", "m", key, path="/models/m", missing=("a.safetensors (absent)",), prefetched=True,
                          detail="OSError: no room in /models: 9,000 bytes to fetch, 10 free")
     nodes = Nodes(w, {"spark-2": [failed]})

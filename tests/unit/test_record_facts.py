@@ -19,7 +19,7 @@ from spark_supervisor.config.view import as_view
 from spark_supervisor.judge import modelcheck
 from spark_supervisor.judge.preflight import parse_image_probe
 from spark_supervisor.model.host import NONE
-from spark_supervisor.specs import commands
+from spark_supervisor.specs import commands, modelprobe
 from spark_supervisor.state import statefile
 from spark_supervisor.world.act import Actor
 from tests.helpers import cfg, data
@@ -126,7 +126,7 @@ def test_the_model_check_reads_the_revision_and_hashes_the_config(tmp_path: Path
     (tmp_path / "hub/models--Org--M/refs/main").write_text("0123abcd")
     (snap / "config.json").write_text('{"architectures": ["X"]}')
     (snap / "model.safetensors").write_bytes(b"w" * 100)
-    out = subprocess.run([sys.executable, "-c", modelcheck.PROBE_PY, "Org/M", "", str(tmp_path / "hub")],
+    out = subprocess.run([sys.executable, "-c", modelprobe.PROBE_PY, "Org/M", "", str(tmp_path / "hub")],
                          capture_output=True, text=True, timeout=60, check=True).stdout
     m = modelcheck.judge("spark-1", "Org/M", "k", modelcheck.parse(out))
     assert m.revision == "0123abcd" and m.config_sha256 == hashlib.sha256(b'{"architectures": ["X"]}').hexdigest()

@@ -14,6 +14,7 @@ import pytest
 
 from spark_supervisor.judge import completion, logscan
 from spark_supervisor.model import EndpointObservation, EndpointState
+from spark_supervisor.specs import requests
 from tests.standin_process import StandinProcess
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_vllm"
@@ -112,13 +113,13 @@ def test_a_pooling_model_answers_its_probe_the_same_and_has_no_chat(standin: Sta
     s = standin("--runner", "pooling", "--convert", "embed")
     s.started()
     real = completion.judge(kind, 200, (FIXTURES / f"{kind}.json").read_bytes())
-    path, body = completion.sanity_request(kind, "tiny-qwen3", "Reply with the single word: ready", 32)
+    path, body = requests.sanity_request(kind, "tiny-qwen3", "Reply with the single word: ready", 32)
     code, answer = s.request("POST", path, body)
     fake = completion.judge(kind, code, answer)
     assert real.passed and fake.passed, (real, fake)
     assert real.why.split(" (")[0].split(" of ")[0] == fake.why.split(" (")[0].split(" of ")[0]
     real_chat = json.loads((FIXTURES / "pooling_chat.json").read_text())
-    path, body = completion.sanity_request("chat", "tiny-qwen3", "hi", 4)
+    path, body = requests.sanity_request("chat", "tiny-qwen3", "hi", 4)
     code, answer = s.request("POST", path, body)
     assert (code, json.loads(answer)) == (404, real_chat)
     assert not completion.judge("chat", code, answer).passed
