@@ -33,10 +33,10 @@ from ..config.view import DeploymentView
 from ..model import Kind, Phase, Reason
 from ..reconcile.reconciler import Reconciler
 from ..report.alerts import Alerter
-from ..state import statefile
+from ..state import names, statefile
 from ..world.backend import Backend
 
-KEPT = "changes.json"  # in the deployment's state directory; 0600: a deployment's section may hold secrets
+KEPT = names.CHANGES  # in the deployment's state directory
 # Reasons that say a spec cannot serve: a rollback's cause at once (else FAILED, or the budget's worth of failures).
 CANNOT_SERVE = frozenset({Kind.LOAD_TIMEOUT, Kind.LOAD_STALLED, Kind.SANITY_FAILED, Kind.SERVE_WEDGED})
 

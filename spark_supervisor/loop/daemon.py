@@ -29,7 +29,7 @@ from ..model import Pause, Status
 from ..reconcile.reconciler import Reconciler
 from ..reconcile.restart import restart
 from ..report.notify import Notifier
-from ..state import statefile
+from ..state import names, statefile
 from ..state.control import ControlServer
 from ..world.backend import Backend, on_exec_ended
 from .reload import Reloader
@@ -294,7 +294,7 @@ def lock_state_dir(state_dir: str) -> int:
         problems = statefile.check_state_dir(state_dir)
     if problems:
         raise StateDirUnfit("; ".join(problems))
-    path = os.path.join(state_dir, "lock")
+    path = os.path.join(state_dir, names.LOCK)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, 0o644)
     except OSError as e:

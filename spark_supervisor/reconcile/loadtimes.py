@@ -29,9 +29,9 @@ from ..config.identity import named, node_container_name
 from ..config.schema import Readiness
 from ..config.view import DeploymentView
 from ..model import Kind, LoadLimits, Observation, Phase, Status
-from ..state import statefile
+from ..state import names, statefile
 
-FILE = "loads.json"
+FILE = names.LOADS
 KEEP = 20  # loads kept per key
 KEYS = 10  # keys kept (the most recently loaded)
 COLD = "configured cold budget"

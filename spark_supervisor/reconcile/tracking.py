@@ -28,7 +28,7 @@ from ..model import (
 )
 from ..plan import Seen
 from ..report.metrics import DeploymentMetrics, NoMetrics
-from ..state import statefile
+from ..state import names, statefile
 from ..world.backend import Backend, Fingerprint, ray_alive
 
 MetricsHandle = DeploymentMetrics | NoMetrics  # one deployment's handle, or metrics off
@@ -120,7 +120,7 @@ class LoadProgress:
         assert serve is not None
         if not tokens or (st.kv_cache is not None and st.kv_cache.serve == serve.identity):
             return
-        best_all = statefile.read_json(cfg.supervisor.state_dir, "kv.json")
+        best_all = statefile.read_json(cfg.supervisor.state_dir, names.KV_CACHE)
         raw = best_all.get(serve.spec_hash, 0)
         best = raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else 0  # anything else: none
         share = cfg.memory.kv_cache_regression
@@ -135,9 +135,9 @@ class LoadProgress:
         st.kv_cache = KvCache(serve.identity, tokens, max(best, tokens), warning)
         if tokens > best:
             try:
-                statefile.write_json(cfg.supervisor.state_dir, "kv.json", {**best_all, serve.spec_hash: tokens})
+                statefile.write_json(cfg.supervisor.state_dir, names.KV_CACHE, {**best_all, serve.spec_hash: tokens})
             except OSError as e:
-                self.log.error("state.write_failed", file="kv.json", error=str(e))
+                self.log.error("state.write_failed", file=names.KV_CACHE, error=str(e))
         metrics.kv_cache(tokens, max(best, tokens), regressed)
 
 

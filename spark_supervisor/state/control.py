@@ -23,8 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..base import files
+from . import names
 
-SOCKET = "control.sock"
+SOCKET = names.SOCKET
 # Each command's arguments and the types each may have ("by", who asks, is every command's). A request with
 # another argument, or one of another type ("serve_only": "false" is not false), is refused, never guessed at.
 ARGUMENTS: dict[str, dict[str, tuple[type, ...]]] = {
@@ -248,7 +249,7 @@ def daemon_holds_lock(state_dir: str) -> bool:
     """True while a daemon holds the state directory's lock (it is released only when the process ends).
     OSError (files.Refused) when the lock is a link or not a regular file."""
     try:
-        fd = files.open_regular(os.path.join(state_dir, "lock"), follow_links=False)
+        fd = files.open_regular(os.path.join(state_dir, names.LOCK), follow_links=False)
     except FileNotFoundError:
         return False
     try:

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from ..base import files
-from . import statefile
+from . import names, statefile
 
 SCHEMA = 1  # the records this store reads; report.record.build writes this one
-HISTORY = "records.jsonl"
-BAD = "record-bad.json"
+HISTORY = names.RECORDS
+BAD = names.RECORD_BAD
 KEEP = 50  # records kept
 MAX_BYTES = 2 << 20  # the history file, at most
 MAX_RECORD = 256 << 10  # one record, at most (a record is a few KiB)

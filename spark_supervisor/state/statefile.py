@@ -23,8 +23,9 @@ import tenacity
 from ..base import files
 from ..model import Pause
 from ..model.document import StatusDoc
+from . import names
 
-FILE = "status.json"
+FILE = names.STATUS
 STATUS_REFRESH_S = 30.0  # the daemon writes its status at least this often, changed or not (loop.reporting)
 STATUS_STALE_S = 4 * STATUS_REFRESH_S  # older than this from a running daemon: it cannot write it, or is stuck
 
@@ -92,9 +93,7 @@ def _open_own_dir(path: Path) -> int:
     return fd
 
 
-# The state files the daemon keeps (each state directory: the daemon's and each deployment's).
-STATE_FILES = ("lock", "status.json", "pause.json", "repairs.json", "kv.json", "images.json", "records.jsonl",
-               "record-bad.json", "perf.json", "loads.json", "changes.json")
+STATE_FILES = names.REGULAR
 
 
 def _dir_problem(st: os.stat_result, owners: set[int]) -> str:
@@ -195,7 +194,7 @@ def write_json(state_dir: str, name: str, doc: Mapping[str, object]) -> None:
 
 # What the checks of each node found, in one file: its image's (by the image's ID and the spec's key, while
 # both stay the same) and its model's (by the model's key: when its last check found it complete).
-NODES = "images.json"
+NODES = names.NODES
 _nodes_lock = threading.Lock()  # the nodes are checked at once
 
 
@@ -223,7 +222,7 @@ def update_node(state_dir: str, node: str, **fields: object) -> None:
     edit_node(state_dir, node, lambda was: {**was, **fields})
 
 
-PAUSE = "pause.json"  # maintenance mode outlives a restart of the daemon
+PAUSE = names.PAUSE
 
 
 def load_pause(state_dir: str, wall: float | None = None) -> tuple[Pause | None, str]:
@@ -301,7 +300,7 @@ class RepairLog:
     ``problem`` says so until the next successful write. A failed write keeps the entries in memory,
     is retried on the next change, and stays in ``problem`` (shown in status) until it succeeds."""
 
-    FILE = "repairs.json"
+    FILE = names.REPAIRS
 
     def __init__(self, state_dir: str, wall: float | None = None):
         self.path = Path(state_dir) / self.FILE

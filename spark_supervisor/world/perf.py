@@ -28,9 +28,9 @@ from ..config import Deployment
 from ..config.view import DeploymentView
 from ..model import Kind, PerfVerdict, Status, Throughput
 from ..specs import requests
-from ..state import statefile
+from ..state import names, statefile
 
-FILE = "perf.json"
+FILE = names.PERF
 # One stream's decode above this is a clock or counting error. A burst read on a busy CPU reads 80,000 tok/s on the
 # real tiny model (make test-noisy): plausible enough to show, and JUMP keeps one such from becoming the best.
 PLAUSIBLE_TPS = 1_000_000.0

@@ -248,3 +248,15 @@ def test_python_m_runs_the_command(module: str) -> None:
     out = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60,
                          cwd=ROOT.parent)
     assert out.returncode == 0 and "spark-supervisor" in out.stdout, out.stderr
+
+
+def test_state_file_names_are_named_once() -> None:
+    """A state directory's file names are string constants of state/names.py only: a list elsewhere drifts (the
+    planted-file check once missed two files its own list forgot)."""
+    from spark_supervisor.state import names
+    named = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}
+    found = sorted(f"{_rel(path)}:{node.lineno} {node.value!r}" for path in modules().values()
+                   if path != ROOT / "state" / "names.py"
+                   for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                   if isinstance(node, ast.Constant) and node.value in named)
+    assert len(named) > 10 and not found, f"state file names outside state/names.py (use its constants): {found}"

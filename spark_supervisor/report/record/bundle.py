@@ -30,6 +30,7 @@ from ...config import Config, known_secrets
 from ...config.labels import MAX_CONFIG_BYTES
 from ...config.view import DeploymentView, views
 from ...state import records, statefile
+from ...state.names import REPORTS, STATUS
 from ...world import servelogs
 from . import text
 from .diff import diff
@@ -119,7 +120,7 @@ def collect(cfg: Config, config_path: str) -> tuple[list[tuple[str, bytes]], lis
         problems.append(f"config: not read: {e}")
     try:
         status, transitions = _status(cfg.supervisor.state_dir)
-        members += [("status.json", status), ("transitions.txt", transitions)]
+        members += [(STATUS, status), ("transitions.txt", transitions)]
     except (OSError, ValueError, AttributeError) as e:
         problems.append(f"status: not read: {e}")
     for view in views(cfg).values():
@@ -153,7 +154,7 @@ def write(cfg: Config, config_path: str, out: str, now: float) -> tuple[Path, li
     if out:
         target = Path(out)
     else:
-        target = Path(cfg.supervisor.state_dir) / "reports" / f"spark-supervisor-report-{stamp}.tar.gz"
+        target = Path(cfg.supervisor.state_dir) / REPORTS / f"spark-supervisor-report-{stamp}.tar.gz"
         statefile.make_dirs(target.parent, 0o700)
     _replace(target, data)
     return target, names, len(data)
