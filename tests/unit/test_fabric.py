@@ -1,6 +1,6 @@
 """Below vLLM (fabric.py and the rule steps that read it): the fabric's own facts before a start and while
 serving, the transport NCCL chose, a member that rebooted, a GPU nvidia-smi lost. Captured formats from
-wire-formats.md §8; the pure steps alone and through plan()."""
+docs/wire-formats.md §8; the pure steps alone and through plan()."""
 
 from __future__ import annotations
 

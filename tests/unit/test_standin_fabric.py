@@ -1,4 +1,4 @@
-"""The testbed's stand-ins below vLLM held to the real formats (wire-formats.md §8): each node's host tree
+"""The testbed's stand-ins below vLLM held to the real formats (docs/wire-formats.md §8): each node's host tree
 (spark_testbed/hosttree.py) read by the real host-facts script as this machine's own "/" is, its files shaped
 as the kernel's; the fault switches seen by spark_supervisor.judge.fabric as what they are; the vLLM stand-in's NCCL
 lines read by logscan.transports as the captured real ones; the nvidia-smi stand-in's lost NVML as the real
@@ -249,7 +249,7 @@ def test_a_rewrite_replaces_the_whole_tree_at_once() -> None:
 
 
 # --------------------------------------------------------------------- (b) the files, as the kernel's
-# wire-formats.md §8.2's example contents, each with the shape every value of its kind has.
+# docs/wire-formats.md §8.2's example contents, each with the shape every value of its kind has.
 FORMATS: dict[str, tuple[str, str]] = {
     "sys/class/net/*/operstate": (r"up|down|unknown|lowerlayerdown|notpresent|dormant|testing", "up"),
     "sys/class/net/*/carrier": (r"[01]", "1"),
@@ -317,7 +317,7 @@ def test_the_stand_in_files_hold_the_documented_examples() -> None:
 
 
 # ------------------------------------------------------------------ (c) NCCL's lines, as logscan reads them
-# wire-formats.md §8.1, as captured: a head rank in its own log, a Ray worker's in the head's with vLLM's prefix.
+# docs/wire-formats.md §8.1, as captured: a head rank in its own log, a Ray worker's in the head's with vLLM's prefix.
 REAL_PREFIX = "(RayWorkerWrapper pid=412, ip=192.168.200.13) spark-2:412:429 [0] NCCL INFO "
 REAL_HEAD = "spark-1:398:398 [0] NCCL INFO "
 REAL_IB = [REAL_HEAD + t for t in (

@@ -188,7 +188,7 @@ def test_a_head_killed_outright_leaves_its_worker_on_the_master_port(ranks: Rank
 @pytest.mark.parametrize("how", ["killed", "sigterm"])
 def test_a_follower_outlives_the_head_alive_and_silent(ranks: Ranks, how: str) -> None:
     """Real (follower_after_rank0_exit.log): after rank 0's exit the follower stays alive and writes nothing
-    (30 s seen; 12+ minutes in real-vllm.md), until it is stopped itself: then a quiet exit 0."""
+    (30 s seen; minutes in other runs: docs/testbed.md), until it is stopped itself: then a quiet exit 0."""
     assert REAL["c_follower_alive_30s_after"] and REAL["c_follower_log_grew"] == 0
     head, follower = ranks(0), ranks(1)
     head.started()
