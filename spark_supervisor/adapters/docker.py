@@ -6,12 +6,13 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import docker
 import docker.errors
 import paramiko
 import tenacity
+from docker.models.containers import Container as DockerContainer
 from docker.types import DeviceRequest
 
 from ..config import identity
@@ -25,6 +26,8 @@ from . import AdapterError, ImageMissingError, NotFoundError, TransientError, Un
 # wake of an idle daemon's thread runs cold (about 0.1 ms of CPU, measured), and there is a transport for each
 # SSH engine of each deployment and one for each engine's event stream.
 paramiko.Transport._active_check_timeout = 5.0
+
+T = TypeVar("T")
 
 
 def _reason(e: BaseException) -> AdapterError:
@@ -233,7 +236,7 @@ class _Listings:
         f.stop()
 
 
-def _is_exec_end(event: Any) -> bool:
+def _is_exec_end(event: object) -> bool:
     """exec_die is its action whole (exec_create's and exec_start's carry the command after a colon)."""
     return isinstance(event, dict) and event.get("Action") == EXEC_ENDED
 
@@ -288,8 +291,8 @@ class DockerEngine:
             except Exception:
                 pass
 
-    def _call(self, fn: Any, *, timeout: float | None = None, what: str = "docker",
-              heartbeat: Any = None) -> Any:
+    def _call(self, fn: Callable[[], T], *, timeout: float | None = None, what: str = "docker",
+              heartbeat: Callable[[], None] | None = None) -> T:
         """Every engine call under a hard deadline (docker-py's own timeout bounds each socket read, not
         the call): a hung engine becomes DockerTimeout, a reason, instead of a hung loop."""
         try:
@@ -345,7 +348,7 @@ class DockerEngine:
             out = api.logs(name, stdout=True, stderr=True, tail=self.LOG_LINES) or b""
             text = out.decode(errors="replace") if isinstance(out, bytes) else str(out)
             return (code if isinstance(code, int) and not isinstance(code, bool) else None), text[-self.LOG_CHARS:]
-        return self._call(go, what="exited container")  # type: ignore[no-any-return]
+        return self._call(go, what="exited container")
 
     def pids(self, name: str) -> list[int]:
         """The host PIDs of a running container's processes (the engine's top): what nvidia-smi lists."""
@@ -383,8 +386,8 @@ class DockerEngine:
         digests = found.get("RepoDigests") or []
         return str(found.get("Id", "?")), tuple(str(d) for d in digests if isinstance(d, str))[:8]
 
-    def pull(self, image: str, *, timeout: float, heartbeat: Any = None,
-             progress: Any = None) -> None:
+    def pull(self, image: str, *, timeout: float, heartbeat: Callable[[], None] | None = None,
+             progress: Callable[[int, int], None] | None = None) -> None:
         """Pull with a deadline; ``progress(done_bytes, total_bytes)`` as layers arrive. The reference is read by
         docker-py itself (``registry:5000/repo``, ``repo:tag``, ``repo@sha256:…``); an image ID has no name a
         registry knows and is never pulled."""
@@ -412,7 +415,7 @@ class DockerEngine:
             from docker.types import Ulimit
             opts["ulimits"] = [Ulimit(name=k, soft=v, hard=v) for k, v in opts["ulimits"].items()]
 
-        def create() -> Any:
+        def create() -> DockerContainer:
             # The entrypoint is set explicitly: vLLM's image has ENTRYPOINT ["vllm", "serve"], which would
             # otherwise take our command as its arguments.
             return self.client().containers.create(spec.image, spec.command[1:], entrypoint=spec.command[:1],
@@ -444,7 +447,7 @@ class DockerEngine:
             finally:
                 c.remove(force=True)
         try:
-            return self._call(go, timeout=wait + 5, what="helper container")  # type: ignore[no-any-return]
+            return self._call(go, timeout=wait + 5, what="helper container")
         finally:
             LISTINGS.drop(self.url)
 
@@ -460,4 +463,4 @@ class DockerEngine:
                 return 0, ""
             code = api.exec_inspect(ex["Id"]).get("ExitCode")
             return int(code if code is not None else -1), (out or b"").decode(errors="replace")
-        return self._call(go, what=what)  # type: ignore[no-any-return]
+        return self._call(go, what=what)

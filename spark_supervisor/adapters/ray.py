@@ -18,7 +18,7 @@ from . import probe
 _STATES = {"ALIVE": True, "DEAD": False}
 
 
-def _ip(v: Any) -> str:
+def _ip(v: object) -> str:
     if not isinstance(v, str):
         return ""
     try:
@@ -27,7 +27,7 @@ def _ip(v: Any) -> str:
         return ""
 
 
-def _gpus(resources: Any) -> float | None:
+def _gpus(resources: object) -> float | None:
     v = resources.get("GPU") if isinstance(resources, dict) else None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
         return None
@@ -42,13 +42,15 @@ def _node(r: dict[str, Any]) -> RayNode:
                    gpus=_gpus(r.get("resources_total")), is_head=r.get("is_head_node") is True)
 
 
-def _count(v: Any) -> int | None:
+def _count(v: object) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
-def parse(doc: Any, via: str = "dashboard") -> RayObservation:
+def parse(doc: object, via: str = "dashboard") -> RayObservation:
     """The dashboard's /api/v0/nodes envelope. Raises KeyError/TypeError when it is not one at all (the
     answer says nothing); rows that are not objects and a truncated list make it incomplete."""
+    if not isinstance(doc, dict):
+        raise TypeError(f"the answer is a {type(doc).__name__}, not an object")
     result = doc["data"]["result"]
     rows = result["result"]
     if not isinstance(rows, list):

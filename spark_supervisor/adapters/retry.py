@@ -4,11 +4,14 @@ spacing of repairs. Recovering a whole phase is the loop's job, never a nested r
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import tenacity
 
 from . import TransientError
+
+if TYPE_CHECKING:
+    from ..config import Retry
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -24,7 +27,7 @@ def transient(stop_after_attempt: int, stop_after_delay: float, wait_initial: fl
         reraise=True)
 
 
-def from_config(r: Any) -> Callable[[F], F]:
+def from_config(r: Retry) -> Callable[[F], F]:
     """The policy named in the config's [retry] table."""
     return transient(r.stop_after_attempt, r.stop_after_delay, r.wait_initial, r.wait_max)
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from ..base.log import Log
 from ..config.view import DeploymentView
 from ..model import Reason
 from ..world.backend import Backend
@@ -38,7 +39,7 @@ Start = Callable[[tuple[str, ...], dict[str, DeploymentView], Callable[[Deployme
 
 
 def refusals(views: dict[str, DeploymentView], backend_factory: Callable[[DeploymentView], Backend],
-             log: Any) -> dict[str, Reason]:
+             log: Log) -> dict[str, Reason]:
     """Each deployment's new spec proven with a backend of its own (closed after): the refusals by deployment."""
     refused = {}
     for name, view in views.items():
@@ -57,7 +58,7 @@ def refusals(views: dict[str, DeploymentView], backend_factory: Callable[[Deploy
 
 
 def start(key: tuple[str, ...], views: dict[str, DeploymentView], backend_factory: Callable[[DeploymentView], Backend],
-          log: Any) -> Proving:
+          log: Log) -> Proving:
     """The proofs on a daemon thread: one stuck on an engine must not hold the daemon's exit."""
     result: Future[dict[str, Reason]] = Future()
     threading.Thread(target=lambda: result.set_result(refusals(views, backend_factory, log)), daemon=True,
@@ -66,7 +67,7 @@ def start(key: tuple[str, ...], views: dict[str, DeploymentView], backend_factor
 
 
 def start_inline(key: tuple[str, ...], views: dict[str, DeploymentView], backend_factory: Callable[[DeploymentView], Backend],
-                 log: Any) -> Proving:
+                 log: Log) -> Proving:
     """The proofs run at once, on the caller's thread (fakes answer at once: the unit tests' clock decides)."""
     result: Future[dict[str, Reason]] = Future()
     result.set_result(refusals(views, backend_factory, log))

@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from ..base.log import Log
 from ..config import Config, ConfigError, parse
 from ..config.identity import node_container_name
 from ..config.view import DeploymentView
@@ -70,7 +70,7 @@ def cannot_serve(r: Reconciler) -> bool:
 
 
 class Rollbacks:
-    def __init__(self, log: Any) -> None:
+    def __init__(self, log: Log) -> None:
         self.log = log
         # deployment -> what its KEPT document last written held: its spec, its pins, its probation entry
         self.kept: dict[str, tuple[tuple[str, str], dict[str, str], Held | None]] = {}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict, Unpack
 
 from . import logs, maintenance, ops, record, status, tools
 from .base import DEFAULT_CONFIG, ENVIRONMENT, EXIT_NOTE, SYSTEM_CONFIG, _status_epilog, _wrapped
@@ -20,11 +20,17 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
 
     # argparse.Action's signature: --version takes no value and sets nothing
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,  # noqa: ARG002
-                 option_string: str | None = None) -> None:  # noqa: ARG002
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,  # noqa: ARG002
+                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:  # noqa: ARG002
         from .. import version
         print(f"spark-supervisor {version()}")
         parser.exit()
+
+
+class _ParserOptions(TypedDict, total=False):
+    """What a subcommand sets beyond its help and description (add_parser's own keywords)."""
+    epilog: str
+    formatter_class: type[argparse.HelpFormatter]
 
 
 DESCRIPTION = """Keeps multi-node vLLM deployments serving: observes every node's Docker engine, Ray and
@@ -53,12 +59,13 @@ def parser() -> argparse.ArgumentParser:
     json_opt.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
     sub = p.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, fn: Any, help: str, *, config: bool = True, json: bool = False,
-            **kw: Any) -> argparse.ArgumentParser:
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help: str, *, config: bool = True,
+            json: bool = False, description: str | None = None,
+            **kw: Unpack[_ParserOptions]) -> argparse.ArgumentParser:
         """A subcommand; `json`: it has a JSON output (--json)."""
         parents = ([config_opt] if config else []) + ([json_opt] if json else [])
-        sp = sub.add_parser(name, help=help, description=kw.pop("description", help[:1].upper() + help[1:] + "."),
-                            parents=parents, **kw)
+        sp = sub.add_parser(name, help=help, parents=parents, **kw,
+                            description=help[:1].upper() + help[1:] + "." if description is None else description)
         sp.set_defaults(fn=fn, json_ok=json)
         return sp
 

@@ -7,12 +7,14 @@ import argparse
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .base import EX_CONFIG, _load
 
 if TYPE_CHECKING:
+    from ..config import Node
     from ..config.view import DeploymentView
+    from ..world.observe import World
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -66,7 +68,7 @@ def _preflight(view: DeploymentView, prefix: str) -> int:
     return len(problems)
 
 
-def _check_images(view: DeploymentView, nodes: list[Any]) -> list[str]:
+def _check_images(view: DeploymentView, nodes: list[Node]) -> list[str]:
     """The image check the daemon runs before a first start, on every reachable node; prints what each holds."""
     import structlog
 
@@ -224,7 +226,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     return 0
 
 
-def _images_there(world: Any, view: Any) -> tuple[str, list[str]]:
+def _images_there(world: World, view: DeploymentView) -> tuple[str, list[str]]:
     """The dry run's look at each member's engine (read-only): the verdict, and what a reload would pull first."""
     from ..adapters import AdapterError
     image, would, lacking = view.dep.ray.image, [], []

@@ -11,7 +11,7 @@ import os
 import re
 import shlex
 import unicodedata
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, NamedTuple
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -90,7 +90,7 @@ Argv = Annotated[list[str], AfterValidator(_argv)]
 OptionalArgv = Annotated[list[str], AfterValidator(_opt_argv)]
 
 
-def _split_args(value: Any) -> Any:
+def _split_args(value: object) -> object:
     # Extra args may be written as one string (split once, here) or as a list.
     if isinstance(value, str):
         try:

@@ -13,7 +13,7 @@ from .root import Config
 from .schema import Deployment
 
 
-def _digest(obj: Any) -> str:
+def _digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
 
 

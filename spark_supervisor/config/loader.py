@@ -45,7 +45,7 @@ def _join(path: str, k: str) -> str:
     return f"{path}.{_part(k)}" if path else _part(k)
 
 
-def _expand(value: Any, path: str, problems: list[str], env: dict[str, str]) -> Any:
+def _expand(value: object, path: str, problems: list[str], env: dict[str, str]) -> object:
     if isinstance(value, str):
         def sub(m: re.Match[str]) -> str:
             if m.group(0) == "$$":
@@ -76,7 +76,7 @@ def _kind(code: str) -> str:
     return "invisible format" if unicodedata.category(chr(int(code[2:], 16))) == "Cf" else "control"
 
 
-def _controls(value: Any, path: str, problems: list[str]) -> None:
+def _controls(value: object, path: str, problems: list[str]) -> None:
     if isinstance(value, str):
         if c := _control(value):
             problems.append(f"{path or '(top level)'}: contains the {_kind(c)} character {c}: remove it (tab "
@@ -104,7 +104,7 @@ def _key(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-def _inner_model(ann: Any) -> type[BaseModel] | None:
+def _inner_model(ann: object) -> type[BaseModel] | None:
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         return ann
     for a in typing.get_args(ann):
@@ -269,7 +269,7 @@ def _env_tables(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(key, table) of every env table in the file as written."""
     out: list[tuple[str, dict[str, Any]]] = []
 
-    def add(key: str, t: Any) -> None:
+    def add(key: str, t: object) -> None:
         if isinstance(t, dict):
             out.append((key, t))
     for i, n in enumerate(data.get("nodes") or []):
@@ -317,7 +317,7 @@ def _warnings(raw: dict[str, Any], cfg: Config) -> list[str]:
     return out
 
 
-def _parse(data: Any, source: str, env: dict[str, str]) -> Config:
+def _parse(data: object, source: str, env: dict[str, str]) -> Config:
     if not isinstance(data, dict):
         raise ConfigError([f"{source}: (top level): expected a table of keys, got {type(data).__name__}"])
     if not data:

@@ -118,7 +118,7 @@ class Metrics(_Strict):
 
 
 class Changes(_Strict):
-    """How a reload that changes what a deployment runs is carried out (README: "Changes: prove, then switch")."""
+    """How a reload that changes what a deployment runs is carried out (docs/healing.md, "Changes: prove, then switch")."""
 
     # A switched-to spec that fails before it serves (FAILED, or a failed attempt at its start or
     # verification) is replaced again by the last spec that served: its compile cache is still warm.

@@ -42,8 +42,15 @@ def _finite(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _embedding(doc: Any) -> tuple[bool, str]:
-    vec = doc["data"][0]["embedding"]
+def _object(doc: object) -> dict[str, Any]:
+    """A response that must be a JSON object; TypeError (what indexing another value raises) when it is not."""
+    if not isinstance(doc, dict):
+        raise TypeError(f"a {type(doc).__name__}, not an object")
+    return doc
+
+
+def _embedding(doc: object) -> tuple[bool, str]:
+    vec = _object(doc)["data"][0]["embedding"]
     if isinstance(vec, str):  # encoding_format=base64: not asked for, but an answer all the same
         return bool(vec), "a base64 embedding" if vec else "an empty embedding"
     if not isinstance(vec, list) or not vec:
@@ -53,8 +60,8 @@ def _embedding(doc: Any) -> tuple[bool, str]:
     return True, f"an embedding of {len(vec)} dimensions"
 
 
-def _rerank(doc: Any) -> tuple[bool, str]:
-    results = doc["results"]
+def _rerank(doc: object) -> tuple[bool, str]:
+    results = _object(doc)["results"]
     scores = [r["relevance_score"] for r in results]
     if len(scores) != len(RERANK_DOCUMENTS):
         return False, f"{len(scores)} scores for {len(RERANK_DOCUMENTS)} documents"
@@ -64,7 +71,7 @@ def _rerank(doc: Any) -> tuple[bool, str]:
 
 
 def _judge_pooling(status_code: int, body: bytes | str, serve: str, latency_s: float,
-                   read: Callable[[Any], tuple[bool, str]], what: str) -> Verdict:
+                   read: Callable[[object], tuple[bool, str]], what: str) -> Verdict:
     if status_code != 200:
         text = body.decode(errors="replace") if isinstance(body, bytes) else body
         return Verdict(False, f"HTTP {status_code}: {text.strip()[:200]}", serve, round(latency_s, 3))

@@ -52,7 +52,7 @@ def parse(out: str) -> dict[str, Any]:
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
-def _size_problem(name: str, size: Any) -> str:
+def _size_problem(name: str, size: object) -> str:
     if not isinstance(size, int) or size == -1:
         return name
     if size == -2:

@@ -18,10 +18,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from .. import config as config_mod
 from ..adapters.retry import backoff_delay
+from ..base.log import Log
 from ..change import proof
 from ..config import Config
 from ..config.view import DeploymentView
@@ -53,7 +55,7 @@ class _Request:
 class Daemon:
     SETTLE_S = Reloader.SETTLE_S
 
-    def __init__(self, config_path: str, cfg: Config, *, log: Any,
+    def __init__(self, config_path: str, cfg: Config, *, log: Log,
                  backend_factory: Callable[[DeploymentView], Backend] | None = None,
                  notifier: Notifier | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
@@ -196,7 +198,7 @@ class Daemon:
                 return True
         return False
 
-    def _on_signal(self, signum: int, _frame: Any) -> None:
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGTERM and signal.SIGTERM in self._signals:
             raise SystemExit(1)  # a second SIGTERM: leave at once
         self._signals.append(signum)

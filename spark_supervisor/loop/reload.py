@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
 
 from .. import config as config_mod
 from ..base import files
+from ..base.log import Log
 from ..change import proof
 from ..config.view import DeploymentView, views
 from ..judge.admission import share_fits
@@ -37,7 +37,7 @@ class Reloader:
     # later, is found byte for byte the same: a file caught while being written must not tear anything down.
     SETTLE_S = 2.0
 
-    def __init__(self, config_path: str, config_hash: str, stack: Stack, notifier: Notifier, *, log: Any,
+    def __init__(self, config_path: str, config_hash: str, stack: Stack, notifier: Notifier, *, log: Log,
                  clock: Callable[[], float], wall: Callable[[], float], prove: proof.Start = proof.start):
         self.config_path, self.config_hash, self.stack, self.notifier = config_path, config_hash, stack, notifier
         self.prove = prove

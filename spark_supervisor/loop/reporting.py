@@ -3,8 +3,7 @@ the start makes progress) and the status file (status.json, rewritten when it ch
 
 from __future__ import annotations
 
-from typing import Any
-
+from ..base.log import Log
 from ..model import Phase
 from ..reconcile.reconciler import Reconciler
 from ..report.notify import Notifier
@@ -21,7 +20,7 @@ class Reporter:
     # How long each EXTEND_TIMEOUT_USEC buys: more than the longest tick, so the next one arrives in time.
     EXTEND_S = 180.0
 
-    def __init__(self, stack: Stack, reloader: Reloader, notifier: Notifier, *, log: Any):
+    def __init__(self, stack: Stack, reloader: Reloader, notifier: Notifier, *, log: Log):
         self.stack, self.reloader, self.notifier, self.log = stack, reloader, notifier, log
         self._last_doc: dict[str, object] | None = None  # the change key of the last status written
         self._written_at = 0.0

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..adapters.retry import backoff_delay
+from ..base.log import Log
 from ..change.classify import Change, DeploymentChange, deployment_changes
 from ..change.rollback import Rollbacks, pin_what_serves, spec_hashes
 from ..config import Config
@@ -29,7 +30,7 @@ _ANSWERS = {Phase.VERIFYING, Phase.SERVING}
 
 
 class Stack:
-    def __init__(self, cfg: Config, *, log: Any, backend_factory: Callable[[DeploymentView], Backend] | None,
+    def __init__(self, cfg: Config, *, log: Log, backend_factory: Callable[[DeploymentView], Backend] | None,
                  watchdog: Callable[[], None], clock: Callable[[], float], wall: Callable[[], float],
                  rng: Callable[[], float]):
         self.cfg, self.log = cfg, log

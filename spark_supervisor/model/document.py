@@ -12,7 +12,10 @@ document still reads those with .get."""
 
 # No `from __future__ import annotations`: TypedDict reads NotRequired from evaluated annotations only.
 from collections.abc import Sequence
-from typing import NotRequired, TypedDict
+from typing import NotRequired, TypeAlias, TypedDict
+
+# Any JSON value: for what no TypedDict here spells out (an alert's extra fields).
+JSON: TypeAlias = dict[str, "JSON"] | list["JSON"] | str | int | float | bool | None
 
 
 class HistoryDoc(TypedDict):

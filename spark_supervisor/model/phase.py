@@ -6,7 +6,7 @@ import math
 import time
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from .document import PauseDoc
 
@@ -82,8 +82,10 @@ class Pause:
         return {"by": self.by, "reason": self.reason, "at": self.at, "until": self.until}
 
     @classmethod
-    def from_json(cls, d: Any) -> Pause | None:
+    def from_json(cls, d: object) -> Pause | None:
         """From the state file; None for anything malformed (a pause is only kept if it is readable)."""
+        if not isinstance(d, dict):
+            return None
         try:
             return cls(by=d["by"], reason=d.get("reason", ""), at=d["at"], until=d.get("until"))
         except (KeyError, TypeError, ValueError, AttributeError):

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..base.log import Log
 from ..config.identity import named, node_container_name
 from ..config.schema import Readiness
 from ..config.view import DeploymentView
@@ -153,7 +154,7 @@ class LoadClock:
     """One deployment's loads as they happen: the limits each runs under (Status.load_limits, set as it enters
     LOADING), its duration and longest silence, kept (``record``) once it reaches SERVING."""
 
-    def __init__(self, log: Any, wall: Callable[[], float] = time.time):
+    def __init__(self, log: Log, wall: Callable[[], float] = time.time):
         self.log, self.wall = log, wall
         self._phase = Phase.DETECTING  # the phase at the last note
         self._since = -1.0  # Status.since of the LOADING spell it follows (-1: none)

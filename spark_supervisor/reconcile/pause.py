@@ -4,14 +4,14 @@ and the pause file in the state directory that lets it outlive a restart of the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
+from ..base.log import Log
 from ..model import Pause
 from ..state import statefile
 
 
 class PauseState:
-    def __init__(self, state_dir: str, *, log: Any, clock: Callable[[], float], wall: Callable[[], float]):
+    def __init__(self, state_dir: str, *, log: Log, clock: Callable[[], float], wall: Callable[[], float]):
         self.state_dir, self.log, self.clock, self.wall = state_dir, log, clock, wall
         self.problem = ""  # a saved pause that was set aside, or that could not be saved
         self.deadline: float | None = None  # the daemon's clock: when the pause ends

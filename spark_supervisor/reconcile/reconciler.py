@@ -8,9 +8,9 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 from ..adapters.retry import backoff_delay
+from ..base.log import Log
 from ..config.view import DeploymentView
 from ..judge import completion
 from ..judge.preflight import preflight
@@ -54,7 +54,7 @@ Result = Outcome | ActionFailed
 
 
 class Reconciler:
-    def __init__(self, view: DeploymentView, backend: Backend, *, log: Any, metrics: DeploymentMetrics | NoMetrics,
+    def __init__(self, view: DeploymentView, backend: Backend, *, log: Log, metrics: DeploymentMetrics | NoMetrics,
                  watchdog: Callable[[], None], clock: Callable[[], float], wall: Callable[[], float],
                  rng: Callable[[], float], alert: Callable[..., object] | None = None):
         self.view, self.backend, self.log, self.metrics = view, backend, log, metrics
@@ -398,7 +398,7 @@ def _at_once(actions: tuple[Action, ...], i: int) -> bool:
 
 
 def _run(backend: Backend, actions: tuple[Action, ...], watchdog: Callable[[], None],
-         log: Any) -> list[tuple[Action, Result]]:
+         log: Log) -> list[tuple[Action, Result]]:
     """Run actions in order; consecutive like ones run at once where _at_once says. Stops at a failure."""
     def run_one(action: Action) -> Result:
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..base.log import Log
 from ..config.identity import node_container_name
 from ..config.view import DeploymentView
 from ..judge import logscan
@@ -36,7 +37,7 @@ class Recordable(Protocol):
     last_obs: Observation | None
     last_full: Observation | None
     wall: Callable[[], float]
-    log: Any
+    log: Log
 
     @property
     def repairs(self) -> statefile.RepairLog: ...

@@ -8,9 +8,9 @@ reconciler on every call (a reload replaces them under it)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from ..adapters.retry import backoff_delay
+from ..base.log import Log
 from ..config import Config
 from ..config.view import DeploymentView
 from ..judge import fabric, logscan
@@ -37,7 +37,7 @@ MetricsHandle = DeploymentMetrics | NoMetrics  # one deployment's handle, or met
 class Liveness:
     """Liveness of the serve that is SERVING (its /health), and what could not be seen."""
 
-    def __init__(self, log: Any):
+    def __init__(self, log: Log):
         self.log = log
         self._tracked_serve = ""
 
@@ -92,7 +92,7 @@ class Liveness:
 class LoadProgress:
     """How far the serve's load is (read from its log), when it last moved, and the KV cache it came up with."""
 
-    def __init__(self, log: Any):
+    def __init__(self, log: Log):
         self.log = log
         self._milestone = ""
         self._load_key: tuple[object, ...] | None = None
@@ -146,7 +146,7 @@ class Below:
     and whether nvidia-smi lost its GPU, the boot IDs when the deployment reached SERVING, and the NCCL
     transport of each rank of the serve that runs (latched: its INFO lines scroll out of the log's tail)."""
 
-    def __init__(self, log: Any):
+    def __init__(self, log: Log):
         self.log = log
 
     def update(self, st: Status, obs: Observation, view: DeploymentView) -> None:
@@ -252,7 +252,7 @@ class RepairBudget:
     """The repairs made (kept in the state directory, so that the budget survives restarts), how many fall
     in the healing window, and when the next one may start."""
 
-    def __init__(self, cfg: Config, *, log: Any, wall: Callable[[], float], rng: Callable[[], float]):
+    def __init__(self, cfg: Config, *, log: Log, wall: Callable[[], float], rng: Callable[[], float]):
         self.log, self.wall, self.rng = log, wall, rng
         self.repairs = self._repair_log(cfg)
 
@@ -291,7 +291,7 @@ class QuickWatch:
     # starts listening, instead of a poll interval later.
     _BRINGUP_QUICK_S = 0.2
 
-    def __init__(self, log: Any):
+    def __init__(self, log: Log):
         self.log = log
         self.fingerprint: Fingerprint = (None, "unknown")
 

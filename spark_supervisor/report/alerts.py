@@ -25,7 +25,9 @@ import httpx
 import tenacity
 
 from ..base import redaction
+from ..base.log import Log
 from ..config import Alerts
+from ..model.document import JSON
 
 # Queued alerts beyond this are dropped (and logged): a receiver down for hours must not grow us.
 QUEUE_MAX = 64
@@ -61,7 +63,7 @@ class _Rejected(Exception):
 
 
 class Alerter:
-    def __init__(self, cfg: Alerts, *, log: Any, on_sent: Callable[[str, str, str, bool], None] | None = None,
+    def __init__(self, cfg: Alerts, *, log: Log, on_sent: Callable[[str, str, str, bool], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
         self.cfg, self.log, self.clock, self.wall = cfg, log, clock, wall
         self.on_sent = on_sent or (lambda *_: None)
@@ -75,7 +77,7 @@ class Alerter:
             self._thread.start()
 
     def emit(self, deployment: str, event: str, *, phase: str, reason: str, reason_kind: str = "",
-             **extra: Any) -> dict[str, Any] | None:
+             **extra: JSON) -> dict[str, Any] | None:
         """Queue an alert if it is configured, wanted and not rate limited; returns the document queued."""
         if not self.cfg.enabled or event not in self.cfg.events:
             return None

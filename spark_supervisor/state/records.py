@@ -41,7 +41,7 @@ class History:
         return [r for r in reversed(self.records[:before]) if r.get("good") is True]
 
 
-def problem(rec: Any, deployment: str) -> str:
+def problem(rec: object, deployment: str) -> str:
     """Why ``rec`` is not a record of ``deployment`` ("": it is one)."""
     if not isinstance(rec, dict):
         return "not a JSON object"

@@ -280,7 +280,7 @@ def set_aside(path: Path, why: str, wall: float | None, then: str) -> str:
         return f"{path} is {why} and cannot be moved aside ({e.strerror}); ignored, {then}"
 
 
-def _valid_entries(raw: Any) -> list[dict[str, Any]] | None:
+def _valid_entries(raw: object) -> list[dict[str, Any]] | None:
     if not isinstance(raw, list):
         return None
     out = []

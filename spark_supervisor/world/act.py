@@ -13,6 +13,7 @@ import tenacity
 from ..adapters import AdapterError, NotFoundError
 from ..adapters import retry as retry_mod
 from ..base import redaction
+from ..base.log import Log
 from ..config import Deployment, Node, identity
 from ..judge import completion, modelcheck
 from ..judge.preflight import parse_image_probe
@@ -43,7 +44,7 @@ from ..model.reason import deterministic as reason_deterministic
 from ..specs import commands, modelprobe, requests
 from ..state import modelchecks, statefile
 from . import perf
-from .observe import World, parse_serve_state
+from .observe import NodeAdapters, World, parse_serve_state
 
 
 class ActionFailed(Exception):
@@ -59,7 +60,7 @@ class ActionFailed(Exception):
 
 
 class Actor:
-    def __init__(self, world: World, log: Any, heartbeat: Callable[[], None] | None = None, *, dry: bool = False):
+    def __init__(self, world: World, log: Log, heartbeat: Callable[[], None] | None = None, *, dry: bool = False):
         """dry: `apply --dry-run --prove`'s actor: its checks run in probe containers of what is already on the
         nodes, and it changes nothing else anywhere -- no pull, no prefetch, no removal of a container it did not
         start, no state file. What a reload would pull or fetch is said in ``would`` instead."""
@@ -128,7 +129,7 @@ class Actor:
                 return verify(self.world, self.log, serve, deep, timeout)
         return None
 
-    def _stop_units(self, a: Any, units: tuple[str, ...], disable: bool, mask: bool) -> None:
+    def _stop_units(self, a: NodeAdapters, units: tuple[str, ...], disable: bool, mask: bool) -> None:
         for unit in units:  # in the configured order
             systemctl(a, "stop", unit)
             self.log.info("clean.unit_stopped", node=a.node.name, unit=unit)
@@ -147,7 +148,7 @@ class Actor:
         """A helper's output (the image could echo its environment) fit for a reason or a log line."""
         return redaction.text(out, self.world.view.secrets)
 
-    def _check(self, a: Any, model_later: bool) -> ImageReport:
+    def _check(self, a: NodeAdapters, model_later: bool) -> ImageReport:
         """The image check, and the model check with it unless it may wait for the Ray join (``model_later``
         and the model complete at the node's last check)."""
         dep = self.world.view.dep
@@ -160,7 +161,7 @@ class Actor:
             return dataclasses.replace(report, model_later=True)
         return report if report.model is not None else dataclasses.replace(report, model=self._check_model(a))
 
-    def _check_image(self, a: Any, *, with_model: bool = False) -> ImageReport:
+    def _check_image(self, a: NodeAdapters, *, with_model: bool = False) -> ImageReport:
         """commands.IMAGE_PROBE in a short-lived container of the image on the node; a check already made
         of this very image (its ID) for this spec is not made again (a reboot does not change the image).
         with_model: the model check made in the same container (the report's model) when the image is checked
@@ -202,7 +203,7 @@ class Actor:
             self.log.warning("state.write_failed", file=statefile.NODES, error=str(e))
         return dataclasses.replace(report, model=self._model_checked(a, spec.image, code, model_out)) if both else report
 
-    def _check_model(self, a: Any) -> ModelReport:
+    def _check_model(self, a: NodeAdapters) -> ModelReport:
         """modelprobe.PROBE_PY in a short-lived container of the image on the node, every time (files come
         and go). While a prefetch runs there, its progress instead; once it has ended, its container goes and
         the node is checked again."""
@@ -231,7 +232,7 @@ class Actor:
         code, out = a.docker.run_once(spec)
         return self._model_checked(a, spec.image, code, out, prefetched=found is not None, detail=detail)
 
-    def _model_checked(self, a: Any, image: str, code: int, out: str, *, prefetched: bool = False,
+    def _model_checked(self, a: NodeAdapters, image: str, code: int, out: str, *, prefetched: bool = False,
                        detail: str = "") -> ModelReport:
         """The model probe's answer judged, kept for the next start's CheckImage(model_later=True), and logged."""
         cfg = self.world.cfg
@@ -255,7 +256,7 @@ class Actor:
             bytes=report.bytes, unchecked=report.unchecked or None, summary=report.summary())
         return report
 
-    def _prefetch_model(self, a: Any) -> ImageReport:
+    def _prefetch_model(self, a: NodeAdapters) -> ImageReport:
         """Start the prefetch on a node (a detached container: its progress is read at each tick)."""
         cfg, dep = self.world.cfg, self.world.view.dep
         if self.dry:
@@ -277,7 +278,7 @@ class Actor:
         except NotFoundError:
             pass  # its container is gone, and the serve with it
 
-    def _drop_page_cache(self, a: Any, image: str) -> None:
+    def _drop_page_cache(self, a: NodeAdapters, image: str) -> None:
         """sync; echo 3 > /proc/sys/vm/drop_caches on the node. The node's own command when configured;
         a worker over SSH; the head in a short-lived container through its Docker engine (cap SYS_ADMIN,
         /proc/sys/vm bound in), so the unit itself keeps ProtectKernelTunables and no capability."""
@@ -294,7 +295,7 @@ class Actor:
                                "(set nodes.drop_caches, or [memory] page_cache = \"never\")")
 
 
-def ensure_image(actor: Actor, a: Any, image: str) -> None:
+def ensure_image(actor: Actor, a: NodeAdapters, image: str) -> None:
     """The image on the node: there, pulled as the config allows, or why not (a dry run says it would pull)."""
     if a.docker.has_image(image):
         return
@@ -325,22 +326,24 @@ def ensure_image(actor: Actor, a: Any, image: str) -> None:
     actor.log.info("image.pulled", node=a.node.name, image=image)
 
 
-def prefetch_container(a: Any, dep: Deployment) -> Container | None:
+def prefetch_container(a: NodeAdapters, dep: Deployment) -> Container | None:
     """The node's prefetch container, if there is one."""
     return identity.named(a.docker.containers(), identity.prefetch_name(dep, a.node))
 
 
-def systemctl(a: Any, verb: str, unit: str) -> None:
+def systemctl(a: NodeAdapters, verb: str, unit: str) -> None:
     r = a.shell.run(commands.systemctl(verb, [unit]))
     if r.rc != 0:
         raise ActionFailed(Kind.SYSTEMCTL_FAILED, f"systemctl {verb} {unit} on {a.node.name}: "
                            f"{(r.err.strip() or f'exit {r.rc}')[-200:]}")
 
 
-def kept_report(kept: Any, image_id: str, digests: tuple[str, ...] | None = None) -> ImageReport | None:
+def kept_report(kept: object, image_id: str, digests: tuple[str, ...] | None = None) -> ImageReport | None:
     """An image check kept in images.json, with the ID (and digests: None, those kept) inspected now; None for
     one of another shape (an earlier version's, without what the check reads now; a damaged file): the image
     is checked again."""
+    if not isinstance(kept, dict):
+        return None
     try:
         if {f.name for f in dataclasses.fields(ImageReport)} - set(kept):
             return None
@@ -358,7 +361,7 @@ def kept_report(kept: Any, image_id: str, digests: tuple[str, ...] | None = None
     return report
 
 
-def room_to_pull(need: float, a: Any, image: str, log: Any) -> None:
+def room_to_pull(need: float, a: NodeAdapters, image: str, log: Log) -> None:
     """A pull only where the engine's disk has ray.pull_min_free_gib (``need``) free; a free space that cannot
     be read is no evidence either way (the pull goes on, and fails by itself if the disk fills)."""
     if not need:
@@ -384,7 +387,7 @@ def free_gib(df: str) -> float | None:
         return None
 
 
-def verify(w: World, log: Any, serve: str, deep: bool, timeout: float) -> Verdict:
+def verify(w: World, log: Log, serve: str, deep: bool, timeout: float) -> Verdict:
     """One real request of the readiness probe's kind (readiness, or with deep the liveness probe)."""
     cfg = w.cfg
     dep = w.view.dep
@@ -407,7 +410,7 @@ def verify(w: World, log: Any, serve: str, deep: bool, timeout: float) -> Verdic
 LAUNCH_RECORD_S = 10.0  # the most a launch waits for its wrapper to record the serve it started
 
 
-def recorded(w: World, node: str, container: str, log: Any) -> None:
+def recorded(w: World, node: str, container: str, log: Log) -> None:
     """Wait until the wrapper just launched (detached) has recorded its serve, running or ended: from then on
     every reading of the serve's state speaks of this instance, and a tick between the launch and the record
     cannot take it for no serve (and launch a second) nor for one ended. Bounded; past it the ticks judge."""

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..adapters import AdapterError
 from ..adapters import docker as docker_adapter
 from ..adapters.quick import QuickProbe
 from ..adapters.shell import control_dir
+from ..base.log import Log
 from ..config import identity
 from ..config.view import DeploymentView
 from ..judge import completion
@@ -45,7 +46,7 @@ class Backend(Protocol):
 
 
 class RealBackend:
-    def __init__(self, view: DeploymentView, log: Any, heartbeat: Callable[[], None] | None = None, *,
+    def __init__(self, view: DeploymentView, log: Log, heartbeat: Callable[[], None] | None = None, *,
                  dry: bool = False):
         """dry: a dry run's (act.Actor's ``dry``): its proof changes nothing anywhere."""
         cfg = view.cfg
@@ -98,7 +99,7 @@ def on_exec_ended(cue: Callable[[], None]) -> Callable[[], None]:
     return docker_adapter.LISTINGS.listen(cue)
 
 
-def teardown(world: World, log: Any) -> list[str]:
+def teardown(world: World, log: Log) -> list[str]:
     """Remove every container this deployment owns, on every node, workers first."""
     dep = world.view.dep
     removed, errors = [], []

@@ -20,10 +20,12 @@ import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
+from ..adapters.vllm import VllmApi
+from ..base.log import Log
 from ..config import Deployment
 from ..config.view import DeploymentView
 from ..model import Kind, PerfVerdict, Status, Throughput
@@ -38,6 +40,12 @@ JUMP = 1.5  # a measurement this far above the best waits for the next to confir
 CONFIRM = 0.8
 
 
+class PerfMetrics(Protocol):
+    """What record hands a verdict to: one deployment's metrics handle (report.metrics, a layer above this one)."""
+
+    def performance(self, v: PerfVerdict, /) -> None: ...
+
+
 def key(view: DeploymentView, images: dict[str, str]) -> tuple[str, dict[str, object]]:
     """What a best is kept for: the images the nodes ran (by ID; the tag where none is pinned), the model,
     the serve spec and the nodes. Its hash, and the parts (kept beside the figure, for a person)."""
@@ -47,9 +55,9 @@ def key(view: DeploymentView, images: dict[str, str]) -> tuple[str, dict[str, ob
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16], parts
 
 
-def measure(api: Any, dep: Deployment, serve: str, log: Any, gap: float) -> Throughput:
+def measure(api: VllmApi, dep: Deployment, serve: str, log: Log, gap: float) -> Throughput:
     """One stream timed; then, with ``streams`` > 1, that many at once for their aggregate. ``api``: the
-    serve's adapters.vllm.VllmApi. ``gap``: the longest wait for the next token (healing.deep_probe_timeout):
+    serve's API. ``gap``: the longest wait for the next token (healing.deep_probe_timeout):
     the measurement holds the loop, and an engine that stops answering must not hold it longer than a probe."""
     p = dep.performance
 
@@ -105,7 +113,7 @@ def judge(t: Throughput, best: float, dep: Deployment, now: float) -> PerfVerdic
                        regression)
 
 
-def record(st: Status, t: Throughput, view: DeploymentView, metrics: Any, log: Any, now: float) -> None:
+def record(st: Status, t: Throughput, view: DeploymentView, metrics: PerfMetrics, log: Log, now: float) -> None:
     """A measurement taken in: judged against the best kept for its key, the best raised (persisted), the
     verdict on the status, its figures in the metrics."""
     state_dir = view.cfg.supervisor.state_dir
@@ -138,7 +146,7 @@ def _raised(v: PerfVerdict, best: float, entry: dict[str, Any]) -> dict[str, Any
     return {"decode_tps": v.decode_tps, "ttft_s": v.ttft_s}
 
 
-def forget(state_dir: str, log: Any) -> None:
+def forget(state_dir: str, log: Log) -> None:
     """The bests forgotten (the operator's reset): the next measurement of each key sets it afresh."""
     try:
         if (Path(state_dir) / FILE).exists():

@@ -260,3 +260,34 @@ def test_state_file_names_are_named_once() -> None:
                    for node in ast.walk(ast.parse(path.read_text(), str(path)))
                    if isinstance(node, ast.Constant) and node.value in named)
     assert len(named) > 10 and not found, f"state file names outside state/names.py (use its constants): {found}"
+
+
+# Parameters and return types annotated `Any` exactly, in the package's function signatures: none is left. What
+# a function walks with isinstance is `object`, a JSON value model.document.JSON, a callback its Callable. The
+# ceiling only goes down: lower it when you remove one, never raise it to let one in.
+ANY_CEILING = 0
+
+
+def bare_any() -> list[str]:
+    """Each signature's bare `Any` (a parameter, *args, **kwargs or the return) as "path:line function name";
+    `Any | None` counts too. Not the in-container Python of specs/scripts/, which mypy does not read."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path.is_relative_to(ROOT / "specs" / "scripts"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            a = node.args
+            named = [*a.posonlyargs, *a.args, *a.kwonlyargs, *(x for x in (a.vararg, a.kwarg) if x)]
+            for name, ann in [*((x.arg, x.annotation) for x in named), ("<return>", node.returns)]:
+                if ann is not None and ((isinstance(ann, ast.Name) and ann.id == "Any")
+                                        or ast.unparse(ann) == "Any | None"):
+                    found.append(f"{_rel(path)}:{node.lineno} {node.name} {name}")
+    return found
+
+
+def test_any_in_signatures_stays_below_its_ceiling() -> None:
+    found = bare_any()
+    assert len(found) <= ANY_CEILING, (f"{len(found)} bare `Any` in signatures, over the ceiling of {ANY_CEILING} "
+                                       "(give each its type: object where the body narrows it): " + "; ".join(found))

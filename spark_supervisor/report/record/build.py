@@ -78,11 +78,10 @@ def build(src: Sources) -> dict[str, Any]:
         "decisions": [{"at": iso(d.at), "what": d.what, "reason": d.reason}
                       for d in sorted(src.decisions, key=lambda d: d.at)[-MAX_DECISIONS:]],
     }
-    out: dict[str, Any] = scrub(rec, view.secrets)
-    return out
+    return {k: scrub(v, view.secrets) for k, v in rec.items()}
 
 
-def scrub(value: Any, secrets: tuple[str, ...] | list[str]) -> Any:
+def scrub(value: object, secrets: tuple[str, ...] | list[str]) -> object:
     """Every string in ``value`` with the known secrets replaced (a reason or a log line may quote one)."""
     if isinstance(value, str):
         return redaction.text(value, secrets)

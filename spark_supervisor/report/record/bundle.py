@@ -23,7 +23,6 @@ import tarfile
 import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from ...base import files, redaction
 from ...config import Config, known_secrets
@@ -40,7 +39,7 @@ LOG_LINES, LOG_BYTES = 2000, 256 << 10
 MARK = redaction.MARK
 
 
-def redacted_config(raw: Any, key: str = "") -> Any:
+def redacted_config(raw: object, key: str = "") -> object:
     """The config as written, its secrets removed: a secret-named key's value (but a file's path or a variable's
     name: ``*_file``, ``*_env``), the webhook but its origin, the alert command's arguments but its flags, a
     URL's credentials."""

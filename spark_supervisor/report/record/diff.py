@@ -43,7 +43,7 @@ def flatten(rec: dict[str, Any]) -> dict[str, str]:
     """path -> the value as text (an argv as a command line, other lists joined); the members as "members"."""
     out: dict[str, str] = {"members": ", ".join(rec.get("nodes") or {})}
 
-    def walk(prefix: str, value: Any) -> None:
+    def walk(prefix: str, value: object) -> None:
         if isinstance(value, dict):
             for k, v in value.items():
                 walk(f"{prefix}.{k}" if prefix else str(k), v)

@@ -15,7 +15,7 @@ def _line(label: str, value: str, indent: int = 2) -> str:
     return f"{' ' * indent}{label:<{WIDTH - indent}} {value}"
 
 
-def _said(value: Any, sep: str = " ") -> str:
+def _said(value: object, sep: str = " ") -> str:
     """A value in a few words: a table as "key value, ..." (``sep`` between them), a list joined ("-": empty)."""
     if isinstance(value, dict):
         return ", ".join(f"{k}{sep}{_said(v)}" for k, v in value.items()) or "-"
