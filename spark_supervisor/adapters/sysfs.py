@@ -1,4 +1,4 @@
-"""Parse scripts/host-facts.sh (a node's sysfs, boot ID and machine-id; wire-formats.md §8.2). Pure."""
+"""Parse scripts/host-facts.sh (a node's sysfs, boot ID and machine-id; docs/wire-formats.md §8.2). Pure."""
 
 from __future__ import annotations
 

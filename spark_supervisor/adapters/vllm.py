@@ -16,7 +16,7 @@ from . import probe
 from .health import observed
 from .quick import KeptAlive
 
-# The heartbeat's samples (vLLM's v1 metrics, wire-formats.md §1.6) -> EngineStats' fields. vLLM's page (written by
+# The heartbeat's samples (vLLM's v1 metrics, docs/wire-formats.md §1.6) -> EngineStats' fields. vLLM's page (written by
 # prometheus_client) types a counter under its sample's name, "…_total"; another writer may type the family.
 HEARTBEAT = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
              "vllm:generation_tokens_total": "generated", "vllm:prompt_tokens_total": "prompted",

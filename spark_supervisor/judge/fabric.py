@@ -1,5 +1,5 @@
 """Below vLLM: what the members' hosts say of the fabric, which transport NCCL chose, who rebooted, who lost
-the GPU (wire-formats.md §8). Pure: the members' host facts (Status.hosts) and the ranks' transports in,
+the GPU (docs/wire-formats.md §8). Pure: the members' host facts (Status.hosts) and the ranks' transports in,
 reasons out. The planner holds a start on them, and shows them while serving (DEGRADED, never a repair);
 only a boot ID that changed under a serving deployment is positive evidence enough for a repair."""
 

@@ -360,7 +360,7 @@ def timeline(text: str) -> list[Step]:
     return out
 
 
-# NCCL's INFO lines (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET; wire-formats.md §8.1): "<host>:<pid>:<tid>
+# NCCL's INFO lines (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET; docs/wire-formats.md §8.1): "<host>:<pid>:<tid>
 # [<dev>] NCCL INFO <text>", a Ray worker's with vLLM's "(RayWorkerWrapper pid=N, ip=A) " before it.
 _NCCL = re.compile(r"^\s*(?:\((?:\w+) pid=\d+(?:, ip=([\d.]+))?\)\s*)?([\w.-]+):(\d+):\d+ \[\d+\] NCCL INFO (.*)")
 _NCCL_IP = re.compile(r"(?:Bootstrap : Using|OOB) [\w.-]+:([\d.]+)<")

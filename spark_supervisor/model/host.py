@@ -1,4 +1,4 @@
-"""What a node's host says of itself below vLLM (wire-formats.md §8): its fabric links, its RDMA ports and
+"""What a node's host says of itself below vLLM (docs/wire-formats.md §8): its fabric links, its RDMA ports and
 their GID tables, its boot ID and machine-id; and which transport each NCCL rank chose (from the serve log)."""
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class Kind(StrEnum):
     SYSTEMCTL_FAILED = "SystemctlFailed"
     TEARDOWN_INCOMPLETE = "TeardownIncomplete"
 
-    # Below vLLM: the fabric and the hosts (fabric.py; wire-formats.md §8).
+    # Below vLLM: the fabric and the hosts (fabric.py; docs/wire-formats.md §8).
     FABRIC_FALLBACK = "FabricFallback"  # NCCL on sockets where the fabric is RDMA: DEGRADED, never a repair
     FABRIC_LINK_DOWN = "FabricLinkDown"
     FABRIC_MTU_MISMATCH = "FabricMtuMismatch"

@@ -396,7 +396,7 @@ def model_prefetch(cfg: Config, dep: Deployment, node: Node) -> ContainerSpec:
 
 
 # Ray's node table without its dashboard: `ray list nodes` needs the dashboard and `ray status` prints
-# no IPs (wire-formats.md 4.1), so ask the GCS the way `ray status` does, with the interpreter of the
+# no IPs (docs/wire-formats.md 4.1), so ask the GCS the way `ray status` does, with the interpreter of the
 # image's own `ray` script. $1 the Ray command, $2 the Python below, $3 the GCS address, $4 the timeout.
 # Prints the dashboard's /api/v0/nodes envelope, so one parser reads both.
 RAY_NODES = script.load("ray-nodes.sh")

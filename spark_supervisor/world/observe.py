@@ -103,7 +103,7 @@ def _units(r: Result) -> tuple[Unit, ...]:
     return tuple(units)
 
 
-NVML_LOST = "Failed to initialize NVML: Unknown Error"  # wire-formats.md §8.3
+NVML_LOST = "Failed to initialize NVML: Unknown Error"  # docs/wire-formats.md §8.3
 
 
 def _nvidia(r: Result) -> Gpu | str:

@@ -317,7 +317,8 @@ def test_the_stand_in_files_hold_the_documented_examples() -> None:
 
 
 # ------------------------------------------------------------------ (c) NCCL's lines, as logscan reads them
-# docs/wire-formats.md §8.1, as captured: a head rank in its own log, a Ray worker's in the head's with vLLM's prefix.
+# docs/wire-formats.md §8.1 (assumed: public logs, typed here; no capture of ours): a head rank in its own log, a
+# Ray worker's in the head's with vLLM's prefix.
 REAL_PREFIX = "(RayWorkerWrapper pid=412, ip=192.168.200.13) spark-2:412:429 [0] NCCL INFO "
 REAL_HEAD = "spark-1:398:398 [0] NCCL INFO "
 REAL_IB = [REAL_HEAD + t for t in (

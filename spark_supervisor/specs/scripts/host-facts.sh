@@ -1,4 +1,4 @@
-# A node's fabric and identity facts (wire-formats.md §8.2), read under the root given ($1: "/" on a host).
+# A node's fabric and identity facts (docs/wire-formats.md §8.2), read under the root given ($1: "/" on a host).
 # Prints "host-facts", the running kernel and node name ("uname_r:<uname -r>", "hostname:<uname -n>": of the
 # machine the script runs on, whatever the root), "absent:<file>" for each release file that is not there at
 # all (not there is "none"; there but unreadable stays unknown), the release files' identifying lines, then
