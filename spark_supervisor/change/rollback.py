@@ -1,7 +1,7 @@
 """The way back from a change that failed once switched to: the last spec that served, per deployment; and
 the images a serving deployment's repairs start, by ID.
 
-A change is proven before the switch (loop.proof), but a proof cannot see everything: a model that loads and
+A change is proven before the switch (change.proof), but a proof cannot see everything: a model that loads and
 then kills the engine on its first request, a start that misses its deadline. So when a reload replaces a
 serving deployment, the spec it ran is kept, and the new one is on probation until it reaches SERVING. If it
 fails first -- FAILED, or a failed attempt at its start or verification -- the deployment is put back on

@@ -71,7 +71,7 @@ class Config(_Strict):
     def view(self, dep: Deployment) -> Config:
         """The settings one deployment runs on: its nodes only, its own state directory under ours (repair log,
         bests, status), and the names of every configured deployment (``owners``: their containers are
-        nobody's orphans). The reconcile machinery runs on a ``deployment.DeploymentView``, whose ``cfg`` this
+        nobody's orphans). The reconcile machinery runs on a ``config.view.DeploymentView``, whose ``cfg`` this
         is; ``DeploymentView.build`` makes both, once per (re)load."""
         sup = self.supervisor.model_copy(update={"state_dir": deployment_dir(self.supervisor.state_dir, dep.name)})
         v = self.model_copy(update={"deployments": [dep], "nodes": self.members(dep), "supervisor": sup})

@@ -284,7 +284,7 @@ class Readiness(_Strict):
     poll_interval: Sec600 = 5
     deadline: SecWeek = 1200
     stall_timeout: SecWeek = 900  # no load progress (shard, milestone) this long: a stall, repaired
-    # Deadlines learned from history (loop.deadlines): after learn_after good loads of the same key (images,
+    # Deadlines learned from history (reconcile.loadtimes): after learn_after good loads of the same key (images,
     # driver, nodes, model, serve spec), a load's deadline is max(deadline_floor, p95 of their durations x
     # deadline_margin) and its stall limit max(stall_floor, p95 of their longest silences x the margin), never
     # above deadline and stall_timeout: those stay the cold budget (a first load after a change gets them).

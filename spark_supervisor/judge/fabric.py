@@ -144,7 +144,7 @@ def _held(lost: Reason | None, found: list[Reason]) -> Reason | None:
 
 
 def judged(view: DeploymentView, st: Status) -> BelowJudgement:
-    """The judgement of the status's facts below vLLM: the one kept on it (loop.tracking.Below) while those facts
+    """The judgement of the status's facts below vLLM: the one kept on it (reconcile.tracking.Below) while those facts
     are the same (or equal) and the view the same object, else judged afresh. The planner and the metrics read
     it every tick: judged once per change, not once per reader and tick."""
     facts = (tuple(st.hosts.items()), st.transports, tuple(st.gpu_lost.items()))

@@ -1,7 +1,7 @@
 """A reload (SIGHUP): the config file read again and the stack moved to it, or the previous config kept
 with the reason; a reload that would remove or replace a deployment, staged until the file is read again
 the same; and one that would replace a serving deployment, applied only once its new spec is proven
-startable on every member while the old one keeps serving (loop.proof)."""
+startable on every member while the old one keeps serving (change.proof)."""
 
 from __future__ import annotations
 

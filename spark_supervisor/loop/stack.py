@@ -181,7 +181,7 @@ class Stack:
         return deployment_changes({name: r.view for name, r in self.reconcilers.items()}, wanted)
 
     def destructive(self, wanted: dict[str, DeploymentView]) -> list[str]:
-        """What a move to ``wanted`` (a new config's views, deployment.views) would tear down: deployments no
+        """What a move to ``wanted`` (a new config's views, config.view.views) would tear down: deployments no
         longer configured, and those whose Ray or serve spec changes (replaced). Additions and other settings
         are not."""
         return [f"{'removes' if c.change == Change.REMOVED else 'replaces'} {c.name!r}"
@@ -189,7 +189,7 @@ class Stack:
 
     def to_prove(self, wanted: dict[str, DeploymentView]) -> dict[str, DeploymentView]:
         """The deployments a move to ``wanted`` would replace while they serve (SERVING or DEGRADED), with their
-        new views: what must be proven startable before anything of theirs is stopped (loop.proof)."""
+        new views: what must be proven startable before anything of theirs is stopped (change.proof)."""
         return {c.name: wanted[c.name] for c in self._changes(wanted) if c.stops and c.name in wanted
                 and self.reconcilers[c.name].status.phase in (Phase.SERVING, Phase.DEGRADED)}
 

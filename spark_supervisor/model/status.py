@@ -94,7 +94,7 @@ class PerfVerdict:
 
 @dataclass(frozen=True)
 class KvCache:
-    """The KV cache a serve came up with, against the best seen for its spec (loop.tracking)."""
+    """The KV cache a serve came up with, against the best seen for its spec (reconcile.tracking)."""
 
     serve: str  # ServeObservation.identity it was read from: each serve is judged once
     tokens: int
@@ -104,7 +104,7 @@ class KvCache:
 
 @dataclass(frozen=True)
 class LoadLimits:
-    """The limits one load runs under (loop.deadlines, set as it enters LOADING): its deadline and its stall
+    """The limits one load runs under (reconcile.loadtimes, set as it enters LOADING): its deadline and its stall
     limit, each learned from the good loads of its key or the configured cold budget, and why."""
 
     deadline: float  # seconds in LOADING before LoadTimeout
@@ -186,8 +186,8 @@ class Status:
     boots_of: str = ""  # the serve instance they were recorded for
     transports: tuple[Transport, ...] = ()
     transports_of: str = ""  # the serve instance they are of
-    below: BelowJudgement | None = None  # fabric.py's judgement of these (loop.tracking.Below keeps it)
-    # What differs from the last good record, said on entering FAILED or DEGRADED (loop.recording): shown with
+    below: BelowJudgement | None = None  # fabric.py's judgement of these (reconcile.tracking.Below keeps it)
+    # What differs from the last good record, said on entering FAILED or DEGRADED (reconcile.recording): shown with
     # the reason and sent with the alert ("": nothing to say, or not in either phase)
     changed: str = ""
 

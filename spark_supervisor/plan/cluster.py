@@ -70,7 +70,7 @@ def hygiene(f: Facts) -> Decision | None:
 
 
 def rebooted(f: Facts) -> Decision | None:
-    """2b. A member whose boot ID is not the one recorded for the serve that runs (loop.tracking.Below.boots)
+    """2b. A member whose boot ID is not the one recorded for the serve that runs (reconcile.tracking.Below.boots)
     rebooted under it: positive evidence, even when its containers came back by themselves (a rank restarted
     alone wedges the pair, or joins a group that no longer exists). The whole deployment is restarted."""
     st = f.st

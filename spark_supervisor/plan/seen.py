@@ -18,7 +18,7 @@ class Seen:
     progress: logscan.LoadProgress  # the serve's log, read (empty when there is no serve)
     unknown: dict[str, str]  # what could not be seen, as it matters in ``phase`` (plan.unknowns)
     phase: Phase  # the phase ``unknown`` was read for: a plan in another phase reads its own
-    health: ProbeResult  # the endpoint's /health, judged (probes.health_result)
+    health: ProbeResult  # the endpoint's /health, judged (completion.health_result)
 
 
 def derive(obs: Observation, phase: Phase, on: DeploymentView | Config) -> Seen:

@@ -141,7 +141,7 @@ def readiness(f: Facts) -> Decision | None:
     if ep is None or ep.state != EndpointState.UP or name not in ep.models:
         if s.error:  # the log tail is the last one seen: no stall or deadline is judged on it
             return Decision(hold(st), Reason(Kind.OBSERVATION_UNKNOWN, f"serve state: {s.error}"))
-        # The load's own limits (loop.deadlines: learned from its key's good loads, or the cold budget) and why.
+        # The load's own limits (reconcile.loadtimes: learned from its key's good loads, or the cold budget) and why.
         lim = st.load_limits
         stall, stall_why = (lim.stall, f" ({lim.stall_why})") if lim else (dep.readiness.stall_timeout, "")
         deadline, deadline_why = (lim.deadline, f"{lim.deadline_why}; ") if lim else (dep.readiness.deadline, "")
@@ -222,7 +222,7 @@ STALL_PROBE_S = 3.0
 def _corroboration(f: Facts) -> float:
     """The timeout of the deep probe that corroborates a stall. Nothing has moved for the stall time with work
     held, so it need not wait its full timeout: an engine that answers now is not wedged, and one whose counters
-    move while the probe waits is busy (probes.beside_heartbeat) -- only a probe unanswered with the counters
+    move while the probe waits is busy (completion.beside_heartbeat) -- only a probe unanswered with the counters
     still frozen confirms the wedge."""
     return min(f.cfg.healing.deep_probe_timeout, STALL_PROBE_S)
 

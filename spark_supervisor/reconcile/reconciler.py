@@ -1,6 +1,6 @@
 """One deployment's reconcile loop: observe -> plan -> act on its own nodes, with its own phase, probes,
 trackers, repair budget, history and load progress. The daemon runs one per configured deployment, each
-on its view (``deployment.DeploymentView``, made once per load), and shares what is process-wide (signals, systemd, metrics,
+on its view (``config.view.DeploymentView``, made once per load), and shares what is process-wide (signals, systemd, metrics,
 the status file) between them. What it keeps track of between ticks is in ``tracking``."""
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ class Reconciler:
         self.due_at = 0.0  # when its next tick is due (the daemon's clock)
         self.start = StartProgress(clock)
         self.load = LoadProgress(log)
-        self.loads = LoadClock(log, wall)  # the load's limits, learned from its key's good loads (loop.deadlines)
-        self.liveness, self.below, self.recorder = Liveness(log), Below(log), Recorder()  # recorder: loop.recording
+        self.loads = LoadClock(log, wall)  # the load's limits, learned from its key's good loads (reconcile.loadtimes)
+        self.liveness, self.below, self.recorder = Liveness(log), Below(log), Recorder()  # recorder: reconcile.recording
         self._look_closer = False
         self._eager = 0  # consecutive ticks run at once after acting
         self.watch = QuickWatch(log)

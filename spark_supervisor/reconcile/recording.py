@@ -30,7 +30,7 @@ NOTES_KEPT = 50  # decisions noted between two records, at most
 
 
 class Recordable(Protocol):
-    """What the recorder reads of a deployment's reconciler (loop.reconciler.Reconciler)."""
+    """What the recorder reads of a deployment's reconciler (reconcile.reconciler.Reconciler)."""
 
     view: DeploymentView
     status: Status

@@ -1,5 +1,5 @@
 """Whether a deployment's spec can start on every member, short of starting it: the proof a change must pass
-before it replaces what serves (loop.proof). Its image is there (pulled if the config allows it) and passes
+before it replaces what serves (change.proof). Its image is there (pulled if the config allows it) and passes
 the image check (the backend's commands present, the same versions on every node), rank 0's serve
 arguments pass the image's own vLLM argument parser (one more container on the serve node), and its model is
 there as the image sees it (a short-lived container per node, in parallel) -- or, with [deployments.model]

@@ -241,8 +241,8 @@ def test_the_journal_has_a_priority_per_level_and_the_events_fields(head: str) -
                            "SYSLOG_IDENTIFIER=" + UNIT).stdout.strip())
     # Without the journal socket the same events go to stderr with the "<N>" prefix, and journald still files
     # them at their priority (a transient unit, so the daemon's own stream is left alone).
-    code = ("from spark_supervisor import logs; logs.SOCKET = '/run/no-such-socket'; logs.setup(); "
-            "log = logs.get(deployment='x'); log.info('fallback.info'); log.warning('fallback.warning')")
+    code = ("from spark_supervisor.report import journal; journal.SOCKET = '/run/no-such-socket'; journal.setup(); "
+            "log = journal.get(deployment='x'); log.info('fallback.info'); log.warning('fallback.warning')")
     head_exec("systemd-run", "--wait", "--quiet", "--unit=spark-log-fallback", "/opt/spark-supervisor/venv/bin/python3",
               "-c", code)
 

@@ -1,4 +1,4 @@
-"""The per-deployment view (deployment.DeploymentView): made once from the whole config, it holds the same
+"""The per-deployment view (config.view.DeploymentView): made once from the whole config, it holds the same
 facts the config's helpers compute, and each derived deadline with why it has its value."""
 
 from __future__ import annotations

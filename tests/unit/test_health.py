@@ -1,5 +1,5 @@
 """/health is asked by two clients, the tick's (httpx: VllmApi) and the quick watch's (http.client:
-QuickProbe), and read once (adapters.health, probes.health_result). The quick watch wakes the loop when its
+QuickProbe), and read once (adapters.health, completion.health_result). The quick watch wakes the loop when its
 reading differs from the tick's: the two must read one server the same, or it would wake every second."""
 
 from __future__ import annotations

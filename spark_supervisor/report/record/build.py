@@ -1,5 +1,5 @@
 """A deployment's record: what ran and how it went, made each time it reaches SERVING (and, for "what changed",
-when it goes FAILED or DEGRADED). Pure: the loop (loop.recording) gathers what it already holds into
+when it goes FAILED or DEGRADED). Pure: the loop (reconcile.recording) gathers what it already holds into
 ``Sources``; ``build`` turns it into one JSON object.
 
 Every fact is a value, ``UNKNOWN`` when it was not read, or ``NONE`` when it was read and is positively not
