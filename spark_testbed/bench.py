@@ -37,6 +37,7 @@ import httpx
 import psutil
 
 from spark_supervisor.config import load as load_config
+from spark_supervisor.config.view import DeploymentView
 
 from . import harness, testbed
 from .harness import BIN, OWNED, Streams, Supervisor, event_time, fault_file, stack_config, write_config
@@ -297,7 +298,7 @@ def observe_scaling(workdir: Path, counts: tuple[int, ...] = (2, 3), n: int = 15
         try:
             d.wait_phase("SERVING", 300)
             cfg = config_mod.load(str(path))
-            world = World(cfg, control_dir=control_dir(cfg.supervisor.state_dir))
+            world = World(DeploymentView.of(cfg, cfg.deployment), control_dir=control_dir(cfg.supervisor.state_dir))
             observer = Observer(world)
             times: dict[str, list[float]] = {"full": [], "quick": [], "cpu_full": [], "cpu_quick": []}
             try:

@@ -35,7 +35,7 @@ from spark_supervisor.specs import commands
 from spark_supervisor.world.act import ActionFailed
 from spark_supervisor.world.backend import Backend, Fingerprint
 from spark_supervisor.world.observe import NodeAdapters, World
-from tests.helpers import cfg, data, images
+from tests.helpers import cfg, data, images, view_of
 
 
 class Clock:
@@ -293,7 +293,7 @@ class Events:
 def fake_world(c: Config, journal: list[str] | None = None) -> tuple[World, dict[str, ActorEngine], dict[str, FakeShell]]:
     """The real World of ``c`` (its config, view and HTTP clients) with every node's engine and shell faked.
     The caller closes it."""
-    world = World(c)
+    world = World(view_of(c))
     engines = {n.name: ActorEngine(n.name, journal=journal) for n in c.nodes}
     shells = {n.name: FakeShell() for n in c.nodes}
     for n in c.nodes:

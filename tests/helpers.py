@@ -9,6 +9,7 @@ from typing import Any
 from spark_supervisor import config
 from spark_supervisor.config import HASH_LABEL, NODE_LABEL, OWNER_LABEL, ray_hash
 from spark_supervisor.config.identity import node_container_name
+from spark_supervisor.config.view import DeploymentView
 from spark_supervisor.model import (
     Container,
     EndpointObservation,
@@ -46,6 +47,12 @@ def data(**patch: Any) -> dict[str, Any]:
 
 def cfg(d: dict[str, Any] | None = None) -> config.Config:
     return config.parse(d or data(), "test.toml", env={})
+
+
+def view_of(c: config.Config) -> DeploymentView:
+    """The view of a one-deployment test config's deployment: what the daemon hands the planner, the observer
+    and the status document (they take views only; a test builds its own)."""
+    return DeploymentView.of(c, c.deployment)
 
 
 def ray_container(c: config.Config, node: str, *, state: str = "running", spec: str | None = None) -> Container:

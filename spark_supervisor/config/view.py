@@ -106,11 +106,6 @@ class DeploymentView:
                    secrets=tuple(deployment_secrets(cfg, dep)), deadlines=deadlines(cfg, dep))
 
 
-def as_view(on: Config | DeploymentView) -> DeploymentView:
-    """A view as it is; a one-deployment config (a test's, a command's) as the view of its deployment."""
-    return on if isinstance(on, DeploymentView) else DeploymentView.of(on, on.deployment)
-
-
 def views(whole: Config) -> dict[str, DeploymentView]:
     """Every configured deployment's view, by name, in the file's order."""
     return {d.name: DeploymentView.build(whole, d) for d in whole.deployments}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 
 from ..config import Config, Deployment
-from ..config.view import DeploymentView, as_view
+from ..config.view import DeploymentView
 from ..model import ImageReport, Kind, Observation
 from ..specs import modelprobe
 from ..specs.commands import node_env
@@ -29,9 +29,8 @@ def _on(ip: str, cidrs: tuple[str, ...]) -> bool:
     return any(addr == ipaddress.ip_interface(c).ip or addr in ipaddress.ip_interface(c).network for c in cidrs)
 
 
-def preflight(on: DeploymentView | Config, obs: Observation) -> list[str]:
-    """The fabric as the deployment's members see it (``on``: its view, or a one-deployment config)."""
-    view = as_view(on)
+def preflight(view: DeploymentView, obs: Observation) -> list[str]:
+    """The fabric as the deployment's members see it (``view``)."""
     dep, members = view.dep, list(view.members)
     problems: list[str] = []
     for node in members:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..config import Config
-from ..config.view import DeploymentView, as_view
+from ..config.view import DeploymentView
 from ..model import Decision, Kind, Observation, Phase, Reason, Status
 from .cluster import containers, hygiene, nodes_seen, placement, ray, rebooted
 from .facts import Facts, Rule, ray_view
@@ -18,15 +17,14 @@ from .unknown import with_unknowns
 RULES: tuple[Rule, ...] = (nodes_seen, hygiene, rebooted, containers, placement, ray, serve, ranks, readiness, liveness)
 
 
-def plan(obs: Observation, st: Status, on: DeploymentView | Config, now: float, seen: Seen | None = None) -> Decision:
+def plan(obs: Observation, st: Status, view: DeploymentView, now: float, seen: Seen | None = None) -> Decision:
     """One tick's decision. FAILED, and a BACKOFF not yet over, hold; else the first rule step that decides,
     with what could not be seen and Ray's strays shown in it. ``seen``: what the tick derived from ``obs``
-    (plan.seen.derive), read here otherwise. ``on``: the deployment's view (a one-deployment config: its)."""
+    (plan.seen.derive), read here otherwise."""
     if st.phase == Phase.FAILED:  # until a config change (SIGHUP) or `spark-supervisor reset`
         return Decision(Phase.FAILED, st.why)
     if st.phase == Phase.BACKOFF and now < st.backoff_until:
         return Decision(Phase.BACKOFF, st.why)
-    view = as_view(on)
     seen_unknown = unknown_in(seen, obs, view, st.phase) if seen is not None else None
     return _with_strays(with_unknowns(_plan(obs, st, view, now, seen), obs, st, view, now, seen_unknown), obs, view)
 

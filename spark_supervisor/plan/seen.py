@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import Config
-from ..config.view import DeploymentView, as_view
+from ..config.view import DeploymentView
 from ..judge import logscan
 from ..judge.completion import health_result
 from ..model import Observation, Phase, ProbeResult
@@ -21,11 +20,11 @@ class Seen:
     health: ProbeResult  # the endpoint's /health, judged (completion.health_result)
 
 
-def derive(obs: Observation, phase: Phase, on: DeploymentView | Config) -> Seen:
-    return Seen(logscan.scan(obs.serve.log_tail if obs.serve is not None else ""), unknowns(obs, as_view(on), phase),
+def derive(obs: Observation, phase: Phase, view: DeploymentView) -> Seen:
+    return Seen(logscan.scan(obs.serve.log_tail if obs.serve is not None else ""), unknowns(obs, view, phase),
                 phase, health_result(obs.endpoint))
 
 
-def unknown_in(seen: Seen | None, obs: Observation, on: DeploymentView | Config, phase: Phase) -> dict[str, str]:
+def unknown_in(seen: Seen | None, obs: Observation, view: DeploymentView, phase: Phase) -> dict[str, str]:
     """What could not be seen, for ``phase``: the tick's reading when it was for that phase."""
-    return seen.unknown if seen is not None and seen.phase == phase else unknowns(obs, on, phase)
+    return seen.unknown if seen is not None and seen.phase == phase else unknowns(obs, view, phase)

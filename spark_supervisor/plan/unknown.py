@@ -3,17 +3,15 @@ without it (``with_unknowns``): the reason says so, and DEGRADED once it lasts p
 
 from __future__ import annotations
 
-from ..config import Config
 from ..config.identity import owned
-from ..config.view import DeploymentView, as_view
+from ..config.view import DeploymentView
 from ..model import Decision, Kind, Observation, Phase, Reason, Status
 from .facts import ray_view
 
 
-def unknowns(obs: Observation, on: DeploymentView | Config, phase: Phase | None = None) -> dict[str, str]:
+def unknowns(obs: Observation, view: DeploymentView, phase: Phase | None = None) -> dict[str, str]:
     """What this tick could not see that matters to the deployment: what -> the error. Never evidence.
     (A dashboard that does not answer yet while Ray is starting is the join in progress, not an unknown.)"""
-    view = as_view(on)
     dep = view.dep
     members = {n.name for n in view.members}
     out = {f"node {o.name}": o.error for o in obs.nodes.values() if o.error and o.name in members}
@@ -34,14 +32,13 @@ def unknowns(obs: Observation, on: DeploymentView | Config, phase: Phase | None 
     return out
 
 
-def with_unknowns(d: Decision, obs: Observation, st: Status, on: DeploymentView | Config, now: float,
+def with_unknowns(d: Decision, obs: Observation, st: Status, view: DeploymentView, now: float,
                   seen_unknown: dict[str, str] | None = None) -> Decision:
     """Show what could not be seen in a decision that was taken without it; DEGRADED once something has
     stayed unseen past the patience (counted from the start of an unbroken run of unknowns, whichever
     part could not be seen from one tick to the next). Repairs, failures, cleaning and Ray's own join
     stand on their own evidence and deadlines and are left as they are. ``seen_unknown``: what the tick
     already read for this phase (plan.seen), else read here."""
-    view = as_view(on)
     patience = view.cfg.healing.unknown_patience
     seen_not = unknowns(obs, view, st.phase) if seen_unknown is None else seen_unknown
     if (not seen_not or d.repair or d.fatal or d.failure or d.why.kind == Kind.NODE_LOST

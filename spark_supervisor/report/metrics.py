@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
 
 from ..adapters import UNEXPECTED
-from ..config.view import DeploymentView, as_view
+from ..config.view import DeploymentView
 from ..judge import fabric
 from ..model import HostFacts, Kind, Observation, PerfVerdict, Phase, Status, Verdict
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
-    from ..config import Config, Node
+    from ..config import Node
 
 
 def serve(app: WSGIApplication, host: str, port: int) -> tuple[WSGIServer, threading.Thread]:
@@ -231,9 +231,9 @@ class Metrics:
         return DeploymentMetrics(self, deployment)
 
     def update(self, dep: str, st: Status, obs: Observation | None, now: float,
-               on: DeploymentView | Config | None = None) -> None:
-        """After each tick. ``now`` is the clock of ``st``; ``on`` (the deployment's view, or a one-deployment
-        config) adds the limits, and the series below vLLM (BelowVllm: they need its members)."""
+               view: DeploymentView | None = None) -> None:
+        """After each tick. ``now`` is the clock of ``st``; ``view`` (the deployment's) adds the limits, and the
+        series below vLLM (BelowVllm: they need its members)."""
         for phase in Phase:
             self.phase.labels(dep, phase.value).set(1 if phase == st.phase else 0)
         self.reason.labels(dep).info({"phase": st.phase.value, "reason": st.why.kind})
@@ -257,8 +257,7 @@ class Metrics:
             self.unknown_for.labels(dep, what).set(round(now - since, 3) if since is not None else 0)
         seen.update(st.unknown_since)
         members = None
-        if on is not None:
-            view = as_view(on)
+        if view is not None:
             cfg, dep_cfg = view.cfg, view.dep
             members = {n.name for n in view.members}
             self.budget_max.labels(dep).set(cfg.healing.repair_budget)

@@ -16,8 +16,8 @@ import functools
 import os
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from ..config import Config, Node, identity
-from ..config.view import DeploymentView, as_view
+from ..config import Node, identity
+from ..config.view import DeploymentView
 from ..judge import fabric, logscan
 from ..model import Heartbeat, HostFacts, ImageReport, ModelReport, Observation, PerfVerdict, Phase, Status
 from ..model.document import (
@@ -105,13 +105,12 @@ def perf(v: PerfVerdict | None, mono_to_wall: float) -> PerfDoc | None:
             "regression": v.regression, "error": v.error}
 
 
-def document(st: Status, obs: Observation | None, on: DeploymentView | Config, config_path: str, config_hash: str,
+def document(st: Status, obs: Observation | None, view: DeploymentView, config_path: str, config_hash: str,
              now_wall: float, mono_to_wall: float, state_problems: tuple[str, ...] = (),
              read: logscan.LoadProgress | None = None) -> DeploymentDoc:
-    """``on``: the deployment's view (a one-deployment config: its). ``read``: the serve's log as the tick
+    """``view``: the deployment's. ``read``: the serve's log as the tick
     read it (plan.seen), if it did."""
     now_mono = now_wall - mono_to_wall
-    view = as_view(on)
     cfg, dep = view.cfg, view.dep
     doc: DeploymentDoc = {
         "schema": SCHEMA,

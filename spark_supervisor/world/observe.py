@@ -21,7 +21,7 @@ from ..adapters.sysfs import host_facts_of
 from ..adapters.vllm import VllmApi
 from ..base import redaction
 from ..config import Config, Node, identity
-from ..config.view import DeploymentView, as_view
+from ..config.view import DeploymentView
 from ..judge.completion import health_result
 from ..judge.preflight import parse_ip_addr
 from ..model import (
@@ -50,13 +50,13 @@ class NodeAdapters:
 
 
 class World:
-    """The real adapters for one deployment (rebuilt on reload), on its view (a one-deployment config: its)."""
+    """The real adapters for one deployment (rebuilt on reload), on its view."""
 
     KEEP_ALIVE_S = 2.0
 
-    def __init__(self, on: DeploymentView | Config, control_dir: str = "", follow_events: bool = False):
+    def __init__(self, view: DeploymentView, control_dir: str = "", follow_events: bool = False):
         """follow_events: the daemon's world, which follows each engine's container events (DockerEngine)."""
-        self.view = view = as_view(on)
+        self.view = view
         self.cfg = cfg = view.cfg
         dep, sup, docker_timeout = view.dep, cfg.supervisor, view.deadlines.docker.seconds
         self.nodes = {
@@ -144,10 +144,9 @@ def _probes(a: NodeAdapters, cfg: Config) -> dict[str, Probe]:
     return out
 
 
-def _ended(a: NodeAdapters, on: DeploymentView | Config, containers: tuple[Container, ...]) -> tuple[Container, ...]:
+def _ended(a: NodeAdapters, view: DeploymentView, containers: tuple[Container, ...]) -> tuple[Container, ...]:
     """The deployment's exited containers with their exit code and last lines (why they ended); one that
     cannot be read stays as listed (unknown why, still exited)."""
-    view = as_view(on)
     dep = view.dep
     out = []
     for c in containers:
@@ -169,21 +168,20 @@ def _run_batch(a: NodeAdapters, argvs: list[list[str]]) -> list[Result | None]:
     return guarded("probes", run)
 
 
-def observe_node(a: NodeAdapters, on: DeploymentView | Config, full: bool, probes: cf.Executor | None = None,
+def observe_node(a: NodeAdapters, view: DeploymentView, full: bool, probes: cf.Executor | None = None,
                  steady: bool = False) -> NodeObservation:
     """One node's observation; whatever fails in it unforeseen is the node's unknown, never the tick's."""
     try:
-        return guarded("node", _observe_node, a, on, full, probes, steady)
+        return guarded("node", _observe_node, a, view, full, probes, steady)
     except AdapterError as e:
         return NodeObservation(a.node.name, error=str(e))
 
 
-def _observe_node(a: NodeAdapters, on: DeploymentView | Config, full: bool, probes: cf.Executor | None,
+def _observe_node(a: NodeAdapters, view: DeploymentView, full: bool, probes: cf.Executor | None,
                   steady: bool) -> NodeObservation:
     """Containers every tick; on a full observation also units, GPU, memory and interfaces, read in
     parallel with the Docker calls (on a worker each is an SSH round trip). ``on``: the deployment's view
-    (a one-deployment config: its). steady: a quick sweep (not full) of a healthy serve, which may keep a listing."""
-    view = as_view(on)
+    steady: a quick sweep (not full) of a healthy serve, which may keep a listing."""
     cfg, name = view.cfg, a.node.name
     wanted = _probes(a, cfg) if full and probes is not None else {}
     started = _start_probes(a, wanted, probes) if wanted and probes is not None else (None, {})

@@ -30,7 +30,7 @@ from spark_supervisor.specs import commands
 from spark_supervisor.world import act
 from spark_supervisor.world.act import ActionFailed, Actor
 from tests.fakes import Events, FakeShell, fake_world
-from tests.helpers import cfg, data, images, node_obs, obs, ray_container
+from tests.helpers import cfg, data, images, node_obs, obs, ray_container, view_of
 
 FAST_RETRY = {"stop_after_attempt": 3, "wait_initial": 0.01, "wait_max": 0.01}  # three tries, no real wait
 
@@ -92,7 +92,7 @@ def test_a_planned_replacement_removes_only_what_identity_says_the_deployment_ow
         rig.engines[n].listed = cs
     st = Status(images=images(c))
     st.advance(Phase.SERVING, st.why, 0, 0)
-    d = plan(obs(c, nodes={n: node_obs(n, tuple(cs)) for n, cs in listed.items()}), st, c, 10)
+    d = plan(obs(c, nodes={n: node_obs(n, tuple(cs)) for n, cs in listed.items()}), st, view_of(c), 10)
     assert d.phase == Phase.CLEANING and d.actions, d
     for action in d.actions:
         rig.actor.run(action)
@@ -118,7 +118,7 @@ def test_a_planned_cleaning_removes_the_stale_container_beside_ours_and_not_ours
         rig.engines[n].listed = cs
     st = Status(images=images(c))
     st.advance(Phase.SERVING, st.why, 0, 0)
-    d = plan(obs(c, deployed=True, nodes={n: node_obs(n, tuple(cs)) for n, cs in listed.items()}), st, c, 10)
+    d = plan(obs(c, deployed=True, nodes={n: node_obs(n, tuple(cs)) for n, cs in listed.items()}), st, view_of(c), 10)
     assert d.actions == (RemoveContainers("spark-1", ("old-serve",), "stale"),), d
     rig.actor.run(d.actions[0])
     assert rig.engines["spark-1"].removed == ["old-serve"] and rig.engines["spark-2"].removed == []

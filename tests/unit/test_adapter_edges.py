@@ -19,6 +19,7 @@ from spark_supervisor.judge import completion
 from spark_supervisor.model import EndpointState, Verdict
 from spark_supervisor.specs import requests
 from spark_supervisor.world.observe import _units, parse_serve_state
+from tests.helpers import view_of
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_vllm"
 
@@ -164,7 +165,7 @@ def test_the_ticks_http_client_drops_a_kept_connection_before_the_server_closes_
     from tests.helpers import cfg
 
     assert World.KEEP_ALIVE_S < Api.KEEP_ALIVE_S - 1
-    w = World(cfg())
+    w = World(view_of(cfg()))
     try:
         assert w.http._transport._pool._keepalive_expiry == World.KEEP_ALIVE_S  # type: ignore[attr-defined]
     finally:

@@ -7,7 +7,6 @@ from typing import Any
 
 from spark_supervisor.adapters.ray import read_nodes
 from spark_supervisor.config import RAY_STATE_LABEL, Config, serve_hash
-from spark_supervisor.config.view import as_view
 from spark_supervisor.judge.preflight import image_problem, parse_image_probe
 from spark_supervisor.model import (
     CheckImage,
@@ -28,7 +27,7 @@ from spark_supervisor.model import (
 )
 from spark_supervisor.plan import plan, unknowns
 from spark_supervisor.specs import commands
-from tests.helpers import cfg, data, images, node_obs, obs, ray_container
+from tests.helpers import cfg, data, images, node_obs, obs, ray_container, view_of
 
 C = cfg()
 
@@ -105,7 +104,7 @@ def test_a_version_that_could_not_be_read_is_not_a_mismatch() -> None:
 
 def test_an_image_check_for_another_spec_is_not_reused() -> None:
     old = {n: dataclasses.replace(r, key="old") for n, r in images(C).items()}
-    d = plan(obs(C), st(images=old), C, 100)
+    d = plan(obs(C), st(images=old), view_of(C), 100)
     assert d.actions == (CheckImage("spark-1", model_later=True), CheckImage("spark-2", model_later=True)) and d.phase == Phase.DETECTING
 
 
@@ -134,13 +133,13 @@ def test_the_gcs_reading_uses_the_dashboards_shape_and_the_same_rules() -> None:
     assert ray.reachable and ray.via == "gcs" and [n.ip for n in ray.alive] == ["192.168.200.12"]
     bad = read_nodes("Traceback (most recent call last):", "gcs")
     assert not bad.reachable and bad.error.startswith("RayStateUnreadable")
-    argv = commands.ray_nodes(C.deployment, as_view(C).gcs, 5)
+    argv = commands.ray_nodes(C.deployment, view_of(C).gcs, 5)
     assert argv[:2] == ["sh", "-c"] and argv[-2:] == ["192.168.200.12:6379", "5"]
 
 
 def test_a_gcs_that_does_not_answer_is_unknown_under_its_own_name() -> None:
     o = obs(C, deployed=True, ray=RayObservation(False, "RayGcsUnreachable: exit 1", via="gcs"))
-    assert unknowns(o, C) == {"ray gcs": "RayGcsUnreachable: exit 1"}
+    assert unknowns(o, view_of(C)) == {"ray gcs": "RayGcsUnreachable: exit 1"}
 
 
 # ---------------------------------------------------------------------------------- mp across nodes
@@ -173,16 +172,16 @@ def test_mp_runs_a_rank_on_every_node_rank_zero_on_the_head_with_the_api() -> No
 
 
 def test_mp_cold_start_has_no_ray_step() -> None:
-    d = plan(mp_obs(deployed=False), st(c=MP, images=images(MP)), MP, 100)
+    d = plan(mp_obs(deployed=False), st(c=MP, images=images(MP)), view_of(MP), 100)
     assert d.actions == (StartContainer("spark-1"), StartContainer("spark-2"))
-    d = plan(mp_obs(), st(Phase.STARTING_RAY, c=MP, images=images(MP)), MP, 100)
+    d = plan(mp_obs(), st(Phase.STARTING_RAY, c=MP, images=images(MP)), view_of(MP), 100)
     assert d.actions == (StartServe(),) and d.phase == Phase.STARTING_VLLM
 
 
 def test_mp_a_rank_that_exited_is_a_serve_repair_of_every_rank() -> None:
     o = mp_obs(serve=rank(), follower=rank("spark-2", running=False, code=1),
                endpoint=EndpointObservation(EndpointState.UP, "", 200, ("Qwen3.5",)))
-    d = plan(o, st(Phase.SERVING, c=MP, images=images(MP)), MP, 100)
+    d = plan(o, st(Phase.SERVING, c=MP, images=images(MP)), view_of(MP), 100)
     assert d.repair == "serve" and d.reason.startswith("ServeRankExited: spark-2 (rank 1): exit code 1")
     assert d.actions == (StopServe("rank exited"),)
 
@@ -191,19 +190,19 @@ def test_mp_a_rank_that_could_not_be_looked_at_is_unknown_never_a_repair() -> No
     lost = dataclasses.replace(rank("spark-2"), error="DockerTimeout: serve state on spark-2")
     o = mp_obs(serve=rank(), follower=lost, endpoint=EndpointObservation(EndpointState.UP, "", 200, ("Qwen3.5",)))
     s = st(Phase.SERVING, c=MP, images=images(MP), verdict=Verdict(True, "ok", rank().identity))
-    d = plan(o, s, MP, 100)
+    d = plan(o, s, view_of(MP), 100)
     assert not d.repair and not any(isinstance(a, StopServe) for a in d.actions)
     assert d.reason.startswith("ObservationUnknown: serve state spark-2: DockerTimeout")
 
 
 def test_mp_ranks_left_without_their_head_are_stopped_before_a_launch() -> None:
-    d = plan(mp_obs(follower=rank("spark-2")), st(Phase.STARTING_VLLM, c=MP, images=images(MP)), MP, 100)
+    d = plan(mp_obs(follower=rank("spark-2")), st(Phase.STARTING_VLLM, c=MP, images=images(MP)), view_of(MP), 100)
     assert d.actions == (StopServe("ranks without their head"),) and d.reason.startswith("RanksWithoutHead")
 
 
 def test_mp_a_worker_container_removed_is_a_gang_repair_of_the_deployment() -> None:
     nodes = {"spark-1": node_obs("spark-1", (ray_container(MP, "spark-1"),)), "spark-2": node_obs("spark-2")}
     o = dataclasses.replace(obs(MP, nodes=nodes, serve=rank()), followers={"spark-2": None})
-    d = plan(o, st(Phase.SERVING, c=MP, images=images(MP)), MP, 100)
+    d = plan(o, st(Phase.SERVING, c=MP, images=images(MP)), view_of(MP), 100)
     assert d.repair == "gang" and d.reason.startswith("PartialDeployment: spark-2: no serve container")
     assert d.actions == (RemoveContainers("spark-1", ("qwen-vllm-spark-1",), "gang restart"),)

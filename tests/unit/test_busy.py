@@ -31,7 +31,7 @@ from spark_supervisor.model import (
 from spark_supervisor.plan import plan
 from spark_supervisor.specs import requests
 from tests.fakes import make
-from tests.helpers import cfg, obs, serve_running
+from tests.helpers import cfg, obs, serve_running, view_of
 from tests.unit.test_plan import serving_status, status
 
 C = cfg()
@@ -99,7 +99,7 @@ def test_serving_busy_is_shown_and_never_repaired() -> None:
     s = serve_running(C)
     o = obs(C, deployed=True, serve=s, endpoint=UP)
     busy = Tracker(1, 0, "busy", 100, "busy: probe waited behind 1 running, 3 waiting (...)")
-    d = plan(o, serving_status(deep=busy), C, 101)
+    d = plan(o, serving_status(deep=busy), view_of(C), 101)
     assert d.phase == Phase.SERVING and d.repair == "" and d.actions == ()
     assert d.reason.endswith("; busy: probe waited behind 1 running, 3 waiting (...)")
 
@@ -108,7 +108,7 @@ def test_verifying_behind_others_work_waits_for_a_slot_and_says_so() -> None:
     s = serve_running(C)
     o = obs(C, deployed=True, serve=s, endpoint=UP)
     v = Verdict(False, "busy: probe waited behind 1 running, 0 waiting (x)", s.identity, ran=False, busy=True)
-    d = plan(o, status(Phase.VERIFYING, since=0, verdict=v), C, 10)
+    d = plan(o, status(Phase.VERIFYING, since=0, verdict=v), view_of(C), 10)
     assert d.phase == Phase.VERIFYING and d.repair == "" and d.actions == (Verify(s.identity),)
     assert d.reason == f"sanity completion when a slot frees ({v.why})"
 
@@ -125,10 +125,10 @@ def test_a_stall_is_corroborated_by_a_short_probe_and_a_frozen_one_repaired() ->
     s = serve_running(C)
     o = obs(C, deployed=True, serve=s, endpoint=UP)
     stalled = Heartbeat(s.identity, (10, 0, 0), moved_at=100, running=0, waiting=4, stalled_at=120)
-    d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(last="success", last_at=90)), C, 121)
+    d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(last="success", last_at=90)), view_of(C), 121)
     assert d.actions == (Verify(s.identity, deep=True, timeout=3.0),) and d.repair == ""
     failed = Tracker(1, 0, "failure", 126, "no answer within 5s")
-    d = plan(o, serving_status(heartbeat=stalled, deep=failed), C, 126)
+    d = plan(o, serving_status(heartbeat=stalled, deep=failed), view_of(C), 126)
     assert d.repair == "serve" and d.actions == (StopServe("wedged"),) and d.why.kind == Kind.SERVE_WEDGED
 
 

@@ -185,12 +185,11 @@ def test_a_spec_that_served_is_the_way_back_even_when_a_repair_runs_at_the_switc
     import structlog
 
     from spark_supervisor.change.rollback import Rollbacks
-    from spark_supervisor.config.view import as_view
     from spark_supervisor.model import Status
     from spark_supervisor.reconcile.reconciler import Reconciler
-    from tests.helpers import cfg
+    from tests.helpers import cfg, view_of
 
-    view = as_view(cfg())
+    view = view_of(cfg())
     for phase, pinned, armed in [(Phase.LOADING, {"spark-1": "sha256:a"}, True), (Phase.LOADING, {}, False),
                                  (Phase.SERVING, {}, True)]:
         st = Status(phase=phase, pinned=pinned)
@@ -239,10 +238,9 @@ def test_a_missed_load_deadline_of_the_new_spec_rolls_it_back_at_once() -> None:
             (Phase.BACKOFF, Reason("DockerTimeout", "x"), 1, False),
             (Phase.BACKOFF, Reason("DockerTimeout", "x"), 3, True),  # the testbed's budget: 3
             (Phase.FAILED, Reason(Kind.IMAGE_MISSING, "x"), 0, True)]:
-        from spark_supervisor.config.view import as_view
-        from tests.helpers import cfg
+        from tests.helpers import cfg, view_of
         st = Status(phase=phase, why=why, failures=failures)
-        r = cast(Any, SimpleNamespace(status=st, view=as_view(cfg())))
+        r = cast(Any, SimpleNamespace(status=st, view=view_of(cfg())))
         assert cannot_serve(r) is rolls, (phase, why, failures)
 
 

@@ -24,7 +24,7 @@ from spark_supervisor.model import Phase, Status
 from spark_supervisor.model.document import StatusDoc
 from spark_supervisor.report import statusdoc
 from spark_supervisor.state import statefile
-from tests.helpers import cfg, data
+from tests.helpers import cfg, data, view_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def doc(phase: str = "SERVING", name: str = "qwen", required: bool = True) -> St
     """A status document as the daemon writes it, for one deployment. Typed as the whole document (without
     the stack's keys, which status_code and the renderers read with .get, as they read any file)."""
     c = cfg(data(deployments=[{**data()["deployments"][0], "name": name, "required": required}]))
-    d = statusdoc.document(Status(phase=Phase.SERVING), None, c, "/etc/x.toml", "abc", time.time(), 0.0)
+    d = statusdoc.document(Status(phase=Phase.SERVING), None, view_of(c), "/etc/x.toml", "abc", time.time(), 0.0)
     d["phase"] = phase  # any string: the lead's PAUSED and phases this version does not know
     return cast(StatusDoc, d)
 

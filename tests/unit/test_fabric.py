@@ -13,7 +13,7 @@ import structlog
 from spark_supervisor.adapters import AdapterError
 from spark_supervisor.adapters.shell import Result
 from spark_supervisor.adapters.sysfs import gid_ipv4, host_facts_of, parse_host_facts
-from spark_supervisor.config.view import as_view
+from spark_supervisor.config import Config
 from spark_supervisor.judge import fabric, logscan
 from spark_supervisor.model import (
     EndpointObservation,
@@ -34,10 +34,10 @@ from spark_supervisor.model import (
 from spark_supervisor.plan import plan
 from spark_supervisor.reconcile.tracking import Below
 from spark_supervisor.world.observe import NVML_LOST, _nvidia
-from tests.helpers import cfg, counted, data, images, node_obs, obs, ray_container, serve_running
+from tests.helpers import cfg, counted, data, images, node_obs, obs, ray_container, serve_running, view_of
 
 C = cfg()
-VIEW = as_view(C)
+VIEW = view_of(C)
 IPS = {"spark-1": "192.168.200.12", "spark-2": "192.168.200.13"}
 IF = "enp1s0f1np1"
 UP = EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",))
@@ -62,13 +62,13 @@ def hosts(**change: dict[str, Any]) -> dict[str, HostFacts]:
     return {n: host(n, **change.get(n.replace("-", "_"), {})) for n in IPS}
 
 
-def gid3(c: Any = None) -> Any:
+def gid3(c: Config | None = None) -> Config:
     d = data()
     d["deployments"][0]["ray"] = {"env": {"NCCL_IB_GID_INDEX": "3"}}
     return cfg(d) if c is None else c
 
 
-G3 = as_view(gid3())
+G3 = view_of(gid3())
 
 
 # ------------------------------------------------------------------------------------------- the readers
@@ -197,7 +197,7 @@ def test_mtu_mismatch_link_down_and_a_rate_below_the_floor() -> None:
     assert [x.kind for x in down] == [Kind.FABRIC_LINK_DOWN] * 2
     d = data()
     d["deployments"][0]["fabric"] = {"min_rate_gbps": 190}
-    slow = fabric.problems(as_view(cfg(d)), hosts(spark_1={"rate": 100.0}))
+    slow = fabric.problems(view_of(cfg(d)), hosts(spark_1={"rate": 100.0}))
     assert {x.kind for x in slow} == {Kind.FABRIC_DEGRADED} and "at 100 Gb/s, below the floor of 190 Gb/s" in slow[0].detail
     why = fabric.summary(down + fabric.problems(VIEW, hosts(spark_2={"mtu": 1500})))
     assert why.kind == Kind.FABRIC_LINK_DOWN and "(also FabricMtuMismatch: " in why.detail and "ip link" in why.detail
@@ -209,7 +209,7 @@ def test_a_member_not_read_says_nothing_and_a_one_node_deployment_has_no_fabric(
     d = data()
     d["deployments"][0]["nodes"] = ["spark-1"]
     d["deployments"][0]["serve"]["tensor_parallel_size"] = 1
-    assert fabric.problems(as_view(cfg(d)), hosts(spark_2={"mtu": 1500})) == []
+    assert fabric.problems(view_of(cfg(d)), hosts(spark_2={"mtu": 1500})) == []
 
 
 def test_sockets_where_the_fabric_is_rdma_is_a_fallback_and_where_it_is_not_is_nothing() -> None:
@@ -276,57 +276,57 @@ def serving(c: Any = C, **kw: Any) -> Status:
 def test_a_moved_gid_holds_the_start_before_any_container_starts() -> None:
     c = gid3()
     st = status(Phase.CLEANING, images=images(c), hosts=hosts(spark_2={"gid_at": 4}))
-    d = plan(obs(c), st, c, 10)
+    d = plan(obs(c), st, view_of(c), 10)
     assert d.phase == Phase.CLEANING and d.why.kind == Kind.GID_INDEX_MOVED and d.actions == ()
     assert "is at index 4, NCCL_IB_GID_INDEX=3: set NCCL_IB_GID_INDEX" in d.why.detail
     st.hosts = hosts()  # fixed (or the env changed): the start goes on
-    assert any(isinstance(a, StartContainer) for a in plan(obs(c), st, c, 11).actions)
+    assert any(isinstance(a, StartContainer) for a in plan(obs(c), st, view_of(c), 11).actions)
 
 
 def test_a_lost_gpu_holds_the_start_with_its_hint() -> None:
     st = status(Phase.CLEANING, gpu_lost={"spark-2": NVML_LOST})
     nodes = {"spark-1": node_obs("spark-1"), "spark-2": node_obs("spark-2", gpu=None, gpu_lost=NVML_LOST)}
-    d = plan(obs(C, nodes=nodes), st, C, 10)
+    d = plan(obs(C, nodes=nodes), st, view_of(C), 10)
     assert d.why.kind == Kind.GPU_ACCESS_LOST and d.actions == ()
     assert d.why.detail.startswith(f"spark-2: {NVML_LOST}: ") and "CDI refresh" in d.why.detail
 
 
 def test_while_serving_the_fabric_is_degraded_never_a_repair() -> None:
     o = obs(C, deployed=True, serve=serve_running(C), endpoint=UP)
-    d = plan(o, serving(hosts=hosts(spark_2={"mtu": 1500})), C, 10)
+    d = plan(o, serving(hosts=hosts(spark_2={"mtu": 1500})), view_of(C), 10)
     assert d.phase == Phase.DEGRADED and d.why.kind == Kind.FABRIC_MTU_MISMATCH and not d.repair
     assert all(not isinstance(a, RemoveContainers) for a in d.actions)
-    assert plan(o, serving(hosts=hosts()), C, 10).phase == Phase.SERVING
+    assert plan(o, serving(hosts=hosts()), view_of(C), 10).phase == Phase.SERVING
 
 
 def test_a_socket_transport_while_serving_is_degraded_fallback_for_its_serve_only() -> None:
     s = serve_running(C, log=NCCL_IB + NCCL_SOCKET)
     o = obs(C, deployed=True, serve=s, endpoint=UP)
     ts = logscan.transports(s.log_tail)
-    d = plan(o, serving(hosts=hosts(), transports=ts, transports_of=s.identity), C, 10)
+    d = plan(o, serving(hosts=hosts(), transports=ts, transports_of=s.identity), view_of(C), 10)
     assert (d.phase, d.why.kind, d.repair) == (Phase.DEGRADED, Kind.FABRIC_FALLBACK, "")
-    assert plan(o, serving(hosts=hosts(), transports=ts, transports_of="another serve"), C, 10).phase == Phase.SERVING
+    assert plan(o, serving(hosts=hosts(), transports=ts, transports_of="another serve"), view_of(C), 10).phase == Phase.SERVING
 
 
 def test_a_member_that_rebooted_under_the_serving_deployment_is_a_gang_repair() -> None:
     o = obs(C, deployed=True, serve=serve_running(C), endpoint=UP)
     boots = {n: h.boot_id for n, h in hosts().items()}
     st = serving(hosts=hosts(spark_2={"boot": "b2-new-boot"}), boots=boots)
-    d = plan(o, st, C, 10)
+    d = plan(o, st, view_of(C), 10)
     assert d.repair == "gang" and d.why.kind == Kind.PEER_REBOOTED and d.why.detail.startswith("spark-2 (boot ID ")
     assert {a.node for a in d.actions if isinstance(a, RemoveContainers)} == {"spark-1", "spark-2"}
-    assert plan(o, serving(hosts=hosts(), boots=boots), C, 10).phase == Phase.SERVING
+    assert plan(o, serving(hosts=hosts(), boots=boots), view_of(C), 10).phase == Phase.SERVING
     unknown = serving(hosts={"spark-1": host("spark-1")}, boots=boots)  # spark-2 not read: no evidence
-    assert plan(o, unknown, C, 10).phase == Phase.SERVING
+    assert plan(o, unknown, view_of(C), 10).phase == Phase.SERVING
     starting = status(Phase.STARTING_RAY, hosts=hosts(spark_2={"boot": "b2-new-boot"}), boots=boots)
-    assert plan(o, starting, C, 10).why.kind != Kind.PEER_REBOOTED  # a start records them afresh at SERVING
+    assert plan(o, starting, view_of(C), 10).why.kind != Kind.PEER_REBOOTED  # a start records them afresh at SERVING
 
 
 def test_cuda_init_errors_in_the_serve_log_are_gpu_access_lost_with_the_hint() -> None:
     line = ("RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "
             "calling NumCudaDevices() that might have already set the error? Error 999: unknown error")
     dead = ServeObservation(True, 77, "id-spark-1", False, 1, serve_running(C).spec_hash, "t", line + "\n")
-    d = plan(obs(C, deployed=True, serve=dead), serving(), C, 10)
+    d = plan(obs(C, deployed=True, serve=dead), serving(), view_of(C), 10)
     assert d.repair == "gang" and d.why.kind == Kind.GPU_ACCESS_LOST and "CDI refresh" in d.why.detail
     assert {a.node for a in d.actions if isinstance(a, RemoveContainers)} == {"spark-1", "spark-2"}  # new devices
 
@@ -335,7 +335,7 @@ def test_a_compile_cache_removed_under_the_containers_is_a_gang_repair() -> None
     """Issue 42, item 11: the same container cannot write it again (its mount names the deleted directory)."""
     line = "spark-serve: CacheDirGone: /var/lib/spark-supervisor/vllm-cache/qwen cannot be written (removed ...)"
     dead = ServeObservation(True, 77, "id-spark-1", False, 74, serve_running(C).spec_hash, "t", line + "\n")
-    d = plan(obs(C, deployed=True, serve=dead), serving(), C, 10)
+    d = plan(obs(C, deployed=True, serve=dead), serving(), view_of(C), 10)
     assert d.repair == "gang" and d.why.kind == Kind.CACHE_DIR_GONE and "made anew" in d.why.detail
     assert {a.node for a in d.actions if isinstance(a, RemoveContainers)} == {"spark-1", "spark-2"}
 
@@ -371,7 +371,7 @@ def test_boot_ids_are_recorded_once_per_serve_even_one_that_is_degraded_from_the
                                               host=host("spark-2", boot="b2-new-boot"))}
     below.update(st, obs(C, nodes=rebooted, serve=s), VIEW)
     assert st.boots["spark-2"] != "b2-new-boot"  # the same serve: the change is the rule's evidence
-    d = plan(obs(C, deployed=True, nodes=rebooted, serve=s, endpoint=UP), st, C, 10)
+    d = plan(obs(C, deployed=True, nodes=rebooted, serve=s, endpoint=UP), st, view_of(C), 10)
     assert d.why.kind == Kind.PEER_REBOOTED
     # The repair's new serve comes up DEGRADED (sockets, say): recorded afresh, not repaired again.
     again = replace(s, pid=99, started_at="later")
@@ -379,7 +379,7 @@ def test_boot_ids_are_recorded_once_per_serve_even_one_that_is_degraded_from_the
     below.update(st, obs(C, nodes=rebooted, serve=again), VIEW)
     assert st.boots["spark-2"] == "b2-new-boot" and st.boots_of == again.identity
     st.verdict = Verdict(True, "ok", again.identity)
-    d = plan(obs(C, deployed=True, nodes=rebooted, serve=again, endpoint=UP), st, C, 30)
+    d = plan(obs(C, deployed=True, nodes=rebooted, serve=again, endpoint=UP), st, view_of(C), 30)
     assert d.why.kind != Kind.PEER_REBOOTED and not d.repair
 
 
@@ -398,7 +398,7 @@ def test_the_judgement_below_vllm_is_kept_until_its_facts_or_the_view_change(mon
         below.update(st, o, VIEW)
         assert plan(o, st, VIEW, 10 + t).why.kind == Kind.FABRIC_MTU_MISMATCH
     assert len(judged) == 1
-    reloaded = as_view(C)  # an equal view, another object: judged again on it
+    reloaded = view_of(C)  # an equal view, another object: judged again on it
     below.update(st, o, reloaded)
     assert plan(o, st, reloaded, 20).why.kind == Kind.FABRIC_MTU_MISMATCH and len(judged) == 2
     o = seen(9000)  # fixed
@@ -416,7 +416,7 @@ def test_status_shows_each_members_fabric_the_ranks_transport_and_a_lost_gpu(cap
     boots = {n: h.boot_id for n, h in hosts().items()}
     st = serving(hosts=hosts(spark_2={"boot": "0f0f0f0f-new", "gid_at": 4}), boots=boots, transports=ts,
                  transports_of="x", gpu_lost={"spark-1": NVML_LOST})
-    doc = statusdoc.document(st, obs(C, deployed=True), C, "/etc/x.toml", "abc", time.time(), 0.0)
+    doc = statusdoc.document(st, obs(C, deployed=True), view_of(C), "/etc/x.toml", "abc", time.time(), 0.0)
     assert doc["transports"][1] == {"rank": 1, "node": "spark-2", "net": "Socket",
                                     "detail": f"NET/Socket : Using [0]{IF}:192.168.200.13<0>"}
     h2 = doc["nodes"]["spark-2"]["host"]

@@ -10,11 +10,10 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from spark_supervisor.config.view import as_view
 from spark_supervisor.model import DropPageCache, StartServe
 from spark_supervisor.specs import commands
 from spark_supervisor.world.act import ActionFailed, Actor
-from tests.helpers import cfg, data
+from tests.helpers import cfg, data, view_of
 
 KEY, TOKEN = "sk-the-api-key-0123", "hf_secretvalue1234"
 
@@ -46,7 +45,7 @@ def actor(extra_args: list[str], out: str = "", **serve: Any) -> tuple[Actor, Lo
     d["deployments"][0]["serve"].update(extra_args=extra_args, **serve)
     c = cfg(d)
     c.deployment.readiness._api_key = SecretStr(KEY)
-    world = SimpleNamespace(cfg=c, view=as_view(c), nodes={n.name: SimpleNamespace(node=n, docker=Engine(out), shell=None) for n in c.nodes})
+    world = SimpleNamespace(cfg=c, view=view_of(c), nodes={n.name: SimpleNamespace(node=n, docker=Engine(out), shell=None) for n in c.nodes})
     log = Log()
     return Actor(world, log), log  # type: ignore[arg-type]
 

@@ -12,12 +12,11 @@ from pydantic import SecretStr
 
 from spark_supervisor.adapters import AdapterError
 from spark_supervisor.adapters.listening import parse_listening
-from spark_supervisor.config.view import as_view
 from spark_supervisor.judge import logscan
 from spark_supervisor.model import Listener, Observation, Phase, Reason, StartContainer, Status
 from spark_supervisor.plan import plan
 from spark_supervisor.world.observe import NodeAdapters, _ended
-from tests.helpers import cfg, data, images, node_obs, obs, ray_container
+from tests.helpers import cfg, data, images, node_obs, obs, ray_container, view_of
 
 C = cfg()
 HEAD_IP = "192.168.200.12"
@@ -105,7 +104,7 @@ def cold(**listening: tuple[Listener, ...] | None) -> tuple[Observation, Status]
 def test_nothing_in_the_way_starts_the_containers() -> None:
     o, st = cold(spark_1=(Listener("127.0.0.1", 6379, "redis-server", 42), Listener("0.0.0.0", 22, "sshd", 7)),
                  spark_2=(Listener(HEAD_IP, 6379, "x", 1),))  # another address, another node: not in the way
-    d = plan(o, st, C, 1)
+    d = plan(o, st, view_of(C), 1)
     assert d.phase == Phase.STARTING_RAY and any(isinstance(a, StartContainer) for a in d.actions), d
 
 
@@ -118,14 +117,14 @@ def test_nothing_in_the_way_starts_the_containers() -> None:
 ])
 def test_a_port_held_on_the_fabric_ip_or_everywhere_is_failed_before_anything_starts(holder: Listener, needle: str) -> None:
     o, st = cold(spark_1=(holder,))
-    d = plan(o, st, C, 1)
+    d = plan(o, st, view_of(C), 1)
     assert d.phase == Phase.FAILED and d.fatal and not d.repair and not d.actions
     assert d.why.kind == "PortInUse" and needle in d.reason, d.reason
 
 
 def test_listeners_that_could_not_be_read_hold_the_start() -> None:
     o, st = cold(spark_2=None)
-    d = plan(o, st, C, 1)
+    d = plan(o, st, view_of(C), 1)
     assert not d.actions and not d.fatal and d.why.kind == "ObservationUnknown"
     assert "spark-2: listening ports not read" in d.reason
 
@@ -142,7 +141,7 @@ def deployed(head: dict[str, Any], listening: tuple[Listener, ...] = ()) -> tupl
 def test_a_ray_head_that_could_not_bind_is_port_in_use_not_a_gang_restart() -> None:
     o, st = deployed({"state": "exited", "exit_code": 1, "log_tail": RAY_TAIL},
                      (Listener("0.0.0.0", 6379, "redis-server", 42),))
-    d = plan(o, st, C, 5)
+    d = plan(o, st, view_of(C), 5)
     assert d.phase == Phase.FAILED and d.fatal and not d.repair
     assert d.reason.startswith("PortInUse: spark-1: Ray container exited: 6379 held by redis-server (pid 42)")
     assert "The specified port is 6379" in d.reason
@@ -150,13 +149,13 @@ def test_a_ray_head_that_could_not_bind_is_port_in_use_not_a_gang_restart() -> N
 
 def test_a_partial_observation_looks_closer_for_the_holder_before_failing() -> None:
     o, st = deployed({"state": "exited", "exit_code": 1, "log_tail": RAY_TAIL})
-    d = plan(replace(o, full=False), st, C, 5)
+    d = plan(replace(o, full=False), st, view_of(C), 5)
     assert d.look_closer and not d.fatal and not d.repair and not d.actions and d.why.kind == "PortInUse"
 
 
 def test_a_container_that_exited_otherwise_says_its_code_and_last_line() -> None:
     o, st = deployed({"state": "exited", "exit_code": 137, "log_tail": "starting\nKilled by a signal\n"})
-    d = plan(o, st, C, 5)
+    d = plan(o, st, view_of(C), 5)
     assert d.repair == "gang"
     assert d.reason == "PartialDeployment: spark-1: Ray container exited (exit code 137: Killed by a signal)"
 
@@ -182,10 +181,10 @@ def test_the_observation_reads_why_an_owned_container_ended_redacted() -> None:
     exited = replace(ray_container(C, "spark-1"), state="exited")
     running = ray_container(C, "spark-2")
     stranger = replace(exited, name="other", labels={})
-    [a, b, s] = _ended(adapters(Engine()), c, (exited, running, stranger))
+    [a, b, s] = _ended(adapters(Engine()), view_of(c), (exited, running, stranger))
     assert a.exit_code == 1 and "Failed to start GCS" in a.log_tail and "sk-the-api-key-0123" not in a.log_tail
     assert b == running and s == stranger  # only the deployment's exited containers are asked about
-    [a] = _ended(adapters(Engine(fail=True)), c, (exited,))
+    [a] = _ended(adapters(Engine(fail=True)), view_of(c), (exited,))
     assert a == exited  # could not be read: still exited, why unknown
 
 
@@ -194,11 +193,11 @@ def test_the_ports_needed_are_read_from_the_config() -> None:
     d = data()
     d["deployments"][0]["ray"] = {"port": 6380, "dashboard_port": 8266, "extra_args": ["--ray-client-server-port", "10002"]}
     d["deployments"][0]["serve"]["port"] = 8100
-    assert ports_needed(as_view(cfg(d))) == {
+    assert ports_needed(view_of(cfg(d))) == {
         "spark-1": {6380: "Ray's GCS", 8266: "Ray's dashboard", 10002: "Ray's client server", 8100: "the serve (Qwen3.5)"},
         "spark-2": {}}
-    assert 8266 not in ports_needed(as_view(cfg(d)), dashboard=False)["spark-1"]
+    assert 8266 not in ports_needed(view_of(cfg(d)), dashboard=False)["spark-1"]
     d["deployments"][0]["serve"].update(distributed_executor_backend="mp", master_port=29600)
     mp = cfg(d)
-    assert ports_needed(as_view(mp)) == {"spark-1": {8100: "the serve (Qwen3.5)",
+    assert ports_needed(view_of(mp)) == {"spark-1": {8100: "the serve (Qwen3.5)",
                                                            29600: "the serve's rank 0 (master_port)"}, "spark-2": {}}

@@ -29,7 +29,7 @@ from spark_supervisor.model import (
     Verdict,
 )
 from spark_supervisor.plan import plan, unknowns
-from tests.helpers import cfg, obs, serve_running
+from tests.helpers import cfg, obs, serve_running, view_of
 
 C = cfg()
 HEAD, WORKER = "192.168.200.12", "192.168.200.13"
@@ -66,7 +66,7 @@ def destructive(d: Decision) -> bool:
 
 def decide(ray: RayObservation, st: Status | None = None, now: float = 10.0) -> tuple[Observation, Decision]:
     o = obs(C, deployed=True, ray=ray, serve=serve_running(C), endpoint=UP)
-    return o, plan(o, st or serving(), C, now)
+    return o, plan(o, st or serving(), view_of(C), now)
 
 
 # ------------------------------------------------------------------------------------------ the parser
@@ -128,25 +128,25 @@ def test_a_node_alive_without_a_gpu_figure_is_no_gang_restart_but_an_unknown() -
     r = parse(envelope(row(), row(WORKER, gpu=...)))
     o, d = decide(r)
     assert not destructive(d) and d.phase == Phase.SERVING
-    assert unknowns(o, C) == {"ray nodes": "spark-2: no GPU figure"}
+    assert unknowns(o, view_of(C)) == {"ray nodes": "spark-2: no GPU figure"}
     assert d.reason == "ObservationUnknown: ray nodes: spark-2: no GPU figure"
 
 
 def test_every_gpu_figure_missing_is_unknown_too() -> None:
     o, d = decide(parse(envelope(row(gpu=...), row(WORKER, gpu=...))))
-    assert not destructive(d) and set(unknowns(o, C)) == {"ray nodes"}
+    assert not destructive(d) and set(unknowns(o, view_of(C))) == {"ray nodes"}
 
 
 def test_a_row_without_node_ip_is_neither_a_wrong_ip_nor_a_teardown() -> None:
     o, d = decide(parse(envelope(row(), row(ip=...))))
     assert not destructive(d) and d.phase == Phase.SERVING
     assert "RayNodeWrongIp" not in d.reason and d.reason.startswith("ObservationUnknown: ray nodes: spark-2")
-    assert unknowns(o, C)["ray nodes"] == "1 node without an address"
+    assert unknowns(o, view_of(C))["ray nodes"] == "1 node without an address"
 
 
 def test_a_row_without_a_state_is_not_a_lost_node() -> None:
     o, d = decide(parse(envelope(row(), row(WORKER, state=...))))
-    assert not destructive(d) and "spark-2: no state" in unknowns(o, C)["ray nodes"]
+    assert not destructive(d) and "spark-2: no state" in unknowns(o, view_of(C))["ray nodes"]
 
 
 def test_a_dead_entry_beside_a_row_that_may_be_its_rejoin_is_not_evidence() -> None:
@@ -156,14 +156,14 @@ def test_a_dead_entry_beside_a_row_that_may_be_its_rejoin_is_not_evidence() -> N
 
 def test_a_dead_entry_in_a_truncated_table_is_not_evidence() -> None:
     o, d = decide(parse(envelope(row(), row(WORKER, "DEAD"), total=100)))
-    assert not destructive(d) and "truncated" in unknowns(o, C)["ray nodes"]
+    assert not destructive(d) and "truncated" in unknowns(o, view_of(C))["ray nodes"]
 
 
 def test_a_stray_node_joining_the_head_is_a_warning_not_a_teardown() -> None:
     for st in (serving(), starting()):
         o, d = decide(parse(envelope(row(), row(WORKER), row("10.0.0.9"))), st)
         assert not destructive(d), d
-        assert unknowns(o, C) == {}
+        assert unknowns(o, view_of(C)) == {}
     o, d = decide(parse(envelope(row(), row(WORKER), row("10.0.0.9"))))
     assert d.phase == Phase.SERVING and d.why.kind == "RayStrayNode" and "10.0.0.9" in d.reason
 
@@ -176,7 +176,7 @@ def test_a_stray_beside_a_node_not_listed_while_serving_holds() -> None:
 def test_a_join_whose_answer_cannot_place_a_node_is_held_at_the_deadline_not_repaired() -> None:
     r = parse(envelope(row(), row(WORKER, state="PENDING")))
     o = obs(C, deployed=True, ray=r)
-    d = plan(o, starting(), C, C.deployment.ray.join_timeout + 1)
+    d = plan(o, starting(), view_of(C), C.deployment.ray.join_timeout + 1)
     assert not destructive(d) and d.phase == Phase.DEGRADED and d.why.kind == "ObservationUnknown"
 
 
@@ -184,7 +184,7 @@ def test_a_node_unreachable_over_ssh_whose_ray_row_is_unknown_is_not_called_lost
     nodes = dict(obs(C, deployed=True).nodes)
     nodes["spark-2"] = NodeObservation("spark-2", error="SshUnreachable: timed out")
     o = obs(C, nodes=nodes, ray=parse(envelope(row(), row(WORKER, state=...))), serve=serve_running(C), endpoint=UP)
-    d = plan(o, serving(), C, 10)
+    d = plan(o, serving(), view_of(C), 10)
     assert d.why.kind == "ObservationUnknown" and not destructive(d)
 
 
@@ -201,5 +201,5 @@ def test_ray_saying_zero_gpus_is_a_figure_and_repairs() -> None:
 
 def test_a_wrong_ip_is_still_failed_once_the_join_deadline_passed() -> None:
     o = obs(C, deployed=True, ray=parse(envelope(row(), row("10.0.0.13"))))
-    d = plan(o, starting(), C, C.deployment.ray.join_timeout + 1)
+    d = plan(o, starting(), view_of(C), C.deployment.ray.join_timeout + 1)
     assert d.fatal and d.why.kind == "RayNodeWrongIp" and "spark-2" in d.reason

@@ -11,13 +11,12 @@ from typing import cast
 import pytest
 
 from spark_supervisor.config import OWNER_LABEL, ROLE_LABEL
-from spark_supervisor.config.view import as_view
 from spark_supervisor.model import Container, Phase, RemoveContainers, Status
 from spark_supervisor.plan import is_orphan, is_stale, plan
 from spark_supervisor.world import backend
 from spark_supervisor.world.observe import World
 from tests.fakes import FakeEngine
-from tests.helpers import cfg, data, node_obs, obs
+from tests.helpers import cfg, data, node_obs, obs, view_of
 
 IMAGE = "nvcr.io/nvidia/vllm:25.11-py3"
 C = cfg(data(stale={"containers": ["vllm_node", "image-check"], "image_patterns": ["nvcr.io/nvidia/vllm:*"],
@@ -55,14 +54,14 @@ def test_the_hygiene_step_leaves_every_helper_container_alone() -> None:
     nodes = {"spark-1": node_obs("spark-1", cs), "spark-2": node_obs("spark-2", cs)}
     st = Status()
     st.advance(Phase.DETECTING, st.why, 0, 0)
-    d = plan(obs(C, nodes=nodes), st, C, 1)
+    d = plan(obs(C, nodes=nodes), st, view_of(C), 1)
     assert not any(isinstance(a, RemoveContainers) for a in d.actions), d
 
 
 def teardown(listed: dict[str, list[Container]]) -> dict[str, list[str]]:
     engines = {n: FakeEngine(cs) for n, cs in listed.items()}
     # the world, of which teardown reads the config and each node's engine
-    world = cast(World, SimpleNamespace(cfg=C, view=as_view(C), nodes={n: SimpleNamespace(docker=e) for n, e in engines.items()}))
+    world = cast(World, SimpleNamespace(cfg=C, view=view_of(C), nodes={n: SimpleNamespace(docker=e) for n, e in engines.items()}))
     backend.teardown(world, SimpleNamespace(info=lambda *_, **__: None, error=lambda *_, **__: None))
     return {n: e.removed for n, e in engines.items()}
 

@@ -16,14 +16,13 @@ import pytest
 import tomli_w
 
 from spark_supervisor.base import files
-from spark_supervisor.config.view import as_view
 from spark_supervisor.loop.daemon import StateDirUnfit, lock_state_dir
 from spark_supervisor.model import Pause, Phase
 from spark_supervisor.state import control, statefile
 from spark_supervisor.state.maintenance import parse_duration
 from spark_supervisor.state.maintenance import pause as cli_pause
 from tests.fakes import make
-from tests.helpers import obs
+from tests.helpers import obs, view_of
 
 BAD_UNTIL = [float("nan"), float("inf"), "tomorrow", [1], {"t": 1}, True, 1e30, 1.0]  # 1.0: long past
 
@@ -401,7 +400,7 @@ def test_a_damaged_image_record_is_checked_again_not_a_crash(tmp_path: Path, kep
     c = cfg(d)
     node = c.nodes[0]
     engine = _Engine("")  # what the probe prints matters not here: that it ran does
-    world = SimpleNamespace(cfg=c, view=as_view(c), nodes={node.name: SimpleNamespace(node=node, docker=engine)})
+    world = SimpleNamespace(cfg=c, view=view_of(c), nodes={node.name: SimpleNamespace(node=node, docker=engine)})
     if isinstance(kept, dict):
         kept = {"image_id": engine.image_id(""), "key": image_check_key(c, c.deployment), **kept}
     statefile.write_json(str(tmp_path / "state"), statefile.NODES, {node.name: kept})
@@ -429,7 +428,7 @@ def test_a_sound_image_record_is_still_used(tmp_path: Path) -> None:
                          vllm_path="/usr/bin/vllm", vllm_version="0.11.0", dashboard=True)
     statefile.write_json(str(tmp_path / "state"), statefile.NODES, {node.name: {
         "image_id": engine.image_id(""), "key": key, "report": dataclasses.asdict(report)}})
-    world = SimpleNamespace(cfg=c, view=as_view(c), nodes={node.name: SimpleNamespace(node=node, docker=engine)})
+    world = SimpleNamespace(cfg=c, view=view_of(c), nodes={node.name: SimpleNamespace(node=node, docker=engine)})
     got = Actor(world, structlog.get_logger())._check_image(world.nodes[node.name])  # type: ignore[arg-type]
     assert got == dataclasses.replace(report, image_id=engine.image_id(""))  # the ID as inspected now
     assert engine.probes == 0

@@ -6,12 +6,11 @@ from types import SimpleNamespace
 
 from spark_supervisor.adapters import AdapterError
 from spark_supervisor.config import Config, deployment_secrets
-from spark_supervisor.config.view import as_view
 from spark_supervisor.judge import modelcheck
 from spark_supervisor.model import ModelReport
 from spark_supervisor.specs import commands
 from spark_supervisor.world import diagnose
-from tests.helpers import cfg, data
+from tests.helpers import cfg, data, view_of
 
 TOKEN = "hf_live_token_0123456789"
 KEY = "sk-live-key-abcdef"
@@ -47,7 +46,7 @@ def test_diagnose_shows_no_secret_in_an_oob_argv_or_an_error(tmp_path: Path) -> 
     docker = SimpleNamespace(containers=lambda: (_ for _ in ()).throw(AdapterError("DockerFailed", f"key {KEY}")),
                              version=lambda: "27")
     a = SimpleNamespace(node=node, docker=docker, shell=SimpleNamespace(check=fail))
-    layers = diagnose._layers(SimpleNamespace(cfg=c, view=as_view(c)), a, 5)  # type: ignore[arg-type]
+    layers = diagnose._layers(SimpleNamespace(cfg=c, view=view_of(c)), a, 5)  # type: ignore[arg-type]
     text = "\n".join(f"{lay.name} {lay.detail}" for lay in layers)
     assert "out-of-band" in text and "SSH" in text and "Docker engine" in text
     assert KEY not in text and TOKEN not in text

@@ -24,7 +24,7 @@ from spark_supervisor.model import (
 )
 from spark_supervisor.plan import plan
 from tests.fakes import make
-from tests.helpers import cfg, obs, phase_now, serve_running
+from tests.helpers import cfg, obs, phase_now, serve_running, view_of
 from tests.unit.test_plan import serving_status
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "real_vllm" / "metrics.txt"
@@ -81,13 +81,13 @@ def test_a_stall_is_corroborated_by_a_deep_probe_before_any_repair() -> None:
     s = serve_running(C)
     o = obs(C, deployed=True, serve=s, endpoint=UP)
     stalled = Heartbeat(s.identity, (10, 0, 0), moved_at=100, running=2, stalled_at=120)
-    d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(last="success", last_at=110)), C, 121)
+    d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(last="success", last_at=110)), view_of(C), 121)
     assert d.phase == Phase.SERVING and d.repair == "" and d.actions == (Verify(s.identity, deep=True, timeout=3.0),)
     assert d.reason.startswith("HeartbeatStalled: 2 requests running, 0 waiting, and no token generated for 21s")
-    d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(1, 0, "failure", 151, "no answer within 30s")), C, 151)
+    d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(1, 0, "failure", 151, "no answer within 30s")), view_of(C), 151)
     assert d.repair == "serve" and d.actions == (StopServe("wedged"),)
     assert d.why.kind == Kind.SERVE_WEDGED and "the engine's heartbeat stopped" in d.reason and "no answer" in d.reason
-    d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(0, 1, "success", 125, "content answered")), C, 130)
+    d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(0, 1, "success", 125, "content answered")), view_of(C), 130)
     assert d.phase == Phase.SERVING and d.repair == "" and d.actions == ()
     assert d.why.kind == Kind.HEARTBEAT_STALLED and "the deep probe answered" in d.reason
 
@@ -153,7 +153,7 @@ def test_a_stall_with_deep_probes_failing_already_is_repaired_with_the_heartbeat
     s = serve_running(C)
     o = obs(C, deployed=True, serve=s, endpoint=UP)
     stalled = Heartbeat(s.identity, (10, 0, 0), moved_at=100, running=2, stalled_at=120)
-    d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(2, 0, "failure", 151, "no answer within 30s")), C, 151)
+    d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(2, 0, "failure", 151, "no answer within 30s")), view_of(C), 151)
     assert d.repair == "serve" and d.reason.startswith("ServeWedged: the engine's heartbeat stopped"), d.reason
 
 
@@ -163,10 +163,10 @@ def test_a_scheduled_deep_probe_the_wedge_caught_in_flight_corroborates_the_stal
     s = serve_running(C)
     o = obs(C, deployed=True, serve=s, endpoint=UP)
     stalled = Heartbeat(s.identity, (10, 0, 0), moved_at=100, running=2, stalled_at=135)
-    d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(1, 0, "failure", 130, "no answer within 30s")), C, 135)
+    d = plan(o, serving_status(heartbeat=stalled, deep=Tracker(1, 0, "failure", 130, "no answer within 30s")), view_of(C), 135)
     assert d.repair == "serve" and "the engine's heartbeat stopped" in d.reason, d.reason
     early = Tracker(1, 0, "failure", 115, "no answer within 30s")  # ended before the stall time: not of the stall
-    assert plan(o, serving_status(heartbeat=stalled, deep=early), C, 135).actions == (Verify(s.identity, deep=True, timeout=3.0),)
+    assert plan(o, serving_status(heartbeat=stalled, deep=early), view_of(C), 135).actions == (Verify(s.identity, deep=True, timeout=3.0),)
 
 
 def test_a_stall_the_deep_probe_answered_is_probed_again_on_its_schedule() -> None:
@@ -176,6 +176,6 @@ def test_a_stall_the_deep_probe_answered_is_probed_again_on_its_schedule() -> No
     o = obs(C, deployed=True, serve=s, endpoint=UP)
     stalled = Heartbeat(s.identity, (10, 0, 0), moved_at=100, running=1, stalled_at=120)
     answered = Tracker(0, 1, "success", 125, "content answered")
-    assert plan(o, serving_status(heartbeat=stalled, deep=answered), C, 150).actions == ()
+    assert plan(o, serving_status(heartbeat=stalled, deep=answered), view_of(C), 150).actions == ()
     later = 125 + C.healing.deep_probe_interval
-    assert plan(o, serving_status(heartbeat=stalled, deep=answered), C, later).actions == (Verify(s.identity, deep=True, timeout=3.0),)
+    assert plan(o, serving_status(heartbeat=stalled, deep=answered), view_of(C), later).actions == (Verify(s.identity, deep=True, timeout=3.0),)

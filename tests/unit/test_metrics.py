@@ -9,7 +9,6 @@ import pytest
 
 import spark_supervisor
 from spark_supervisor.config import Config
-from spark_supervisor.config.view import as_view
 from spark_supervisor.model import (
     Gid,
     HostFacts,
@@ -25,7 +24,7 @@ from spark_supervisor.model import (
 )
 from spark_supervisor.report.metrics import Metrics, NoMetrics
 from tests.fakes import make
-from tests.helpers import cfg, counted, data, node_obs, obs, ray_container
+from tests.helpers import cfg, counted, data, node_obs, obs, ray_container, view_of
 
 
 def test_prometheus_endpoint_reports_phase_progress_ray_and_repairs() -> None:
@@ -75,7 +74,7 @@ def test_alert_rule_inputs_limits_stall_nodes_unknowns_and_alerts_sent() -> None
         down = {"spark-1": node_obs("spark-1", (ray_container(c, "spark-1"),)),
                 "spark-2": NodeObservation("spark-2", error="SshUnreachable: timed out")}
         q = m.bound("qwen")
-        q.update(st, obs(c, deployed=True, nodes=down, ray=RayObservation(False, "RayDashboardUnreachable")), 100.0, c)
+        q.update(st, obs(c, deployed=True, nodes=down, ray=RayObservation(False, "RayDashboardUnreachable")), 100.0, view_of(c))
         q.alerted("failed", "webhook", False)
         q.alerted("failed", "command", True)
         v = m.registry.get_sample_value
@@ -98,7 +97,7 @@ def test_alert_rule_inputs_limits_stall_nodes_unknowns_and_alerts_sent() -> None
         # counted only while LOADING, the reason follows the phase, and no head container means 0 Ray nodes.
         st.unknown_since = {}
         st.advance(Phase.FAILED, Reason("ModelMissing", "no shards"), 120.0, 2.0)
-        q.update(st, obs(c, deployed=True, ray=RayObservation(False, "RayHeadNotRunning")), 130.0, c)
+        q.update(st, obs(c, deployed=True, ray=RayObservation(False, "RayHeadNotRunning")), 130.0, view_of(c))
         assert v("spark_supervisor_observation_unknown_seconds", {**d, "what": "ray dashboard"}) == 0
         assert v("spark_supervisor_load_stalled_seconds", d) == 0
         assert v("spark_supervisor_phase", {**d, "phase": "FAILED"}) == 1
@@ -109,7 +108,7 @@ def test_alert_rule_inputs_limits_stall_nodes_unknowns_and_alerts_sent() -> None
 
         # Reloaded with spark-2 no longer one of its nodes: its series goes, not stays at its last value.
         alone = cfg(data(deployments=[{"name": "qwen", "nodes": ["spark-1"], "serve": {"model": "m"}}]))
-        q.update(st, obs(alone, deployed=True), 140.0, alone)
+        q.update(st, obs(alone, deployed=True), 140.0, view_of(alone))
         assert v("spark_supervisor_node_up", {**d, "node": "spark-2"}) is None
         assert v("spark_supervisor_node_up", {**d, "node": "spark-1"}) == 1
     finally:
@@ -199,7 +198,7 @@ def test_fabric_gpu_and_nccl_series_per_member_and_rank() -> None:
         st.transports = (Transport(0, IP1, "IB", "NET/IB : Using [0]rocep1s0f1:1/RoCE [RO]"),
                          Transport(1, IP1, "Socket", "NET/Socket : Using [0]enp1s0f1np1:192.168.200.12<0>"),
                          Transport(None, "10.9.9.9", "Socket"))
-        m.bound("qwen").update(st, obs(c, deployed=True), 100.0, c)
+        m.bound("qwen").update(st, obs(c, deployed=True), 100.0, view_of(c))
         port = m.server.server_address[1]
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         link1, link2 = {"node": "spark-1", "interface": FABRIC_IF}, {"node": "spark-2", "interface": FABRIC_IF}
@@ -234,7 +233,7 @@ def test_operstate_unknown_is_up_and_what_was_not_read_has_no_series() -> None:
         st = Status()
         st.hosts = {"spark-1": host(IP1, operstate="unknown"),
                     "spark-2": host(IP2, operstate="", speed=None, state="", rate=None, mtu=None)}
-        m.bound("qwen").update(st, None, 100.0, c)
+        m.bound("qwen").update(st, None, 100.0, view_of(c))
         assert samples(m, "spark_supervisor_fabric_link_up") == {series(node="spark-1", interface=FABRIC_IF): 1}
         assert samples(m, "spark_supervisor_fabric_speed_gbps") == {series(node="spark-1", interface=FABRIC_IF): 200}
         assert samples(m, "spark_supervisor_fabric_mtu_bytes") == {series(node="spark-1", interface=FABRIC_IF): 9000}
@@ -255,8 +254,8 @@ def test_stale_fabric_series_go_a_member_not_read_leaves_none_and_a_reload_drops
         st.gpu_lost = {"spark-2": "Unknown Error"}
         st.transports = (Transport(0, IP1, "IB"), Transport(1, IP2, "IB"))
         q = m.bound("qwen")
-        q.update(st, None, 100.0, c)
-        m.bound("embed").update(Status(hosts={"spark-1": host(IP1)}), None, 100.0, cfg())  # its own series
+        q.update(st, None, 100.0, view_of(c))
+        m.bound("embed").update(Status(hosts={"spark-1": host(IP1)}), None, 100.0, view_of(cfg()))  # its own series
         assert samples(m, "spark_supervisor_fabric_problem") == {series(kind="FabricMtuMismatch"): 1}
         assert len(samples(m, "spark_supervisor_fabric_link_up")) == 3
 
@@ -265,7 +264,7 @@ def test_stale_fabric_series_go_a_member_not_read_leaves_none_and_a_reload_drops
         st.hosts = {"spark-1": host(IP1)}
         st.gpu_lost = {}
         st.transports = (Transport(0, IP1, "Socket"),)
-        q.update(st, None, 110.0, c)
+        q.update(st, None, 110.0, view_of(c))
         mine = {k: v for k, v in samples(m, "spark_supervisor_fabric_link_up").items() if ("deployment", "qwen") in k}
         assert mine == {series(node="spark-1", interface=FABRIC_IF): 1}
         for name in ("spark_supervisor_fabric_mtu_bytes", "spark_supervisor_fabric_speed_gbps",
@@ -277,13 +276,13 @@ def test_stale_fabric_series_go_a_member_not_read_leaves_none_and_a_reload_drops
         assert samples(m, "spark_supervisor_nccl_transport") == {series(rank="0", node="spark-1", transport="Socket"): 1}
 
         # Nothing known of the hosts or the ranks any more: no problem, no rank, no link left.
-        q.update(Status(), None, 120.0, c)
+        q.update(Status(), None, 120.0, view_of(c))
         assert samples(m, "spark_supervisor_fabric_problem") == {}
         assert samples(m, "spark_supervisor_nccl_transport") == {}
         assert [k for k in samples(m, "spark_supervisor_fabric_link_up") if ("deployment", "qwen") in k] == []
 
         # Reloaded onto spark-1 alone: spark-2 is no member, so not even its GPU has a series.
-        q.update(st, None, 130.0, fabric_cfg(("spark-1",)))
+        q.update(st, None, 130.0, view_of(fabric_cfg(("spark-1",))))
         assert [k for k in samples(m, "spark_supervisor_gpu_access_lost") if ("deployment", "qwen") in k] == [
             series(node="spark-1")]
         assert samples(m, "spark_supervisor_fabric_problem") == {}  # one member: no fabric between members
@@ -299,7 +298,7 @@ def test_fabric_series_are_recomputed_only_when_the_facts_change(monkeypatch: py
     m = Metrics("127.0.0.1", 0)
     try:
         c = fabric_cfg()
-        view = as_view(c)
+        view = view_of(c)
         st = Status(hosts={"spark-1": host(IP1), "spark-2": host(IP2)})
         q = m.bound("qwen")
         for t in range(5):
@@ -315,9 +314,9 @@ def test_fabric_series_are_recomputed_only_when_the_facts_change(monkeypatch: py
         st.transports = (Transport(0, IP1, "IB"),)
         q.update(st, None, 108.0, view)
         assert len(judged) == 3
-        q.update(st, None, 109.0, fabric_cfg())  # an equal view (another object): the same
+        q.update(st, None, 109.0, view_of(fabric_cfg()))  # an equal view (another object): the same
         assert len(judged) == 3
-        q.update(st, None, 110.0, fabric_cfg(("spark-1",)))  # the same facts, another view: judged again
+        q.update(st, None, 110.0, view_of(fabric_cfg(("spark-1",))))  # the same facts, another view: judged again
         assert len(judged) == 4
         assert [k for k in samples(m, "spark_supervisor_fabric_link_up")] == [series(node="spark-1", interface=FABRIC_IF)]
     finally:

@@ -34,7 +34,7 @@ from spark_supervisor.model import (
 from spark_supervisor.plan import plan
 from spark_supervisor.specs import commands, modelprobe
 from spark_supervisor.state import modelchecks
-from tests.helpers import cfg, counted, data, images, node_obs, obs, ray_ok
+from tests.helpers import cfg, counted, data, images, node_obs, obs, ray_ok, view_of
 
 REPO = "Org/Tiny-Model"
 SHARDS = ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"]
@@ -232,40 +232,40 @@ def missing(node: str, c: config.Config = C, **kw: Any) -> ModelReport:
 
 
 def test_a_complete_model_everywhere_starts_and_an_unchecked_one_is_no_evidence() -> None:
-    assert plan(obs(C), checked(C), C, 100).actions == (StartContainer("spark-1"), StartContainer("spark-2"))
-    assert plan(obs(C), Status(images=images(C)), C, 100).actions[0] == StartContainer("spark-1")  # model None
+    assert plan(obs(C), checked(C), view_of(C), 100).actions == (StartContainer("spark-1"), StartContainer("spark-2"))
+    assert plan(obs(C), Status(images=images(C)), view_of(C), 100).actions[0] == StartContainer("spark-1")  # model None
 
 
 def test_missing_on_one_node_is_failed_before_anything_starts_with_no_budget_spent() -> None:
-    d = plan(obs(C), checked(C, **{"spark-2": missing("spark-2")}), C, 100)
+    d = plan(obs(C), checked(C, **{"spark-2": missing("spark-2")}), view_of(C), 100)
     assert d.phase == Phase.FAILED and d.fatal and not d.repair and d.actions == ()
     assert d.why.kind == "ModelMissing" and "spark-2: model-00002-of-00003.safetensors" in d.why.detail
     off = hub_cfg(check=False)
-    assert plan(obs(off), checked(off, **{"spark-2": missing("spark-2", off)}), off, 100).actions[0] == \
+    assert plan(obs(off), checked(off, **{"spark-2": missing("spark-2", off)}), view_of(off), 100).actions[0] == \
         StartContainer("spark-1")
 
 
 def test_prefetch_runs_once_is_watched_then_rechecked() -> None:
-    d = plan(obs(P), checked(P, **{"spark-2": missing("spark-2", P)}), P, 100)
+    d = plan(obs(P), checked(P, **{"spark-2": missing("spark-2", P)}), view_of(P), 100)
     assert d.actions == (PrefetchModel("spark-2"),) and d.phase == Phase.DETECTING
     assert d.why == Reason("PrefetchingModel", f"{P.deployment.serve.model} on spark-2 from /root/.cache/huggingface/src")
     running = ModelReport("spark-2", REPO, modelprobe.key(P, P.deployment), prefetch="running", prefetched=True,
                           bytes_done=2**30, bytes_total=2**31, files_done=1, files_total=3, path="/p/snap")
-    d = plan(obs(P), checked(P, **{"spark-2": running}), P, 100)
+    d = plan(obs(P), checked(P, **{"spark-2": running}), view_of(P), 100)
     assert d.actions == (CheckImage("spark-2"),) and d.why.kind == "PrefetchingModel"
     assert running.summary() == "prefetching into /p/snap: 1/3 files, 1.0 GiB of 2.0 GiB"
     after = missing("spark-2", P, prefetched=True, detail="OSError: no space left on device")
-    d = plan(obs(P), checked(P, **{"spark-2": after}), P, 100)
+    d = plan(obs(P), checked(P, **{"spark-2": after}), view_of(P), 100)
     assert d.phase == Phase.FAILED and "the prefetch did not complete it (spark-2: OSError: no space" in d.why.detail
 
 
 def test_a_model_changed_under_running_containers_is_checked_before_the_launch() -> None:
     st = checked(C, **{"spark-2": dataclasses.replace(missing("spark-2"), key="old", missing=())})
     st.advance(Phase.STARTING_VLLM, Reason(), 0, 0)
-    d = plan(obs(C, deployed=True, ray=ray_ok(C)), st, C, 100)
+    d = plan(obs(C, deployed=True, ray=ray_ok(C)), st, view_of(C), 100)
     assert d.actions == (CheckImage("spark-2"),) and d.why.kind == "CheckingModel"
     st.images["spark-2"] = dataclasses.replace(st.images["spark-2"], model=ModelReport("spark-2", REPO, KEY, path="/p"))
-    assert plan(obs(C, deployed=True, ray=ray_ok(C)), st, C, 100).actions == (StartServe(),)
+    assert plan(obs(C, deployed=True, ray=ray_ok(C)), st, view_of(C), 100).actions == (StartServe(),)
 
 
 def later(**per_node: ModelReport) -> Status:
@@ -281,31 +281,31 @@ def forming(c: config.Config = C) -> RayObservation:
 
 def test_a_model_complete_at_its_last_check_is_checked_while_ray_joins_not_before_the_start() -> None:
     st = later()
-    assert plan(obs(C), st, C, 100).actions == (StartContainer("spark-1"), StartContainer("spark-2"))
+    assert plan(obs(C), st, view_of(C), 100).actions == (StartContainer("spark-1"), StartContainer("spark-2"))
     st.advance(Phase.STARTING_RAY, Reason(), 100, 100)
-    d = plan(obs(C, deployed=True, ray=forming(), full=False), st, C, 101)
+    d = plan(obs(C, deployed=True, ray=forming(), full=False), st, view_of(C), 101)
     assert d.actions == (CheckModel("spark-1"), CheckModel("spark-2")) and d.phase == Phase.STARTING_RAY
     assert d.why.kind == "CheckingModel" and not d.repair
     done = later(**{n: ModelReport(n, REPO, KEY, path="/p", files=1) for n in ("spark-1", "spark-2")})
     done.advance(Phase.STARTING_RAY, Reason(), 100, 100)
-    d = plan(obs(C, deployed=True, ray=forming(), full=False), done, C, 102)
+    d = plan(obs(C, deployed=True, ray=forming(), full=False), done, view_of(C), 102)
     assert d.actions == () and d.phase == Phase.STARTING_RAY and d.why.detail.startswith("1/2 nodes")
 
 
 def test_a_put_off_check_not_made_when_ray_formed_is_made_before_the_launch() -> None:
     st = later(**{"spark-1": ModelReport("spark-1", REPO, KEY, path="/p", files=1)})
     st.advance(Phase.STARTING_VLLM, Reason(), 100, 100)
-    d = plan(obs(C, deployed=True, ray=ray_ok(C)), st, C, 101)
+    d = plan(obs(C, deployed=True, ray=ray_ok(C)), st, view_of(C), 101)
     assert d.actions == (CheckModel("spark-2"),) and d.phase == Phase.STARTING_VLLM and d.why.kind == "CheckingModel"
 
 
 def test_a_model_gone_since_its_last_check_takes_the_containers_down_then_fails_before_a_start() -> None:
     st = later(**{"spark-1": ModelReport("spark-1", REPO, KEY, path="/p", files=1), "spark-2": missing("spark-2")})
     st.advance(Phase.STARTING_RAY, Reason(), 100, 100)
-    d = plan(obs(C, deployed=True, ray=forming(), full=False), st, C, 101)
+    d = plan(obs(C, deployed=True, ray=forming(), full=False), st, view_of(C), 101)
     assert d.phase == Phase.CLEANING and d.why.kind == "ModelMissing" and not d.repair and not d.fatal
     assert {type(a).__name__ for a in d.actions} == {"RemoveContainers"}
-    d = plan(obs(C), st, C, 102)  # the containers gone: the report found is the evidence, as before any start
+    d = plan(obs(C), st, view_of(C), 102)  # the containers gone: the report found is the evidence, as before any start
     assert d.phase == Phase.FAILED and d.fatal and d.why.kind == "ModelMissing" and d.actions == ()
 
 
@@ -314,7 +314,7 @@ def test_the_prefetch_container_is_ours_but_not_a_node_of_the_deployment() -> No
                     {OWNER_LABEL: P.deployment.name, ROLE_LABEL: commands.PREFETCH_ROLE})
     o = obs(P, nodes={"spark-1": node_obs("spark-1"), "spark-2": node_obs("spark-2", (pre,))})
     running = ModelReport("spark-2", REPO, modelprobe.key(P, P.deployment), prefetch="running", prefetched=True)
-    d = plan(o, checked(P, **{"spark-2": running}), P, 100)
+    d = plan(o, checked(P, **{"spark-2": running}), view_of(P), 100)
     assert d.actions == (CheckImage("spark-2"),) and not d.repair
 
 
@@ -492,7 +492,7 @@ def test_an_image_check_puts_the_model_check_off_only_when_asked_and_the_last_on
     d = data()
     d["supervisor"]["state_dir"] = str(tmp_path)
     c = cfg(d)
-    actor = Actor(World(c), structlog.get_logger())
+    actor = Actor(World(view_of(c)), structlog.get_logger())
     made: list[str] = []
     actor._check_image = lambda a, **_: images(c)[a.node.name]  # type: ignore[method-assign]
 
@@ -511,10 +511,10 @@ def test_an_image_check_puts_the_model_check_off_only_when_asked_and_the_last_on
 
 def test_a_start_failing_on_one_node_checks_the_nodes_put_off_first_so_the_failure_names_every_node() -> None:
     st = later(**{"spark-2": missing("spark-2")})
-    d = plan(obs(C), st, C, 100)
+    d = plan(obs(C), st, view_of(C), 100)
     assert d.actions == (CheckModel("spark-1"),) and d.phase == Phase.DETECTING
     st.images["spark-1"] = dataclasses.replace(st.images["spark-1"], model=ModelReport("spark-1", REPO, KEY, path="/p"))
-    d = plan(obs(C), st, C, 101)
+    d = plan(obs(C), st, view_of(C), 101)
     assert d.phase == Phase.FAILED and d.why.kind == "ModelMissing" and d.actions == ()
 
 
@@ -523,10 +523,10 @@ def test_a_start_whose_checks_were_forgotten_checks_before_the_launch() -> None:
     now, never goes on with the model unchecked."""
     st = Status()
     st.advance(Phase.STARTING_RAY, Reason(), 100, 100)
-    d = plan(obs(C, deployed=True, ray=forming(), full=False), st, C, 101)
+    d = plan(obs(C, deployed=True, ray=forming(), full=False), st, view_of(C), 101)
     assert d.actions == (CheckImage("spark-1"), CheckImage("spark-2")) and d.why.kind == "CheckingModel"
     st.advance(Phase.STARTING_VLLM, Reason(), 102, 102)
-    d = plan(obs(C, deployed=True, ray=ray_ok(C)), st, C, 103)
+    d = plan(obs(C, deployed=True, ray=ray_ok(C)), st, view_of(C), 103)
     assert d.actions == (CheckImage("spark-1"), CheckImage("spark-2")) and d.phase == Phase.STARTING_VLLM
 
 
@@ -535,7 +535,7 @@ def test_every_start_asks_for_the_model_check_to_wait_and_the_actor_decides() ->
     each node's last check found (modelchecks.Kept): a model found gone while Ray joined is checked first."""
     st = later(**{"spark-2": missing("spark-2")})  # found gone while Ray joined
     st.starts = 1  # the containers went: the next start checks its images again
-    d = plan(obs(C), st, C, 100)
+    d = plan(obs(C), st, view_of(C), 100)
     assert d.actions == (CheckImage("spark-1", model_later=True), CheckImage("spark-2", model_later=True))
 
 

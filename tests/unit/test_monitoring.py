@@ -28,7 +28,7 @@ from spark_supervisor.model import (
     Verdict,
 )
 from spark_supervisor.report.metrics import Metrics
-from tests.helpers import cfg, obs
+from tests.helpers import cfg, obs, view_of
 
 MONITORING = Path(__file__).resolve().parents[2] / "monitoring"
 RULES = MONITORING / "prometheus-rules.yml"
@@ -174,7 +174,7 @@ def exported() -> set[str]:
         st.gpu_lost = {"spark-2": "Unknown Error"}
         st.transports = (Transport(0, c.nodes[0].fabric_ip, "IB"),)
         q = m.bound("qwen")
-        q.update(st, obs(c, deployed=True), 70.0, c)
+        q.update(st, obs(c, deployed=True), 70.0, view_of(c))
         q.repaired("gang", "RayNodeLost")
         q.probed("deep", "success", Verdict(True, "ok", latency_s=0.5))
         q.unknown("ray dashboard")

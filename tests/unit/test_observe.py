@@ -23,7 +23,7 @@ from spark_supervisor.model import Container
 from spark_supervisor.world.observe import NodeAdapters, observe_node
 from spark_testbed import nvidia_smi
 from tests.fakes import FakeEngine
-from tests.helpers import cfg, data
+from tests.helpers import cfg, data, view_of
 
 MEMINFO = "MemTotal:       125829120 kB\nMemFree:         2000000 kB\nMemAvailable:   120832000 kB\n" \
           "Buffers:           10000 kB\nCached:          5000000 kB\nSwapTotal:             0 kB\n"
@@ -66,7 +66,7 @@ def test_a_full_observation_reads_every_fact_both_ways(tmp_path: Path, probes: c
     c, node = world(tmp_path, remote=remote)
     assert node.remote is remote
     engine = FakeEngine([Container("a1", "x", "img", "running")])
-    o = observe_node(adapters(node, engine), c, True, probes)
+    o = observe_node(adapters(node, engine), view_of(c), True, probes)
     assert o.error == "" and o.probe_errors == (), o
     assert [x.name for x in o.containers] == ["x"] and o.docker_version == "28.3.3"
     assert o.gpu is not None and o.gpu.name == "NVIDIA GB10" and o.gpu.processes == ()
@@ -82,7 +82,7 @@ def test_a_full_observation_reads_every_fact_both_ways(tmp_path: Path, probes: c
 def test_a_failed_probe_is_unknown_with_its_error_and_the_rest_is_read(tmp_path: Path, probes: cf.Executor,
                                                                        remote: bool) -> None:
     c, node = world(tmp_path, remote=remote, meminfo=None)  # `cat` of a missing file: exit 1
-    o = observe_node(adapters(node, FakeEngine([])), c, True, probes)
+    o = observe_node(adapters(node, FakeEngine([])), view_of(c), True, probes)
     assert o.error == "" and o.memory is None
     assert [e.split(":")[0] for e in o.probe_errors] == ["meminfo"], o.probe_errors
     assert o.gpu is not None and o.interfaces is not None
@@ -91,7 +91,7 @@ def test_a_failed_probe_is_unknown_with_its_error_and_the_rest_is_read(tmp_path:
 def test_units_unread_are_unknown_not_none(tmp_path: Path, probes: cf.Executor) -> None:
     """With units configured and systemctl unable to answer, units is None (unknown), never () (none)."""
     c, node = world(tmp_path, remote=True, units=("vllm-cluster",))
-    o = observe_node(adapters(node, FakeEngine([])), c, True, probes)
+    o = observe_node(adapters(node, FakeEngine([])), view_of(c), True, probes)
     if o.units is not None:  # a machine with a running systemd answers: then the unit is seen as it is
         assert [u.name for u in o.units] == ["vllm-cluster"]
     else:
@@ -102,7 +102,7 @@ def test_a_listing_that_fails_is_the_nodes_error_and_nothing_else_is_claimed(tmp
                                                                              probes: cf.Executor) -> None:
     c, node = world(tmp_path, remote=True)
     engine = FakeEngine([], fail={"containers": Unreachable("DockerUnreachable", "ssh://spark-2: refused")})
-    o = observe_node(adapters(node, engine), c, True, probes)
+    o = observe_node(adapters(node, engine), view_of(c), True, probes)
     assert "refused" in o.error
     assert (o.containers, o.gpu, o.memory, o.units, o.interfaces) == ((), None, None, None, None)
 
@@ -119,21 +119,21 @@ def test_a_dead_host_is_found_by_the_shell_before_dockers_transport(tmp_path: Pa
             raise Unreachable("SshUnreachable", "spark-2: Connection refused")
 
     a = NodeAdapters(node, DeadShell(node.name, "", timeout=30, connect_timeout=5), engine)  # type: ignore[arg-type]
-    o = observe_node(a, c, False, probes)
+    o = observe_node(a, view_of(c), False, probes)
     assert "Connection refused" in o.error and engine.calls == []
 
 
 def test_a_quick_observation_lists_containers_only(tmp_path: Path) -> None:
     c, node = world(tmp_path, remote=True)
     engine = FakeEngine([Container("a1", "x", "img", "running")])
-    o = observe_node(adapters(node, engine), c, False, None)
+    o = observe_node(adapters(node, engine), view_of(c), False, None)
     assert engine.calls == ["containers"] and o.gpu is None and o.memory is None and o.docker_version == ""
 
 
 def test_a_version_that_fails_is_a_probe_error_not_the_nodes(tmp_path: Path, probes: cf.Executor) -> None:
     c, node = world(tmp_path, remote=False)
     engine = FakeEngine([], fail={"version": AdapterError("DockerError", "containerd: deadline exceeded")})
-    o = observe_node(adapters(node, engine), c, True, probes)
+    o = observe_node(adapters(node, engine), view_of(c), True, probes)
     assert o.error == "" and o.docker_version == "" and o.gpu is not None
     assert any(e.startswith("docker version:") for e in o.probe_errors)
 
@@ -143,7 +143,7 @@ def test_an_exited_container_of_the_deployment_says_why_and_a_strangers_is_not_a
     ours = Container("a1", "ours", "img", "exited", {OWNER_LABEL: c.deployment.name})
     theirs = Container("b2", "theirs", "img", "exited", {OWNER_LABEL: "someone-else"})
     engine = FakeEngine([ours, theirs])
-    o = observe_node(adapters(node, engine), c, False, None)
+    o = observe_node(adapters(node, engine), view_of(c), False, None)
     by_name = {x.name: x for x in o.containers}
     assert (by_name["ours"].exit_code, by_name["ours"].log_tail) == (137, "Killed")
     assert by_name["theirs"].exit_code is None and engine.calls.count("ended") == 1
@@ -157,7 +157,7 @@ def test_a_foreign_gpu_process_asks_the_engine_which_pids_are_ours(tmp_path: Pat
         {"pid": os.getpid(), "name": "python3", "used_mib": 90000, "type": "C"}]})
     ours = Container("a1", "ours", "img", "running", {OWNER_LABEL: c.deployment.name})
     engine = FakeEngine([ours])
-    o = observe_node(adapters(node, engine), c, True, probes)
+    o = observe_node(adapters(node, engine), view_of(c), True, probes)
     assert o.gpu is not None and [p.pid for p in o.gpu.processes] == [os.getpid()]
     assert o.owned_pids == frozenset({os.getpid()}) and engine.calls.count("pids") == 1
 
@@ -201,7 +201,7 @@ def test_a_followers_death_is_seen_while_rank_0_still_answers_health() -> None:
     d["deployments"][0]["serve"]["distributed_executor_backend"] = "mp"
     c = cfg(d)
     dep = c.deployment
-    w = World(c)
+    w = World(view_of(c))
     try:
         engines = {}
         for node in c.nodes:
@@ -241,7 +241,7 @@ def test_the_engines_heartbeat_is_read_while_its_health_answers_late() -> None:
     from spark_supervisor.world.observe import Observer, World
     c = cfg()
     dep = c.deployment
-    w = World(c)
+    w = World(view_of(c))
     slow = {"health": False}
 
     def answer(req: httpx.Request) -> httpx.Response:
@@ -285,7 +285,7 @@ def test_the_endpoint_is_asked_before_the_serves_log_is_read() -> None:
     from spark_supervisor.world.observe import Observer, World
     c = cfg()
     dep = c.deployment
-    w = World(c)
+    w = World(view_of(c))
     order: list[str] = []
 
     class Logged(ServingEngine):
@@ -315,7 +315,7 @@ def test_only_a_healthy_serves_quick_sweep_may_keep_its_listing() -> None:
 
     from spark_supervisor.world.observe import Observer, World
     c = cfg()
-    w = World(c)
+    w = World(view_of(c))
     health = {"status": 200}
 
     def answer(req: httpx.Request) -> httpx.Response:

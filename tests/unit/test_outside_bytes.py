@@ -24,6 +24,7 @@ from spark_supervisor.report.metrics import Metrics
 from spark_supervisor.world import observe
 from spark_supervisor.world.observe import observe_node
 from tests.fakes import FakeEngine
+from tests.helpers import view_of
 from tests.unit.test_observe import adapters, world
 
 # A process renames itself (prctl PR_SET_NAME: any user may) to bytes that are not UTF-8, with a newline in them,
@@ -61,7 +62,7 @@ def probes() -> Iterator[cf.Executor]:
 def test_a_listener_named_in_bytes_that_are_not_utf8_is_read_with_its_name_escaped(
         tmp_path: Path, probes: cf.Executor, hostile_listener: int, remote: bool) -> None:
     c, node = world(tmp_path, remote=remote)
-    o = observe_node(adapters(node, FakeEngine([])), c, True, probes)
+    o = observe_node(adapters(node, FakeEngine([])), view_of(c), True, probes)
     assert o.error == "" and o.probe_errors == (), o.probe_errors
     assert o.listening is not None and o.gpu is not None and o.memory is not None
     mine = [x for x in o.listening if x.port == hostile_listener]
@@ -120,7 +121,7 @@ def test_a_reader_raising_the_unforeseen_is_that_probes_unknown_counted_and_the_
         raise RecursionError("maximum recursion depth exceeded")
     monkeypatch.setattr(observe, "_meminfo", deep)
     c, node = world(tmp_path, remote=remote)
-    o = observe_node(adapters(node, FakeEngine([])), c, True, probes)
+    o = observe_node(adapters(node, FakeEngine([])), view_of(c), True, probes)
     assert o.error == "" and o.memory is None and o.gpu is not None and o.interfaces is not None
     assert o.probe_errors == ("meminfo: ProbeFailed: meminfo: RecursionError: maximum recursion depth exceeded",)
     assert unexpected == {"meminfo": 1}
@@ -132,7 +133,7 @@ def test_an_engine_listing_raising_the_unforeseen_is_the_nodes_unknown_not_the_t
         def containers(self, trusted: bool = False) -> list[Container]:
             raise KeyError("Names" if not trusted else "Id")
     c, node = world(tmp_path, remote=False)
-    o = observe_node(adapters(node, Broken([])), c, False)
+    o = observe_node(adapters(node, Broken([])), view_of(c), False)
     assert o.error == "ProbeFailed: containers: KeyError: 'Names'" and o.containers == ()
     assert unexpected == {"containers": 1}
 

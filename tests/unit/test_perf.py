@@ -12,7 +12,6 @@ from typing import Any
 import structlog
 
 from spark_supervisor.adapters.vllm import read_stream
-from spark_supervisor.config.view import as_view
 from spark_supervisor.model import (
     Action,
     EndpointObservation,
@@ -33,7 +32,7 @@ from spark_supervisor.plan import plan
 from spark_supervisor.report.metrics import NoMetrics
 from spark_supervisor.world import perf
 from tests.fakes import make
-from tests.helpers import cfg, data, obs, phase_now, serve_running
+from tests.helpers import cfg, data, obs, phase_now, serve_running, view_of
 from tests.unit.test_plan import serving_status
 from tests.unit.test_standin_perf import Start, standin  # noqa: F401 (the fixture)
 
@@ -87,7 +86,7 @@ def test_a_measurement_is_held_to_the_best_for_its_key_or_the_operators_baseline
 def test_the_best_is_kept_per_key_and_only_raised(tmp_path: Path) -> None:
     d = data()
     d["supervisor"]["state_dir"] = str(tmp_path)
-    view = as_view(cfg(d))
+    view = view_of(cfg(d))
     st, log = Status(), structlog.get_logger()
     st.pinned = {"spark-1": "sha256:aaa", "spark-2": "sha256:aaa"}
     perf.record(st, Throughput("s1", 0.2, 27.4, 128), view, NoMetrics().bound("qwen"), log, 10)
@@ -109,17 +108,17 @@ def idle(s: str, running: float = 0) -> Heartbeat:
 def test_a_serve_is_measured_once_it_serves_while_idle_and_again_only_on_schedule_while_idle() -> None:
     s = serve_running(C)
     o = obs(C, deployed=True, serve=s, endpoint=UP)
-    assert Measure(s.identity) in plan(o, serving_status(heartbeat=idle(s.identity)), C, 10).actions
-    assert Measure(s.identity) not in plan(o, serving_status(heartbeat=idle(s.identity, running=2)), C, 10).actions
-    assert Measure(s.identity) not in plan(o, serving_status(), C, 10).actions  # not read yet: wait for a reading
+    assert Measure(s.identity) in plan(o, serving_status(heartbeat=idle(s.identity)), view_of(C), 10).actions
+    assert Measure(s.identity) not in plan(o, serving_status(heartbeat=idle(s.identity, running=2)), view_of(C), 10).actions
+    assert Measure(s.identity) not in plan(o, serving_status(), view_of(C), 10).actions  # not read yet: wait for a reading
     unreadable = Heartbeat(s.identity, None, 0, error="/metrics: ReadTimeout")
-    assert Measure(s.identity) in plan(o, serving_status(heartbeat=unreadable), C, 10).actions  # the one after a start
+    assert Measure(s.identity) in plan(o, serving_status(heartbeat=unreadable), view_of(C), 10).actions  # the one after a start
     done = PerfVerdict(s.identity, at=10, decode_tps=27.4)
-    assert Measure(s.identity) not in plan(o, serving_status(heartbeat=idle(s.identity), perf=done), C, 20).actions
+    assert Measure(s.identity) not in plan(o, serving_status(heartbeat=idle(s.identity), perf=done), view_of(C), 20).actions
     later = 10 + C.deployment.performance.interval
-    assert Measure(s.identity) in plan(o, serving_status(heartbeat=idle(s.identity), perf=done), C, later).actions
+    assert Measure(s.identity) in plan(o, serving_status(heartbeat=idle(s.identity), perf=done), view_of(C), later).actions
     busy = serving_status(heartbeat=idle(s.identity, running=1), perf=done)
-    assert Measure(s.identity) not in plan(o, busy, C, later).actions  # never competes with users
+    assert Measure(s.identity) not in plan(o, busy, view_of(C), later).actions  # never competes with users
 
 
 def test_a_regression_is_degraded_never_a_repair() -> None:
@@ -127,7 +126,7 @@ def test_a_regression_is_degraded_never_a_repair() -> None:
     o = obs(C, deployed=True, serve=s, endpoint=UP)
     slow = PerfVerdict(s.identity, at=10, decode_tps=13.1, best_tps=27.4, reference="best",
                        regression="13.1 tok/s, best 27.4 for this spec: more than 25% below")
-    d = plan(o, serving_status(heartbeat=idle(s.identity), perf=slow), C, 20)
+    d = plan(o, serving_status(heartbeat=idle(s.identity), perf=slow), view_of(C), 20)
     assert d.phase == Phase.DEGRADED and d.repair == "" and d.why.kind == Kind.THROUGHPUT_REGRESSION
     assert d.reason == "ThroughputRegression: 13.1 tok/s, best 27.4 for this spec: more than 25% below"
     assert not [a for a in d.actions if isinstance(a, StopServe)]
@@ -202,7 +201,7 @@ def test_an_implausible_measurement_is_unknown_and_one_outlier_never_sets_the_be
     the best waits for the next measurement to confirm it; reset forgets the bests."""
     d = data()
     d["supervisor"]["state_dir"] = str(tmp_path)
-    view = as_view(cfg(d))
+    view = view_of(cfg(d))
     st, log, m = Status(), structlog.get_logger(), NoMetrics().bound("qwen")
     max_tokens = view.dep.performance.max_tokens
     perf.record(st, Throughput("s1", 0.2, 27.4, max_tokens), view, m, log, 10)

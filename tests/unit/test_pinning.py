@@ -15,7 +15,7 @@ from spark_supervisor.world import act
 from spark_supervisor.world.act import Actor
 from spark_supervisor.world.observe import World
 from tests.fakes import make
-from tests.helpers import cfg, obs, serve_running
+from tests.helpers import cfg, obs, serve_running, view_of
 
 ID = {"spark-1": "sha256:" + "1" * 64, "spark-2": "sha256:" + "2" * 64}
 
@@ -40,7 +40,7 @@ def test_reaching_serving_pins_the_image_each_member_runs(tmp_path: Path) -> Non
 
 def test_a_pinned_node_starts_its_image_by_id_and_the_others_by_tag() -> None:
     c = cfg()
-    world = World(c)
+    world = World(view_of(c))
     try:
         actor = Actor(world, structlog.get_logger())
         actor.pins = {"spark-2": ID["spark-2"]}
@@ -91,7 +91,7 @@ def test_a_pinned_image_gone_is_named_never_pulled_and_the_operator_can_move_pas
     from tests.unit.test_stack import make as make_stack
 
     c = cfg()
-    world = World(c)
+    world = World(view_of(c))
     try:
         actor = Actor(world, structlog.get_logger())
         actor.pins = dict(ID)

@@ -23,7 +23,7 @@ from spark_supervisor.model import (
     Verdict,
 )
 from spark_supervisor.plan import plan, unknowns
-from tests.helpers import cfg, data, images, node_obs, obs, ray_container, ray_ok, serve_running
+from tests.helpers import cfg, data, images, node_obs, obs, ray_container, ray_ok, serve_running, view_of
 
 C = cfg()
 UP = EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",))
@@ -44,8 +44,8 @@ def destructive(d: Decision) -> bool:
 
 def test_a_ray_dashboard_timeout_while_serving_holds_serving_and_says_so() -> None:
     o = obs(C, deployed=True, ray=RAY_TIMEOUT, serve=serve_running(C), endpoint=UP)
-    assert unknowns(o, C) == {"ray dashboard": RAY_TIMEOUT.error}
-    d = plan(o, serving(unknown={"ray dashboard": 5}), C, 10)
+    assert unknowns(o, view_of(C)) == {"ray dashboard": RAY_TIMEOUT.error}
+    d = plan(o, serving(unknown={"ray dashboard": 5}), view_of(C), 10)
     assert d.phase == Phase.SERVING and not destructive(d)
     assert d.reason == f"ObservationUnknown: ray dashboard: {RAY_TIMEOUT.error}"
 
@@ -53,7 +53,7 @@ def test_a_ray_dashboard_timeout_while_serving_holds_serving_and_says_so() -> No
 def test_an_unknown_that_lasts_past_the_patience_degrades_but_still_tears_nothing_down() -> None:
     o = obs(C, deployed=True, ray=RAY_TIMEOUT, serve=serve_running(C), endpoint=UP)
     late = 5 + C.healing.unknown_patience + 1
-    d = plan(o, serving(unknown={"ray dashboard": 5}), C, late)
+    d = plan(o, serving(unknown={"ray dashboard": 5}), view_of(C), late)
     assert d.phase == Phase.DEGRADED and not destructive(d)
     assert d.reason.startswith("ObservationUnknown: ray dashboard:") and d.reason.endswith(
         f"(longer than {C.healing.unknown_patience:.0f}s)")
@@ -62,13 +62,13 @@ def test_an_unknown_that_lasts_past_the_patience_degrades_but_still_tears_nothin
 def test_ray_saying_a_node_is_dead_is_evidence_and_repairs_the_gang() -> None:
     lost = RayObservation(True, nodes=(RayNode("a", "192.168.200.12", True, 1.0),
                                        RayNode("b", "192.168.200.13", False, 1.0)))
-    d = plan(obs(C, deployed=True, ray=lost, serve=serve_running(C), endpoint=UP), serving(), C, 10)
+    d = plan(obs(C, deployed=True, ray=lost, serve=serve_running(C), endpoint=UP), serving(), view_of(C), 10)
     assert d.repair == "gang" and d.reason.startswith("RayNodeLost: spark-2")
 
 
 def test_a_failed_serve_state_exec_never_launches_a_second_serve() -> None:
     unknown = replace(serve_running(C), error="DockerTimeout: exec on spark-1: no answer within 25s")
-    d = plan(obs(C, deployed=True, serve=unknown, endpoint=UP), serving(), C, 10)
+    d = plan(obs(C, deployed=True, serve=unknown, endpoint=UP), serving(), view_of(C), 10)
     assert d.phase == Phase.SERVING and not destructive(d)
     assert d.reason.startswith("ObservationUnknown: serve state: DockerTimeout")
 
@@ -78,7 +78,7 @@ def test_a_failed_serve_state_exec_with_nothing_seen_before_holds_without_launch
     unknown = ServeObservation(False, error="ServeStateFailed: the serve-state script exited 126")
     st = Status(images=images(C))
     st.advance(Phase.DETECTING, Reason(), 0, 0)
-    d = plan(obs(C, deployed=True, serve=unknown), st, C, 10)
+    d = plan(obs(C, deployed=True, serve=unknown), st, view_of(C), 10)
     assert d.phase == Phase.DETECTING and not destructive(d)
     assert d.reason == "ObservationUnknown: serve state: ServeStateFailed: the serve-state script exited 126"
 
@@ -87,13 +87,13 @@ def test_health_failing_past_its_threshold_is_evidence_even_while_the_serve_stat
     unknown = replace(serve_running(C), error="DockerTimeout: exec")
     refused = EndpointObservation(EndpointState.REFUSED)
     d = plan(obs(C, deployed=True, serve=unknown, endpoint=refused),
-             serving(health=Tracker(failures=2, detail="refused")), C, 10)
+             serving(health=Tracker(failures=2, detail="refused")), view_of(C), 10)
     assert d.repair == "serve" and d.reason.startswith("ServeUnhealthy")
 
 
 def test_an_endpoint_that_could_not_be_read_while_serving_is_not_a_load() -> None:
     err = EndpointObservation(EndpointState.ERROR, "/health: ReadTimeout")
-    d = plan(obs(C, deployed=True, serve=serve_running(C), endpoint=err), serving(), C, 10)
+    d = plan(obs(C, deployed=True, serve=serve_running(C), endpoint=err), serving(), view_of(C), 10)
     assert d.phase == Phase.SERVING and not destructive(d)
 
 
@@ -102,11 +102,11 @@ def test_an_unreachable_worker_holds_even_past_the_node_patience_while_ray_sees_
              "spark-2": NodeObservation("spark-2", error="SshUnreachable: timed out")}
     o = obs(C, nodes=nodes, serve=serve_running(C), endpoint=UP, ray=RayObservation(True, nodes=(
         RayNode("a", "192.168.200.12", True, 1.0), RayNode("b", "192.168.200.13", True, 1.0))))
-    d = plan(o, serving(unknown={"node spark-2": 5}), C, 10)
+    d = plan(o, serving(unknown={"node spark-2": 5}), view_of(C), 10)
     assert d.phase == Phase.SERVING and not destructive(d) and not d.actions
     assert d.reason == "ObservationUnknown: spark-2: SshUnreachable: timed out"
     for now in (6 + C.healing.unknown_patience, C.healing.node_patience + 10):  # DEGRADED, still nothing done
-        d = plan(o, serving(unknown={"node spark-2": 5}), C, now)
+        d = plan(o, serving(unknown={"node spark-2": 5}), view_of(C), now)
         assert d.phase == Phase.DEGRADED and not destructive(d) and not d.actions
         assert d.reason.startswith("ObservationUnknown: spark-2: SshUnreachable: timed out (longer than")
 
@@ -116,7 +116,7 @@ def test_an_unreachable_worker_that_ray_reports_dead_is_lost_but_nothing_is_half
              "spark-2": NodeObservation("spark-2", error="SshUnreachable: timed out")}
     dead = RayObservation(True, nodes=(RayNode("a", "192.168.200.12", True, 1.0),
                                        RayNode("b", "192.168.200.13", False, 1.0)))
-    d = plan(obs(C, nodes=nodes, ray=dead, serve=serve_running(C)), serving(), C, 10)
+    d = plan(obs(C, nodes=nodes, ray=dead, serve=serve_running(C)), serving(), view_of(C), 10)
     assert d.phase == Phase.DEGRADED and not destructive(d) and not d.actions
     assert d.reason.startswith("NodeLost: spark-2 unreachable and not alive in Ray")
 
@@ -125,14 +125,14 @@ def test_an_unreachable_worker_with_nothing_deployed_backs_off() -> None:
     nodes = {"spark-1": node_obs("spark-1"), "spark-2": NodeObservation("spark-2", error="DockerTimeout: x")}
     st = Status(images=images(C))
     st.advance(Phase.DETECTING, Reason(), 0, 0)
-    d = plan(obs(C, nodes=nodes), st, C, 1)
+    d = plan(obs(C, nodes=nodes), st, view_of(C), 1)
     assert d.phase == Phase.BACKOFF and d.failure and not d.actions
 
 
 def test_a_paused_container_is_neither_running_nor_gone() -> None:
     nodes = {"spark-1": node_obs("spark-1", (ray_container(C, "spark-1"),)),
              "spark-2": node_obs("spark-2", (ray_container(C, "spark-2", state="paused"),))}
-    d = plan(obs(C, nodes=nodes, ray=ray_ok(C), serve=serve_running(C), endpoint=UP), serving(), C, 10)
+    d = plan(obs(C, nodes=nodes, ray=ray_ok(C), serve=serve_running(C), endpoint=UP), serving(), view_of(C), 10)
     assert d.phase == Phase.SERVING and not destructive(d)
     assert d.reason == "ContainerInTransition: spark-2: Ray container paused"
 
@@ -140,7 +140,7 @@ def test_a_paused_container_is_neither_running_nor_gone() -> None:
 def test_an_exited_container_is_evidence() -> None:
     nodes = {"spark-1": node_obs("spark-1", (ray_container(C, "spark-1"),)),
              "spark-2": node_obs("spark-2", (ray_container(C, "spark-2", state="exited"),))}
-    d = plan(obs(C, nodes=nodes, serve=serve_running(C), endpoint=UP), serving(), C, 10)
+    d = plan(obs(C, nodes=nodes, serve=serve_running(C), endpoint=UP), serving(), view_of(C), 10)
     assert d.repair == "gang" and d.reason == "PartialDeployment: spark-2: Ray container exited"
 
 
@@ -150,10 +150,10 @@ def test_gpu_memory_that_could_not_be_read_starts_nothing() -> None:
                                    "meminfo: CommandTimeout: cat did not finish within 20s"))
     st = Status(images=images(C))
     st.advance(Phase.CLEANING, Reason(), 0, 0)
-    d = plan(obs(C, nodes={"spark-1": node_obs("spark-1"), "spark-2": blind}), st, C, 1)
+    d = plan(obs(C, nodes={"spark-1": node_obs("spark-1"), "spark-2": blind}), st, view_of(C), 1)
     assert d.phase == Phase.CLEANING and not d.actions
     assert d.reason.startswith("ObservationUnknown: GPU memory: spark-2: nvidia-smi: CommandTimeout")
-    d = plan(obs(C, nodes={"spark-1": node_obs("spark-1"), "spark-2": blind}), st, C,
+    d = plan(obs(C, nodes={"spark-1": node_obs("spark-1"), "spark-2": blind}), st, view_of(C),
              2 + C.healing.unknown_patience)
     assert d.phase == Phase.DEGRADED and not d.actions
 
@@ -161,7 +161,7 @@ def test_gpu_memory_that_could_not_be_read_starts_nothing() -> None:
 def test_ray_unknown_before_the_serve_launch_launches_nothing() -> None:
     st = Status(images=images(C))
     st.advance(Phase.STARTING_VLLM, Reason(), 0, 0)
-    d = plan(obs(C, deployed=True, ray=RAY_TIMEOUT), st, C, 1)
+    d = plan(obs(C, deployed=True, ray=RAY_TIMEOUT), st, view_of(C), 1)
     assert d.phase == Phase.STARTING_VLLM and not d.actions
     assert d.reason.startswith("ObservationUnknown: ray dashboard")
 
@@ -171,7 +171,7 @@ def test_the_patience_counts_an_unbroken_run_of_unknowns_whatever_part_was_unsee
     unknown = replace(serve_running(C), error="DockerTimeout: exec")
     st = serving(unknown={"serve state": 50})  # this key is new, the run is not
     st.unknown_run_since = 5
-    d = plan(obs(C, deployed=True, serve=unknown, endpoint=UP), st, C, 6 + C.healing.unknown_patience)
+    d = plan(obs(C, deployed=True, serve=unknown, endpoint=UP), st, view_of(C), 6 + C.healing.unknown_patience)
     assert d.phase == Phase.DEGRADED and not destructive(d)
 
 
@@ -180,10 +180,10 @@ def test_a_dashboard_that_does_not_answer_yet_while_ray_starts_is_the_join_not_a
     st.advance(Phase.STARTING_RAY, Reason(), 0, 0)
     st.unknown_run_since = 0
     o = obs(C, deployed=True, ray=RayObservation(False, "RayDashboardUnreachable: ConnectError"))
-    assert unknowns(o, C, Phase.STARTING_RAY) == {}
-    d = plan(o, st, C, 30)
+    assert unknowns(o, view_of(C), Phase.STARTING_RAY) == {}
+    d = plan(o, st, view_of(C), 30)
     assert d.phase == Phase.STARTING_RAY and d.reason.startswith("0/2 nodes")
-    d = plan(o, st, C, C.deployment.ray.join_timeout + 1)
+    d = plan(o, st, view_of(C), C.deployment.ray.join_timeout + 1)
     assert d.repair == "gang" and d.reason.startswith("RayJoinTimeout")
 
 
@@ -192,7 +192,7 @@ def test_a_stale_log_carried_over_a_failed_exec_is_never_judged_a_stalled_load()
                 error="DockerTimeout: exec")
     st = Status(load_progress_at=100, images=images(C))
     st.advance(Phase.LOADING, Reason(), 0, 0)
-    d = plan(obs(C, deployed=True, serve=s, endpoint=EndpointObservation(EndpointState.REFUSED)), st, C,
+    d = plan(obs(C, deployed=True, serve=s, endpoint=EndpointObservation(EndpointState.REFUSED)), st, view_of(C),
              200 + C.deployment.readiness.stall_timeout + C.deployment.readiness.deadline)
     assert d.phase == Phase.LOADING and not destructive(d)
     assert d.reason.startswith("ObservationUnknown: serve state")
@@ -202,7 +202,7 @@ def test_nvidia_smi_failing_alone_still_starts_nothing() -> None:
     blind = node_obs("spark-2", gpu=None, probe_errors=("nvidia-smi: CommandTimeout: nvidia-smi did not finish",))
     st = Status(images=images(C))
     st.advance(Phase.CLEANING, Reason(), 0, 0)
-    d = plan(obs(C, nodes={"spark-1": node_obs("spark-1"), "spark-2": blind}), st, C, 1)
+    d = plan(obs(C, nodes={"spark-1": node_obs("spark-1"), "spark-2": blind}), st, view_of(C), 1)
     assert not d.actions and d.reason.startswith("ObservationUnknown: GPU memory: spark-2: nvidia-smi")
 
 
@@ -213,4 +213,4 @@ def test_a_node_outside_the_deployment_that_cannot_be_seen_does_not_degrade_it()
     c = cfg(d0)
     o = obs(c, deployed=True, nodes={"spark-1": node_obs("spark-1", (ray_container(c, "spark-1"),)),
                                       "spark-2": NodeObservation("spark-2", error="SshUnreachable: x")})
-    assert unknowns(o, c) == {}
+    assert unknowns(o, view_of(c)) == {}

@@ -13,7 +13,7 @@ from spark_supervisor.specs import modelprobe
 from spark_supervisor.world.act import Actor
 from spark_supervisor.world.observe import World
 from spark_supervisor.world.prove import fill
-from tests.helpers import cfg, data
+from tests.helpers import cfg, data, view_of
 
 
 class Nodes:
@@ -38,7 +38,7 @@ class Nodes:
 def world(prefetch: bool = True) -> World:
     d = data()
     d["deployments"][0]["model"] = {"prefetch": prefetch}
-    return World(cfg(d))
+    return World(view_of(cfg(d)))
 
 
 def report(node: str, *missing: str) -> ImageReport:

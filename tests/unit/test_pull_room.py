@@ -14,7 +14,7 @@ from spark_supervisor.model import Kind
 from spark_supervisor.world import act
 from spark_supervisor.world.act import ActionFailed, Actor, free_gib
 from spark_supervisor.world.observe import NodeAdapters, World
-from tests.helpers import cfg, data
+from tests.helpers import cfg, data, view_of
 
 DF = "Filesystem     1024-blocks      Used Available Capacity Mounted on\n/dev/nvme0n1p2  3843862672 3801862672  {kib} 99% /\n"
 
@@ -54,7 +54,7 @@ class Shell:
 def actor(free_kib: int | None, fail: bool = False) -> tuple[Actor, Engine, Shell, World]:
     d = data()
     d["deployments"][0].setdefault("ray", {}).update(image_pull="if-missing")
-    world = World(cfg(d))
+    world = World(view_of(cfg(d)))
     node = world.cfg.nodes[1]
     engine, shell = Engine(fail), Shell(DF.format(kib=free_kib) if free_kib is not None else "df: no such dir\n")
     world.nodes[node.name] = NodeAdapters(node, shell, engine)  # type: ignore[arg-type]

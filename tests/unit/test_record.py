@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from spark_supervisor import config
-from spark_supervisor.config.view import as_view
 from spark_supervisor.model import (
     Gid,
     Gpu,
@@ -30,7 +29,7 @@ from spark_supervisor.model.host import NONE
 from spark_supervisor.report.record import Decided, Sources, build, diff, what_changed
 from spark_supervisor.report.record.text import render, render_diff
 from spark_supervisor.state import records
-from tests.helpers import cfg, data, images
+from tests.helpers import cfg, data, images, view_of
 
 IF = "enp1s0f1np1"
 IPS = {"spark-1": "192.168.200.12", "spark-2": "192.168.200.13"}
@@ -66,7 +65,7 @@ def sources(c: config.Config | None = None, **kw: Any) -> Sources:
         "running": dict.fromkeys(IPS, A), "images": checked(c), "serve_id": "serve-1", "kv_tokens": 409856,
         "bringup": {"DETECTING": 1.0, "LOADING": 412.0},
         "transports": (Transport(0, IPS["spark-1"], "IB"), Transport(1, IPS["spark-2"], "IB"))}
-    return Sources(as_view(c), 1.7e9, **{"verdict": "SERVING", **base, **kw})
+    return Sources(view_of(c), 1.7e9, **{"verdict": "SERVING", **base, **kw})
 
 
 # ------------------------------------------------------------------------------------------------- build

@@ -15,14 +15,13 @@ import structlog
 
 from spark_supervisor.adapters.nvidia import parse_smi_xml
 from spark_supervisor.adapters.sysfs import parse_host_facts
-from spark_supervisor.config.view import as_view
 from spark_supervisor.judge import modelcheck
 from spark_supervisor.judge.preflight import parse_image_probe
 from spark_supervisor.model.host import NONE
 from spark_supervisor.specs import commands, modelprobe
 from spark_supervisor.state import statefile
 from spark_supervisor.world.act import Actor
-from tests.helpers import cfg, data
+from tests.helpers import cfg, data, view_of
 
 
 def host_facts(root: Path) -> str:
@@ -107,7 +106,7 @@ def test_the_image_check_keeps_the_id_and_digests_and_checks_a_report_of_an_earl
     c = cfg(d)
     node = c.nodes[0]
     engine = _Engine("vllm_path=/usr/bin/vllm\nvllm_version=0.11.0\ntorch_version=2.9.0\nray_path=/usr/bin/ray\n")
-    world = SimpleNamespace(cfg=c, view=as_view(c), nodes={node.name: SimpleNamespace(node=node, docker=engine)})
+    world = SimpleNamespace(cfg=c, view=view_of(c), nodes={node.name: SimpleNamespace(node=node, docker=engine)})
     actor = Actor(world, structlog.get_logger())  # type: ignore[arg-type]
     r = actor._check_image(world.nodes[node.name])
     assert r.image_id == "sha256:" + "a" * 64 and r.repo_digests == ("vllm/vllm-openai@sha256:" + "d" * 64,)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from spark_supervisor import plan as p
 from spark_supervisor.config import Config
-from spark_supervisor.config.view import as_view
 from spark_supervisor.model import (
     Container,
     Observation,
@@ -15,13 +14,13 @@ from spark_supervisor.model import (
     RemoveContainers,
     Status,
 )
-from tests.helpers import cfg, data, images, node_obs, obs, ray_ok
+from tests.helpers import cfg, data, images, node_obs, obs, ray_ok, view_of
 
 C = cfg()
 
 
 def facts(o: Observation, st: Status | None = None, c: Config = C, now: float = 100.0) -> p.Facts:
-    return p.Facts(o, st or Status(images=images(c)), as_view(c), now)
+    return p.Facts(o, st or Status(images=images(c)), view_of(c), now)
 
 
 def test_the_steps_run_in_the_documented_order() -> None:

@@ -17,7 +17,7 @@ from spark_supervisor.plan import derive, plan, unknowns
 from spark_supervisor.plan import seen as seen_mod
 from spark_supervisor.plan import unknown as unknown_mod
 from tests.fakes import make
-from tests.helpers import cfg, obs, serve_running
+from tests.helpers import cfg, obs, serve_running, view_of
 
 LOG = ("INFO 12-02 10:00:00 [loader.py:1] Loading safetensors checkpoint shards:  50% Completed | 15/30 "
        "[00:30<00:30,  2.00s/it]\n")
@@ -51,12 +51,12 @@ def test_one_tick_reads_the_log_the_unknowns_and_health_once(tmp_path: Path, mon
 def test_what_is_derived_is_what_each_would_read(phase: Phase) -> None:
     c = cfg()
     o = obs(c, deployed=True, serve=serve_running(c, LOG), endpoint=EndpointObservation(EndpointState.UP, health=200))
-    s = derive(o, phase, c)
-    assert s.progress == logscan.scan(LOG) and s.unknown == unknowns(o, c, phase)
+    s = derive(o, phase, view_of(c))
+    assert s.progress == logscan.scan(LOG) and s.unknown == unknowns(o, view_of(c), phase)
     assert s.health == completion.health_result(o.endpoint)
     st = Status()
     st.phase = phase
-    assert plan(o, st, c, 10.0, s) == plan(o, st, c, 10.0)
+    assert plan(o, st, view_of(c), 10.0, s) == plan(o, st, view_of(c), 10.0)
 
 
 def test_a_plan_for_another_phase_reads_its_own_unknowns() -> None:
@@ -64,7 +64,7 @@ def test_a_plan_for_another_phase_reads_its_own_unknowns() -> None:
     the first reached: the tick's unknowns (read for its starting phase) are not theirs."""
     c = cfg()
     o = obs(c, deployed=True, ray=RayObservation(False, "RayDashboardUnreachable: timed out"))
-    loading = derive(o, Phase.LOADING, c)
-    assert "ray dashboard" in loading.unknown and "ray dashboard" not in unknowns(o, c, Phase.STARTING_RAY)
-    assert seen_mod.unknown_in(loading, o, c, Phase.STARTING_RAY) == unknowns(o, c, Phase.STARTING_RAY)
-    assert seen_mod.unknown_in(loading, o, c, Phase.LOADING) is loading.unknown
+    loading = derive(o, Phase.LOADING, view_of(c))
+    assert "ray dashboard" in loading.unknown and "ray dashboard" not in unknowns(o, view_of(c), Phase.STARTING_RAY)
+    assert seen_mod.unknown_in(loading, o, view_of(c), Phase.STARTING_RAY) == unknowns(o, view_of(c), Phase.STARTING_RAY)
+    assert seen_mod.unknown_in(loading, o, view_of(c), Phase.LOADING) is loading.unknown

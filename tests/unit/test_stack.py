@@ -15,7 +15,7 @@ import tomli_w
 
 from spark_supervisor import config
 from spark_supervisor.change import proof
-from spark_supervisor.config.view import DeploymentView, as_view
+from spark_supervisor.config.view import DeploymentView
 from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import (
     CheckImage,
@@ -220,5 +220,5 @@ def test_another_deployments_serve_on_the_gpu_is_not_a_foreign_process(owned: fr
     gpu = Gpu("NVIDIA GB10", "580", None, None, (GpuProcess(2001, "/usr/lib/xorg/Xorg", 40),
                                                    GpuProcess(4242, "/usr/bin/python3", 90000)))
     o = obs(v, nodes={"spark-2": node_obs("spark-2", gpu=gpu, owned_pids=owned)})
-    held = gpu_blockers(o, as_view(v))
+    held = gpu_blockers(o, DeploymentView.of(v, v.deployment))
     assert bool(held) == blocked and (not blocked or held == ["spark-2: pid 4242 (/usr/bin/python3) 90000 MiB"])

@@ -21,12 +21,13 @@ import pytest
 from spark_supervisor import config
 from spark_supervisor.adapters.shell import Result
 from spark_supervisor.adapters.sysfs import parse_host_facts
-from spark_supervisor.config.view import DeploymentView, as_view
+from spark_supervisor.config.view import DeploymentView
 from spark_supervisor.judge import fabric, logscan
 from spark_supervisor.model import HostFacts, Kind, Transport
 from spark_supervisor.specs import commands
 from spark_supervisor.world import observe
 from spark_testbed import hosttree, nvidia_smi, testbed, vllm_standin
+from tests.helpers import view_of
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = ("spark-1", "spark-2")
@@ -69,7 +70,7 @@ def read_all(c: config.Config) -> dict[str, HostFacts]:
 
 
 def view(c: config.Config) -> DeploymentView:
-    return as_view(c)
+    return view_of(c)
 
 
 def kinds(c: config.Config, hosts: dict[str, HostFacts]) -> list[str]:

@@ -79,7 +79,7 @@ from spark_supervisor.model.document import (
 )
 from spark_supervisor.report import statusdoc
 from spark_supervisor.state import statefile
-from tests.helpers import cfg, node_obs, ray_container
+from tests.helpers import cfg, node_obs, ray_container, view_of
 
 
 def keys(td: type) -> frozenset[str]:
@@ -88,7 +88,7 @@ def keys(td: type) -> frozenset[str]:
 
 
 def test_the_written_document_has_exactly_its_keys() -> None:
-    d = statusdoc.document(Status(phase=Phase.SERVING), None, cfg(), "/etc/x.toml", "abc", time.time(), 0.0)
+    d = statusdoc.document(Status(phase=Phase.SERVING), None, view_of(cfg()), "/etc/x.toml", "abc", time.time(), 0.0)
     assert DeploymentDoc.__required_keys__ <= set(d) <= keys(DeploymentDoc)
 
 
@@ -289,7 +289,7 @@ def full_document() -> StatusDoc:
     follower = ServeObservation(True, 78, "cid2", False, 1, "sh", "2026-12-02T10:00:01Z")
     obs = Observation(100.0, True, nodes, ray, serve, EndpointObservation(EndpointState.UP, "", 200, ("Q",)),
                       {"spark-2": follower, "spark-3": None})
-    d = statusdoc.document(st, obs, c, "/etc/x.toml", "abc", 1.7e9 + 100, 1.7e9, ("a problem",))
+    d = statusdoc.document(st, obs, view_of(c), "/etc/x.toml", "abc", 1.7e9 + 100, 1.7e9, ("a problem",))
     reload: ReloadDoc = {"error": None, "at": "t", "staged": "s", "proving": None, "refused": ["r"],
                          "rolled_back": ["n"]}
     return {**d, "summary": "SERVING", "deployments": [d], "pause": Pause("ops", "why", 1.7e9, 1.7e9 + 60).to_json(),
@@ -327,10 +327,10 @@ def test_status_says_which_serve_paths_ran_for_real_and_which_only_on_the_stand_
     """Ray's executor never runs on vLLM's CPU build, so the suite proves it on the stand-in only; mp runs the
     real server on one node and two (tests/integration/test_real_vllm.py, test_real_mp.py)."""
     from tests.helpers import data
-    ray = statusdoc.document(Status(phase=Phase.SERVING), None, cfg(), "/etc/x.toml", "abc", time.time(), 0.0)
+    ray = statusdoc.document(Status(phase=Phase.SERVING), None, view_of(cfg()), "/etc/x.toml", "abc", time.time(), 0.0)
     d = data()
     d["deployments"][0]["serve"]["distributed_executor_backend"] = "mp"
-    mp = statusdoc.document(Status(phase=Phase.SERVING), None, cfg(d), "/etc/x.toml", "abc", time.time(), 0.0)
+    mp = statusdoc.document(Status(phase=Phase.SERVING), None, view_of(cfg(d)), "/etc/x.toml", "abc", time.time(), 0.0)
     assert ray["deployment"]["backend"]["name"] == "ray" and "stand-in only" in ray["deployment"]["backend"]["evidence"]
     assert mp["deployment"]["backend"] == {"name": "mp", "nodes": 2, "evidence": statusdoc.EVIDENCE["mp"]}
     assert "real vLLM server" in statusdoc.EVIDENCE["mp"]
@@ -343,7 +343,7 @@ def test_a_memory_figure_the_node_did_not_report_is_shown_unknown(capsys: pytest
     showed as "None" (its "?" was for a missing key only)."""
     c = cfg()
     nodes = {n.name: node_obs(n.name, memory=Memory(122880, 118000)) for n in c.nodes}
-    d = statusdoc.document(Status(), Observation(1.0, True, nodes), c, "/etc/x.toml", "abc", time.time(), 0.0)
+    d = statusdoc.document(Status(), Observation(1.0, True, nodes), view_of(c), "/etc/x.toml", "abc", time.time(), 0.0)
     assert d["nodes"]["spark-1"]["memory"] == {"total_mib": 122880, "available_mib": 118000, "free_mib": None,
                                                "cached_mib": None}
     status._print_node("spark-1", d["nodes"]["spark-1"])
