@@ -6,6 +6,8 @@ log, the world of adapters built on them, and the daemon built on the fake Backe
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,8 +17,10 @@ import tomli_w
 
 from spark_supervisor.adapters import AdapterError
 from spark_supervisor.adapters.shell import Result
+from spark_supervisor.base.log import Log
 from spark_supervisor.change import proof
 from spark_supervisor.config import Config
+from spark_supervisor.config.view import DeploymentView
 from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import (
     Action,
@@ -35,7 +39,7 @@ from spark_supervisor.specs import commands
 from spark_supervisor.world.act import ActionFailed
 from spark_supervisor.world.backend import Backend, Fingerprint
 from spark_supervisor.world.observe import NodeAdapters, World
-from tests.helpers import cfg, data, images, view_of
+from tests.helpers import cfg, data, images, sole, view_of
 
 
 class Clock:
@@ -104,6 +108,15 @@ class FakeBackend:
         self.closed = True
 
 
+def prove_inline(key: tuple[str, ...], views: dict[str, DeploymentView],
+                 backend_factory: Callable[[DeploymentView], Backend], log: Log) -> proof.Proving:
+    """The daemon's proofs run at once, on the caller's thread (the fakes answer at once: the unit tests' clock
+    decides); the daemon itself runs them on a thread of their own (change.proof.start)."""
+    result: Future[dict[str, Reason]] = Future()
+    result.set_result(proof.refusals(views, backend_factory, log))
+    return proof.Proving(key, sorted(views), result)
+
+
 def make(tmp_path: Path, d: dict[str, Any] | None = None) -> tuple[Daemon, FakeBackend, Clock, Notes, Path]:
     d = d or data()
     d["supervisor"]["state_dir"] = str(tmp_path / "state")
@@ -112,8 +125,8 @@ def make(tmp_path: Path, d: dict[str, Any] | None = None) -> tuple[Daemon, FakeB
     backend, clock, notes = FakeBackend(), Clock(), Notes()
     daemon = Daemon(str(path), cfg(d), log=structlog.get_logger(), backend_factory=lambda _: backend,
                     notifier=notes, clock=clock, wall=lambda: 1.7e9 + clock.t, rng=lambda: 1.0,
-                    prove=proof.start_inline)
-    backend.reports = daemon.status.images = images(daemon.cfg)  # checked and fit (the check: test_image_*)
+                    prove=prove_inline)
+    backend.reports = sole(daemon).status.images = images(daemon.cfg)  # checked and fit (the check: test_image_*)
     return daemon, backend, clock, notes, path
 
 

@@ -10,6 +10,8 @@ from spark_supervisor import config
 from spark_supervisor.config import HASH_LABEL, NODE_LABEL, OWNER_LABEL, ray_hash
 from spark_supervisor.config.identity import node_container_name
 from spark_supervisor.config.view import DeploymentView
+from spark_supervisor.loop.daemon import Daemon
+from spark_supervisor.loop.stack import Stack
 from spark_supervisor.model import (
     Container,
     EndpointObservation,
@@ -25,6 +27,7 @@ from spark_supervisor.model import (
     ServeObservation,
     Status,
 )
+from spark_supervisor.reconcile.reconciler import Reconciler
 
 BASE: dict[str, Any] = {
     "supervisor": {"state_dir": "/tmp/x"},
@@ -53,6 +56,13 @@ def view_of(c: config.Config) -> DeploymentView:
     """The view of a one-deployment test config's deployment: what the daemon hands the planner, the observer
     and the status document (they take views only; a test builds its own)."""
     return DeploymentView.of(c, c.deployment)
+
+
+def sole(holder: Daemon | Stack) -> Reconciler:
+    """The one deployment's reconciler of a test's one-deployment daemon or stack (the daemon itself has no
+    "first deployment": every status it gives is of every deployment)."""
+    (only,) = holder.reconcilers.values()
+    return only
 
 
 def ray_container(c: config.Config, node: str, *, state: str = "running", spec: str | None = None) -> Container:

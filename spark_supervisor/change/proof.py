@@ -64,11 +64,3 @@ def start(key: tuple[str, ...], views: dict[str, DeploymentView], backend_factor
     threading.Thread(target=lambda: result.set_result(refusals(views, backend_factory, log)), daemon=True,
                      name="prove").start()
     return Proving(key, sorted(views), result)
-
-
-def start_inline(key: tuple[str, ...], views: dict[str, DeploymentView], backend_factory: Callable[[DeploymentView], Backend],
-                 log: Log) -> Proving:
-    """The proofs run at once, on the caller's thread (fakes answer at once: the unit tests' clock decides)."""
-    result: Future[dict[str, Reason]] = Future()
-    result.set_result(refusals(views, backend_factory, log))
-    return Proving(key, sorted(views), result)

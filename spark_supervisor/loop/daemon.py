@@ -27,7 +27,7 @@ from ..base.log import Log
 from ..change import proof
 from ..config import Config
 from ..config.view import DeploymentView
-from ..model import Pause, Status
+from ..model import Pause
 from ..reconcile.reconciler import Reconciler
 from ..reconcile.restart import restart
 from ..report.notify import Notifier
@@ -87,18 +87,6 @@ class Daemon:
     @property
     def reconcilers(self) -> dict[str, Reconciler]:
         return self.stack.reconcilers
-
-    @property
-    def first(self) -> Reconciler:
-        return self.stack.first
-
-    @property
-    def status(self) -> Status:
-        return self.stack.status
-
-    @property
-    def backend(self) -> Backend:
-        return self.stack.first.backend
 
     @property
     def pause(self) -> Pause | None:
@@ -165,10 +153,6 @@ class Daemon:
         while True:
             if self.dispatch():
                 return 0
-            hang = os.environ.get("SPARK_SUPERVISOR_TEST_HANG_FILE")
-            if hang and os.path.exists(hang):  # test-only fault switch: a hung main loop
-                self.log.warning("test.hanging", file=hang)
-                threading.Event().wait()
             try:
                 wait = self._tick(due_only=True)
             except Exception as e:  # a bug must not kill the supervisor: report it, back off, go on
@@ -213,7 +197,7 @@ class Daemon:
         ticks. pause and resume answer once done, so that what the caller does next runs under them.
         A request the loop refuses or fails at is a ValueError with its reason (answered as an error)."""
         if command == "ping":
-            return f"spark-supervisor {os.getpid()}: {self.status.phase.value}"
+            return f"spark-supervisor {os.getpid()}: {self.status_line()}"
         if command == "reset":
             self._signals.append(command)
             self.waiting.wake()

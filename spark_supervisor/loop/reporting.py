@@ -49,7 +49,7 @@ class Reporter:
                                     or all(r.status.phase == Phase.SERVING for r in self.stack.required())):
             self.ready_sent = True
             self.notifier.ready(line)
-            self.log.info("daemon.ready", phase=self.stack.status.phase.value)
+            self.log.info("daemon.ready", phases={n: r.status.phase.value for n, r in self.stack.reconcilers.items()})
 
     def _extend_start(self, now: float) -> None:
         """While not yet READY, keep systemd's start timeout alive as long as the start makes progress."""
@@ -60,9 +60,9 @@ class Reporter:
             self.notifier.extend_timeout(self.EXTEND_S)
         elif not self._stall_logged:
             self._stall_logged = True
-            status = self.stack.status
-            self.log.error("start.stalled", phase=status.phase.value, reason=status.reason,
-                           no_progress_s=round(now - last))
+            behind = min(self.stack.required(), key=lambda r: r.last_progress)  # the one that moved last longest ago
+            self.log.error("start.stalled", deployment=behind.view.name, phase=behind.status.phase.value,
+                           reason=behind.status.reason, no_progress_s=round(now - last))
 
     def status_line(self) -> str:
         return self._phase_line() + self.reloader.note()

@@ -17,7 +17,7 @@ from ..change.classify import Change, DeploymentChange, deployment_changes
 from ..change.rollback import Rollbacks, pin_what_serves, spec_hashes
 from ..config import Config
 from ..config.view import DeploymentView, views
-from ..model import Pause, Phase, Reason, Status
+from ..model import Pause, Phase, Reason
 from ..reconcile.pause import PauseState
 from ..reconcile.reconciler import Reconciler, unpin
 from ..report.alerts import Alerter
@@ -70,15 +70,6 @@ class Stack:
             return NoMetrics()
         self.log.info("metrics.serving", listen=cfg.metrics.listen)
         return m
-
-    # The first deployment: what a one-deployment config (and its tests) calls "the" status and backend.
-    @property
-    def first(self) -> Reconciler:
-        return next(iter(self.reconcilers.values()))
-
-    @property
-    def status(self) -> Status:
-        return self.first.status
 
     # ------------------------------------------------------------------------------ maintenance mode
     @property

@@ -198,18 +198,46 @@ def test_reload_applies_a_probe_interval_in_place_and_keeps_the_old_config_when_
     assert owned_ids() == before
 
 
+# The test's own hook, put into the installed venv for this test only (the daemon has no test switch): with
+# SPARK_TEST_HANG_FILE in its environment, the main loop's tick blocks for good once that file exists, while
+# the daemon's other threads (the control socket, the metrics, the engine followers) go on.
+HANG_HOOK = """import os, threading
+
+
+def install():
+    hang = os.environ.get("SPARK_TEST_HANG_FILE")
+    if not hang:
+        return
+    from spark_supervisor.loop import daemon
+    tick = daemon.Daemon._tick
+
+    def hanging(self, *, due_only):
+        if os.path.exists(hang):
+            self.log.warning("test.hanging", file=hang)
+            threading.Event().wait()
+        return tick(self, due_only=due_only)
+    daemon.Daemon._tick = hanging
+"""
+
+
 def test_a_hung_main_loop_is_killed_by_the_watchdog_and_restarted(head: str) -> None:
-    put(f"/etc/systemd/system/{UNIT}.service.d/test-watchdog.conf",
-        "[Service]\nWatchdogSec=4s\nRestartSec=1s\nEnvironment=SPARK_SUPERVISOR_TEST_HANG_FILE=/run/spark-hang\n")
-    head_exec("systemctl", "daemon-reload")
-    head_exec("systemctl", "restart", "--no-block", UNIT)
-    restarts = int(wait_unit(serving, 120, "serving after restart")["NRestarts"])
-    head_exec("touch", "/run/spark-hang")
-    wait_unit(lambda p: int(p["NRestarts"]) > restarts, 60, "an automatic restart")
-    assert "Failed with result 'watchdog'" in head_exec("journalctl", "-u", UNIT, "--no-pager").stdout
-    head_exec("rm", "-f", "/run/spark-hang")
-    head_exec("rm", "-f", f"/etc/systemd/system/{UNIT}.service.d/test-watchdog.conf")
-    head_exec("systemctl", "daemon-reload")
+    site = head_exec("/opt/spark-supervisor/venv/bin/python3", "-c",
+                     "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+    hook, pth = f"{site}/spark_test_hang.py", f"{site}/spark-test-hang.pth"
+    put(hook, HANG_HOOK)
+    put(pth, "import spark_test_hang; spark_test_hang.install()\n")
+    try:
+        put(f"/etc/systemd/system/{UNIT}.service.d/test-watchdog.conf",
+            "[Service]\nWatchdogSec=4s\nRestartSec=1s\nEnvironment=SPARK_TEST_HANG_FILE=/run/spark-hang\n")
+        head_exec("systemctl", "daemon-reload")
+        head_exec("systemctl", "restart", "--no-block", UNIT)
+        restarts = int(wait_unit(serving, 120, "serving after restart")["NRestarts"])
+        head_exec("touch", "/run/spark-hang")
+        wait_unit(lambda p: int(p["NRestarts"]) > restarts, 60, "an automatic restart")
+        assert "Failed with result 'watchdog'" in head_exec("journalctl", "-u", UNIT, "--no-pager").stdout
+    finally:
+        head_exec("rm", "-f", "/run/spark-hang", hook, pth, f"/etc/systemd/system/{UNIT}.service.d/test-watchdog.conf")
+        head_exec("systemctl", "daemon-reload")
     wait_unit(serving, 120, "serving after the watchdog restart")
 
 

@@ -31,7 +31,7 @@ from spark_supervisor.model import (
 from spark_supervisor.plan import plan
 from spark_supervisor.specs import requests
 from tests.fakes import make
-from tests.helpers import cfg, obs, serve_running, view_of
+from tests.helpers import cfg, obs, serve_running, sole, view_of
 from tests.unit.test_plan import serving_status, status
 
 C = cfg()
@@ -142,7 +142,7 @@ def test_a_saturated_engine_stays_serving_busy_on_the_default_settings(tmp_path:
     for _ in range(3):
         daemon.tick()
         clock.t += 5
-    assert daemon.status.phase == Phase.SERVING
+    assert sole(daemon).status.phase == Phase.SERVING
     answer = be.run
     probed = 0
 
@@ -161,7 +161,7 @@ def test_a_saturated_engine_stays_serving_busy_on_the_default_settings(tmp_path:
         generated += 30
         be.next = dataclasses.replace(be.next, engine=stats(generated, running=1, waiting=3))
         daemon.tick()
-        assert daemon.status.phase == Phase.SERVING and not daemon.status.repairs_in_window, daemon.status.reason
+        assert sole(daemon).status.phase == Phase.SERVING and not sole(daemon).status.repairs_in_window, sole(daemon).status.reason
         clock.t += 5
     assert probed >= 9 and not any(isinstance(a, StopServe) for a in be.ran)
-    assert "busy: probe waited behind 1 running, 3 waiting" in daemon.status.reason
+    assert "busy: probe waited behind 1 running, 3 waiting" in sole(daemon).status.reason

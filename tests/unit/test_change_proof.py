@@ -1,7 +1,7 @@
 """A change is proven before it replaces what serves (issue 22, item 1): a reload that changes a serving
 deployment's spec keeps the old one serving until the new spec is proven on every member (Backend.prove);
 a refused proof keeps the previous config whole and says why (status, alert, metric); a proven one is
-applied. The proofs run inline here (change.proof.start_inline): the fake clock and ticks decide."""
+applied. The proofs run inline here (tests.fakes.prove_inline): the fake clock and ticks decide."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from spark_supervisor.world.act import ActionFailed
 from spark_supervisor.world.backend import Backend
 from spark_testbed.testbed import until
 from tests.fakes import make
-from tests.helpers import data, images, obs, phase_now, ray_ok, serve_running
+from tests.helpers import data, images, obs, phase_now, ray_ok, serve_running, sole
 
 
 def test_cold_start_to_serving_sends_ready_once(tmp_path: Path) -> None:
@@ -37,20 +37,20 @@ def test_cold_start_to_serving_sends_ready_once(tmp_path: Path) -> None:
     c = daemon.cfg
     be.next = obs(c)
     daemon.tick()
-    assert be.ran == [StartContainer("spark-1"), StartContainer("spark-2")] and phase_now(daemon.status) == Phase.STARTING_RAY
+    assert be.ran == [StartContainer("spark-1"), StartContainer("spark-2")] and phase_now(sole(daemon).status) == Phase.STARTING_RAY
     be.next = obs(c, deployed=True)
     daemon.tick()
     assert be.ran[-1] == StartServe()
     s = serve_running(c)
     be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation(EndpointState.REFUSED))
     daemon.tick()
-    assert phase_now(daemon.status) == Phase.LOADING
+    assert phase_now(sole(daemon).status) == Phase.LOADING
     assert not any(n.startswith("READY=1") for n in notes.sent)
     be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",)))
     daemon.tick()
-    assert phase_now(daemon.status) == Phase.VERIFYING and daemon.status.verdict is not None
+    assert phase_now(sole(daemon).status) == Phase.VERIFYING and sole(daemon).status.verdict is not None
     daemon.tick()
-    assert phase_now(daemon.status) == Phase.SERVING
+    assert phase_now(sole(daemon).status) == Phase.SERVING
     daemon.tick()
     assert [n for n in notes.sent if n.startswith("READY=1")] == ["READY=1\nSTATUS=SERVING Qwen3.5 on 2 nodes"]
     doc = json.loads((tmp_path / "state" / "status.json").read_text())
@@ -65,14 +65,14 @@ def test_failures_back_off_exponentially_and_the_status_says_why(tmp_path: Path)
     waits = []
     for _ in range(4):
         daemon.tick()
-        assert daemon.status.phase == Phase.BACKOFF
-        waits.append(daemon.status.backoff_until - clock.t)
+        assert sole(daemon).status.phase == Phase.BACKOFF
+        waits.append(sole(daemon).status.backoff_until - clock.t)
         # Nothing is retried before its time.
         n = len(be.ran)
         clock.t += waits[-1] / 2
         daemon.tick()
         assert len(be.ran) == n
-        clock.t = daemon.status.backoff_until
+        clock.t = sole(daemon).status.backoff_until
     assert waits == [5, 10, 20, 40]
     last = [n for n in notes.sent if n.startswith("STATUS=")][-1]
     assert last.startswith("STATUS=BACKOFF retry 4 in ") and "engine hiccup" in last
@@ -131,10 +131,10 @@ def test_start_timeout_is_extended_only_while_the_start_progresses(tmp_path: Pat
     daemon.tick()  # a change (DETECTING -> BACKOFF) is progress
     assert notes.sent[-1] == "EXTEND_TIMEOUT_USEC=180000000"
     for _ in range(200):  # the same failure over and over is not progress
-        clock.t = daemon.status.backoff_until
+        clock.t = sole(daemon).status.backoff_until
         notes.sent.clear()
         daemon.tick()
-        if clock.t - daemon.first.last_progress > c.supervisor.start_stall_timeout:
+        if clock.t - sole(daemon).last_progress > c.supervisor.start_stall_timeout:
             break
     assert not any(n.startswith("EXTEND_TIMEOUT_USEC") for n in notes.sent)
 
@@ -144,46 +144,46 @@ def test_a_deterministic_failure_is_failed_until_reset(tmp_path: Path) -> None:
     be.next = obs(daemon.cfg)
     be.fail[StartContainer] = ActionFailed("ImageMissing", "vllm/vllm-openai:latest is not on spark-1", deterministic=True)
     daemon.tick()
-    assert daemon.status.phase == Phase.FAILED and daemon.status.reason.startswith("ImageMissing")
+    assert sole(daemon).status.phase == Phase.FAILED and sole(daemon).status.reason.startswith("ImageMissing")
     n = len(be.ran)
     clock.t += 3600
     daemon.tick()
-    assert daemon.status.phase == Phase.FAILED and len(be.ran) == n  # still reporting, not retrying
+    assert sole(daemon).status.phase == Phase.FAILED and len(be.ran) == n  # still reporting, not retrying
     del be.fail[StartContainer]
     daemon.rearm("reset")
     daemon.tick()  # a reset checks the image again (it may have been fixed under the same name), then starts
     assert be.ran[-4:-2] == [CheckImage("spark-1", model_later=True), CheckImage("spark-2", model_later=True)]
-    assert phase_now(daemon.status) == Phase.STARTING_RAY
+    assert phase_now(sole(daemon).status) == Phase.STARTING_RAY
 
 
 def test_the_image_is_checked_on_every_node_before_anything_starts(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
-    daemon.status.images = {}
+    sole(daemon).status.images = {}
     be.next = obs(daemon.cfg)
     daemon.tick()  # the check, then (the same tick, the same observation) the start
     assert be.ran == [CheckImage("spark-1", model_later=True), CheckImage("spark-2", model_later=True), StartContainer("spark-1"),
                       StartContainer("spark-2")]
-    assert daemon.status.images == be.reports
-    assert [h.kind for h in daemon.status.history] == ["CheckingImage", ""]
+    assert sole(daemon).status.images == be.reports
+    assert [h.kind for h in sole(daemon).status.history] == ["CheckingImage", ""]
 
 
 def test_an_image_without_ray_is_failed_before_any_container_starts(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
-    daemon.status.images = {}
+    sole(daemon).status.images = {}
     be.reports = images(daemon.cfg, ray_path="", ray_version="", ray_python="", dashboard=False)
     be.next = obs(daemon.cfg)
     daemon.tick()
-    assert daemon.status.phase == Phase.FAILED and daemon.status.reason.startswith("ImageLacksRay: spark-1, spark-2")
-    assert 'distributed_executor_backend = "mp"' in daemon.status.reason
+    assert sole(daemon).status.phase == Phase.FAILED and sole(daemon).status.reason.startswith("ImageLacksRay: spark-1, spark-2")
+    assert 'distributed_executor_backend = "mp"' in sole(daemon).status.reason
     assert not [a for a in be.ran if not isinstance(a, CheckImage)]
     clock.t += 3600
     daemon.tick()
-    assert daemon.status.phase == Phase.FAILED and len(be.ran) == 2  # not checked again until a reset
+    assert sole(daemon).status.phase == Phase.FAILED and len(be.ran) == 2  # not checked again until a reset
 
 
 def test_without_a_dashboard_the_ray_head_starts_without_one(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
-    daemon.status.images = {}
+    sole(daemon).status.images = {}
     be.reports = images(daemon.cfg, dashboard=False)
     be.next = obs(daemon.cfg)
     daemon.tick()
@@ -197,17 +197,17 @@ def test_the_repair_budget_survives_a_daemon_restart(tmp_path: Path) -> None:
     dead = dc_replace(serve_running(c), running=False, exit_code=137)
     be.next = obs(c, deployed=True, serve=dead)
     for _ in range(3):
-        clock.t = max(clock.t, daemon.status.next_repair_at) + 1
+        clock.t = max(clock.t, sole(daemon).status.next_repair_at) + 1
         daemon.tick()
-        assert daemon.status.phase == Phase.STARTING_VLLM
+        assert sole(daemon).status.phase == Phase.STARTING_VLLM
     again, be2, clock2, _, _ = make(tmp_path)
     clock2.t = clock.t  # the same wall clock after the restart (entries from the future would not count)
     be2.next = obs(c, deployed=True, serve=dead)
     again.tick()
-    assert again.status.phase == Phase.FAILED and again.status.reason.startswith("RestartBudgetExhausted: 3 repairs")
+    assert sole(again).status.phase == Phase.FAILED and sole(again).status.reason.startswith("RestartBudgetExhausted: 3 repairs")
     again.rearm("reset")
     again.tick()
-    assert phase_now(again.status) == Phase.STARTING_VLLM
+    assert phase_now(sole(again).status) == Phase.STARTING_VLLM
 
 
 def test_backoff_never_overflows_after_very_many_failures() -> None:
@@ -223,7 +223,7 @@ def test_an_action_that_fails_deterministically_is_failed_not_retried(tmp_path: 
         raise ActionFailed("ImageMissing", "x is not on spark-1", deterministic=True)
     be.run = missing  # type: ignore[method-assign]
     daemon.tick()
-    assert daemon.status.phase == Phase.FAILED and daemon.status.reason.startswith("ImageMissing")
+    assert sole(daemon).status.phase == Phase.FAILED and sole(daemon).status.reason.startswith("ImageMissing")
 
 
 def test_a_reload_of_a_file_that_is_not_utf8_keeps_the_old_config(tmp_path: Path) -> None:
@@ -246,7 +246,7 @@ def test_a_reload_whose_backend_cannot_be_built_keeps_the_old_one(tmp_path: Path
         raise OSError("too many open files")
     daemon.stack.backend_factory = broken
     daemon.reload()
-    assert daemon.backend is be and not be.closed and daemon.cfg.supervisor.interval != 7
+    assert sole(daemon).backend is be and not be.closed and daemon.cfg.supervisor.interval != 7
     assert "too many open files" in daemon.reloader.reload_error
 
 
@@ -265,7 +265,7 @@ def test_the_start_timeout_is_extended_only_while_the_start_progresses(tmp_path:
         daemon.tick()
         extends.append(sum(n.startswith("EXTEND_TIMEOUT_USEC") for n in notes.sent))
         clock.t += 30
-    assert daemon.status.phase == Phase.CLEANING
+    assert sole(daemon).status.phase == Phase.CLEANING
     # Waiting in one place extends the start for start_stall_timeout (1200 s), then no more.
     stall = daemon.cfg.supervisor.start_stall_timeout
     assert extends[-1] == extends[-5] and extends[-1] <= stall / 30 + 2
@@ -277,7 +277,7 @@ def test_repairs_json_of_the_wrong_shape_is_moved_aside_and_the_daemon_goes_on(t
     own.mkdir(parents=True)
     (own / "repairs.json").write_text('{"not": "a list"}')
     daemon, be, clock, notes, _ = make(tmp_path)
-    assert daemon.first.repairs.entries == [] and "moved aside" in daemon.first.repairs.problem
+    assert sole(daemon).repairs.entries == [] and "moved aside" in sole(daemon).repairs.problem
     assert [p.name for p in own.iterdir() if p.name.startswith("repairs.json.bad-")]
     be.next = obs(daemon.cfg)
     daemon.tick()
@@ -306,7 +306,7 @@ def test_a_failed_repairs_write_is_shown_not_swallowed(tmp_path: Path) -> None:
 def test_reset_reaches_the_daemon_through_its_control_socket(tmp_path: Path) -> None:
     from spark_supervisor.state import control
     daemon, be, clock, notes, _ = make(tmp_path)
-    daemon.first.repairs.add(1.7e9 + clock.t, "gang", "x")
+    sole(daemon).repairs.add(1.7e9 + clock.t, "gang", "x")
     server = control.ControlServer(str(tmp_path / "state"), daemon._on_request)
     try:
         assert "re-arm" in control.request(str(tmp_path / "state"), "reset")
@@ -333,7 +333,7 @@ def test_a_start_with_far_less_kv_cache_than_the_best_for_its_spec_is_a_warning(
     be.next = obs(c, deployed=True, serve=serve_running(c, log=log),
                   endpoint=EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",)))
     daemon.tick()
-    kv = daemon.status.kv_cache
+    kv = sole(daemon).status.kv_cache
     assert kv is not None and kv.tokens == 200000 and kv.best == 409856
     assert kv.warning.startswith("KvCacheRegression: 200,000")
     doc = json.loads((state / "status.json").read_text())
@@ -344,7 +344,8 @@ def test_a_start_with_far_less_kv_cache_than_the_best_for_its_spec_is_a_warning(
     be2.next = obs(c, deployed=True, serve=serve_running(c, log=log2, pid=78),
                    endpoint=EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",)))
     daemon2.tick()
-    assert daemon2.status.kv_cache is not None and not daemon2.status.kv_cache.warning
+    kv2 = sole(daemon2).status.kv_cache
+    assert kv2 is not None and not kv2.warning
     assert json.loads((own / "kv.json").read_text())[serve_hash(c, c.deployment)] == 500000
 
 
@@ -357,14 +358,14 @@ def test_a_load_that_moved_on_the_tick_it_would_have_stalled_is_not_stalled(tmp_
         return obs(c, deployed=True, serve=serve_running(c, log=bar), endpoint=EndpointObservation(EndpointState.REFUSED))
     be.next = loading(1)
     daemon.tick()
-    assert phase_now(daemon.status) == Phase.LOADING
+    assert phase_now(sole(daemon).status) == Phase.LOADING
     clock.t += c.deployment.readiness.stall_timeout + 1
     be.next = loading(2)  # it moved just now: judged on this tick's progress, not the last one's
     daemon.tick()
-    assert phase_now(daemon.status) == Phase.LOADING and not daemon.first.repairs.recent(daemon.wall(), 3600)
+    assert phase_now(sole(daemon).status) == Phase.LOADING and not sole(daemon).repairs.recent(daemon.wall(), 3600)
     clock.t += c.deployment.readiness.stall_timeout + 1
     daemon.tick()  # and now it has not moved for longer than the stall timeout
-    assert daemon.status.reason.startswith("LoadStalled")
+    assert sole(daemon).status.reason.startswith("LoadStalled")
 
 
 def test_the_launch_goes_on_from_the_reading_that_started_the_containers_and_a_relaunch_reads_again(
@@ -373,12 +374,12 @@ def test_the_launch_goes_on_from_the_reading_that_started_the_containers_and_a_r
     be.next = obs(daemon.cfg, at=clock.t)
     daemon.tick()
     assert be.ran == [StartContainer("spark-1"), StartContainer("spark-2")]
-    assert daemon.status.admitted == (1, clock.t)
+    assert sole(daemon).status.admitted == (1, clock.t)
     be.ran.clear()
     clock.t += 10
     be.next = obs(daemon.cfg, deployed=True, ray=ray_ok(daemon.cfg), full=False, at=clock.t)
     daemon.tick()  # Ray formed, seen by a quick look: launched on that tick, not after one spent reading memory
-    assert be.ran == [StartServe()] and daemon.status.admitted is None
+    assert be.ran == [StartServe()] and sole(daemon).status.admitted is None
 
 
 
@@ -386,16 +387,16 @@ def test_a_reset_during_the_join_reads_the_memory_again_before_the_launch(tmp_pa
     daemon, be, clock, notes, _ = make(tmp_path)
     be.next = obs(daemon.cfg, at=clock.t)
     daemon.tick()
-    assert daemon.status.admitted is not None
+    assert sole(daemon).status.admitted is not None
     daemon.rearm("reset")  # a reload may ask for more memory than the reading admitted
-    assert daemon.status.admitted is None
+    assert sole(daemon).status.admitted is None
 
 
 def test_every_start_checks_the_images_again(tmp_path: Path) -> None:
     daemon, be, clock, notes, _ = make(tmp_path)
     be.next = obs(daemon.cfg)
     daemon.tick()
-    assert be.ran == [StartContainer("spark-1"), StartContainer("spark-2")] and daemon.status.starts == 1
+    assert be.ran == [StartContainer("spark-1"), StartContainer("spark-2")] and sole(daemon).status.starts == 1
     be.ran.clear()
     daemon.tick()  # nothing came up (or it was torn down): the next start checks first (kept by image ID)
     assert be.ran == [CheckImage("spark-1", model_later=True), CheckImage("spark-2", model_later=True), StartContainer("spark-1"),
@@ -422,8 +423,8 @@ def test_a_tick_that_takes_time_does_not_rewrite_an_unchanged_status_file(tmp_pa
     be.next = obs(c, deployed=True, serve=serve_running(c), endpoint=up)
     for _ in range(4):
         daemon.tick()
-    assert phase_now(daemon.status) == Phase.SERVING
-    daemon.status.perf = PerfVerdict("serve", clock.t - 30.0, 0.1, 40.0)
+    assert phase_now(sole(daemon).status) == Phase.SERVING
+    sole(daemon).status.perf = PerfVerdict("serve", clock.t - 30.0, 0.1, 40.0)
     seen, took = be.observe, itertools.count(1)
 
     def slow(full: bool) -> Observation:  # each tick's observation takes its time, a different one each tick
@@ -462,17 +463,17 @@ def test_a_node_unseen_by_full_observations_stays_unknown_until_one_sees_it_and_
         clock.t += 5
     for _ in range(3):
         tick(fine, fine)
-    assert phase_now(daemon.status) == Phase.SERVING and not all(be.asked)  # steady sweeps while all is seen
+    assert phase_now(sole(daemon).status) == Phase.SERVING and not all(be.asked)  # steady sweeps while all is seen
     asked = len(be.asked)
     t0 = clock.t
     while clock.t - t0 <= c.supervisor.full_observe_interval + c.healing.unknown_patience + 30:
         tick(hung, fine)  # a steady sweep sees nothing wrong
         if True in be.asked[asked:]:  # from the first full observation on
-            assert "node spark-1" in daemon.status.unknown_since, "known again while nothing has seen it"
+            assert "node spark-1" in sole(daemon).status.unknown_since, "known again while nothing has seen it"
             assert all(be.asked[be.asked.index(True, asked):]), "a steady sweep while the node is unseen"
-    assert phase_now(daemon.status) == Phase.DEGRADED and daemon.status.why.kind == "ObservationUnknown"
+    assert phase_now(sole(daemon).status) == Phase.DEGRADED and sole(daemon).status.why.kind == "ObservationUnknown"
     tick(fine)  # containerd answers again: a full observation sees it, and it is known again
-    assert "node spark-1" not in daemon.status.unknown_since and phase_now(daemon.status) == Phase.SERVING
+    assert "node spark-1" not in sole(daemon).status.unknown_since and phase_now(sole(daemon).status) == Phase.SERVING
 
 
 def serving_at_a_slow_quick_interval(tmp_path: Path) -> tuple[Daemon, Any]:
@@ -483,7 +484,7 @@ def serving_at_a_slow_quick_interval(tmp_path: Path) -> tuple[Daemon, Any]:
                   endpoint=EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",)))
     for _ in range(4):
         daemon.tick()
-    assert phase_now(daemon.status) == Phase.SERVING and daemon.first.quick_interval() == 60
+    assert phase_now(sole(daemon).status) == Phase.SERVING and sole(daemon).quick_interval() == 60
     return daemon, be
 
 
@@ -499,7 +500,7 @@ def test_a_cue_runs_the_quick_checks_at_once_and_the_loop_ticks_only_if_they_saw
     """A process in a container of ours ended (an engine's event, adapters/docker.py): the quick checks run at once,
     not at their interval; with nothing changed the wait goes on, and a change ends it (the loop ticks)."""
     daemon, be = serving_at_a_slow_quick_interval(tmp_path)
-    same = daemon.first.watch.fingerprint
+    same = sole(daemon).watch.fingerprint
     answers, asked = [same, (same[0], "refused")], []
 
     def quick() -> Any:
@@ -517,7 +518,7 @@ def test_a_cue_runs_the_quick_checks_at_once_and_the_loop_ticks_only_if_they_saw
 def test_a_signal_beside_a_cue_still_ends_the_wait(tmp_path: Path) -> None:
     """Both came before the loop woke: the cue's checks see nothing changed, and the signal is not lost in them."""
     daemon, be = serving_at_a_slow_quick_interval(tmp_path)
-    same = daemon.first.watch.fingerprint
+    same = sole(daemon).watch.fingerprint
     be.quick = lambda: same
     daemon._on_request("reset")
     daemon.waiting.cue()

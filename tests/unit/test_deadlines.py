@@ -27,7 +27,7 @@ from spark_supervisor.model import (
 )
 from spark_supervisor.reconcile import loadtimes
 from tests.fakes import Clock, FakeBackend, make
-from tests.helpers import cfg, data, node_obs, obs, phase_now, ray_container, serve_running
+from tests.helpers import cfg, data, node_obs, obs, phase_now, ray_container, serve_running, sole
 
 IMAGE = "sha256:" + "a" * 64
 UP = EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",))
@@ -74,7 +74,7 @@ def launch(tmp_path: Path, pid: int = 77, **kw: Any) -> tuple[Daemon, FakeBacken
     s = serve_running(c, pid=pid)
     be.next = deployed(c, serve=s, endpoint=REFUSED, **kw)
     daemon.tick()
-    assert phase_now(daemon.status) == Phase.LOADING
+    assert phase_now(sole(daemon).status) == Phase.LOADING
     return daemon, be, clock, s
 
 
@@ -84,9 +84,9 @@ def good_load(tmp_path: Path, seconds: float, pid: int = 77, **kw: Any) -> Daemo
     clock.t += seconds
     be.next = deployed(daemon.cfg, serve=s, endpoint=UP, **kw)
     daemon.tick()
-    assert phase_now(daemon.status) == Phase.VERIFYING
+    assert phase_now(sole(daemon).status) == Phase.VERIFYING
     daemon.tick()
-    assert phase_now(daemon.status) == Phase.SERVING
+    assert phase_now(sole(daemon).status) == Phase.SERVING
     return daemon
 
 
@@ -101,12 +101,12 @@ def test_learning_applies_after_the_configured_number_of_good_loads(tmp_path: Pa
         good_load(tmp_path, 100, pid=70 + i)
     assert [x["load_s"] for x in kept(tmp_path)] == [100, 100]
     daemon, *_ = launch(tmp_path, pid=72)
-    lim = daemon.status.load_limits
+    lim = sole(daemon).status.load_limits
     assert lim is not None and not lim.learned and not lim.cold  # the same key, too little history: said, not cold
     assert (lim.deadline, lim.deadline_why) == (1200, "configured cold budget: 2 of 3 good loads recorded for this key")
     good_load(tmp_path, 100, pid=73)
     daemon, *_ = launch(tmp_path, pid=74)
-    lim = daemon.status.load_limits
+    lim = sole(daemon).status.load_limits
     assert lim == LoadLimits(200, 200, "learned: p95 100s x 2 of 3 good loads", "learned: p95 100s x 2 of 3 good loads",
                              learned=True)
 
@@ -119,8 +119,8 @@ def test_a_tighter_learned_deadline_fires_a_load_timeout_that_says_it_was_learne
         clock.t += 55
         be.next = deployed(daemon.cfg, serve=dataclasses.replace(s, log_tail=bar(shard)), endpoint=REFUSED)
         daemon.tick()
-    assert daemon.status.reason.startswith("LoadTimeout: not ready after 200s (learned: p95 100s x 2 of 3 good loads; ")
-    assert daemon.first.repairs.recent(daemon.wall(), 3600)
+    assert sole(daemon).status.reason.startswith("LoadTimeout: not ready after 200s (learned: p95 100s x 2 of 3 good loads; ")
+    assert sole(daemon).repairs.recent(daemon.wall(), 3600)
     assert len(kept(tmp_path)) == 3  # a failed load is never kept
 
 
@@ -128,11 +128,11 @@ def test_a_learned_stall_limit_fires_a_load_stall_that_says_it_was_learned(tmp_p
     for i in range(3):
         good_load(tmp_path, 25, pid=70 + i)  # silent for 25 s at most: 2 x 25 s is below the 60 s floor
     daemon, be, clock, s = launch(tmp_path, pid=80)
-    lim = daemon.status.load_limits
+    lim = sole(daemon).status.load_limits
     assert lim is not None and lim.stall == 60 and lim.stall_why == "learned: stall_floor 60s (p95 25s x 2 of 3 good loads is below it)"
     clock.t += 61
     daemon.tick()
-    assert daemon.status.reason.startswith("LoadStalled: no progress for 60s (learned: stall_floor 60s")
+    assert sole(daemon).status.reason.startswith("LoadStalled: no progress for 60s (learned: stall_floor 60s")
 
 
 def test_a_first_start_after_an_image_change_gets_the_cold_budget_and_says_so(
@@ -146,9 +146,9 @@ def test_a_first_start_after_an_image_change_gets_the_cold_budget_and_says_so(
         be.next = deployed(daemon.cfg, serve=s, endpoint=REFUSED, image=new)
         daemon.tick()
     said = "cold start expected: image changed since the last load"
-    lim = daemon.status.load_limits
+    lim = sole(daemon).status.load_limits
     assert lim == LoadLimits(1200, 900, "configured cold budget", "configured cold budget", said)
-    assert phase_now(daemon.status) == Phase.LOADING
+    assert phase_now(sole(daemon).status) == Phase.LOADING
     assert [x["cold"] for x in logs if x["event"] == "load.limits"] == [said]  # logged once
     doc = json.loads((tmp_path / "state" / "status.json").read_text())
     assert doc["load_limits"]["cold"] == said
@@ -160,14 +160,14 @@ def test_a_first_start_after_an_image_change_gets_the_cold_budget_and_says_so(
     daemon.tick()
     daemon.tick()
     daemon, *_ = launch(tmp_path, pid=81, image=new)
-    lim = daemon.status.load_limits
+    lim = sole(daemon).status.load_limits
     assert lim is not None and not lim.cold and lim.deadline_why.endswith("1 of 3 good loads recorded for this key")
 
 
 def test_a_driver_change_is_named_too(tmp_path: Path) -> None:
     good_load(tmp_path, 100)
     daemon, *_ = launch(tmp_path, pid=80, driver="590.10.01", image="sha256:" + "c" * 64)
-    lim = daemon.status.load_limits
+    lim = sole(daemon).status.load_limits
     assert lim is not None and lim.cold == "cold start expected: image and driver changed since the last load"
 
 
@@ -177,7 +177,7 @@ def test_a_load_that_missed_its_learned_deadline_gives_the_next_the_cold_budget(
     daemon, be, clock, s = launch(tmp_path, pid=80)
     clock.t += 201
     daemon.tick()
-    assert daemon.status.reason.startswith("LoadStalled: no progress for 200s (learned:")
+    assert sole(daemon).status.reason.startswith("LoadStalled: no progress for 200s (learned:")
     be.next = deployed(daemon.cfg)  # stopped; launched again once the repair's backoff has passed
     for _ in range(5):
         clock.t += 60
@@ -185,8 +185,8 @@ def test_a_load_that_missed_its_learned_deadline_gives_the_next_the_cold_budget(
     assert be.ran[-1] == StartServe()
     be.next = deployed(daemon.cfg, serve=serve_running(daemon.cfg, pid=81), endpoint=REFUSED)
     daemon.tick()
-    lim = daemon.status.load_limits
-    assert phase_now(daemon.status) == Phase.LOADING and lim is not None and not lim.learned
+    lim = sole(daemon).status.load_limits
+    assert phase_now(sole(daemon).status) == Phase.LOADING and lim is not None and not lim.learned
     assert lim.cold == "cold start expected: the last load missed its learned stall limit"
 
 
@@ -196,12 +196,12 @@ def test_a_load_found_under_way_is_not_timed(tmp_path: Path) -> None:
     s = serve_running(daemon.cfg)
     be.next = deployed(daemon.cfg, serve=s, endpoint=REFUSED)
     daemon.tick()
-    assert phase_now(daemon.status) == Phase.LOADING
+    assert phase_now(sole(daemon).status) == Phase.LOADING
     clock.t += 30
     be.next = deployed(daemon.cfg, serve=s, endpoint=UP)
     daemon.tick()
     daemon.tick()
-    assert phase_now(daemon.status) == Phase.SERVING and not loads_file(tmp_path).exists()
+    assert phase_now(sole(daemon).status) == Phase.SERVING and not loads_file(tmp_path).exists()
 
 
 def test_a_damaged_loads_file_is_ignored_not_fatal(tmp_path: Path) -> None:
@@ -209,7 +209,7 @@ def test_a_damaged_loads_file_is_ignored_not_fatal(tmp_path: Path) -> None:
     f.parent.mkdir(parents=True)
     f.write_text("{not json")
     daemon, *_ = launch(tmp_path)
-    lim = daemon.status.load_limits
+    lim = sole(daemon).status.load_limits
     assert lim is not None and lim.cold == "cold start expected: no good load recorded yet"
     good_load(tmp_path, 100, pid=78)
     doc = json.loads(f.read_text())
@@ -218,7 +218,7 @@ def test_a_damaged_loads_file_is_ignored_not_fatal(tmp_path: Path) -> None:
     doc["keys"]["junk"] = []
     f.write_text(json.dumps(doc))
     daemon, *_ = launch(tmp_path, pid=79)  # only the well-formed load counts
-    lim = daemon.status.load_limits
+    lim = sole(daemon).status.load_limits
     assert lim is not None and lim.deadline_why.endswith(": 1 of 3 good loads recorded for this key")
     good_load(tmp_path, 90, pid=80)  # written afresh without what was malformed
     assert [x["load_s"] for x in kept(tmp_path)] == [100, 90] and "junk" not in json.loads(f.read_text())["keys"]

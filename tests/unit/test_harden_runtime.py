@@ -22,7 +22,7 @@ from spark_supervisor.state import control, statefile
 from spark_supervisor.state.maintenance import parse_duration
 from spark_supervisor.state.maintenance import pause as cli_pause
 from tests.fakes import make
-from tests.helpers import obs, view_of
+from tests.helpers import obs, sole, view_of
 
 BAD_UNTIL = [float("nan"), float("inf"), "tomorrow", [1], {"t": 1}, True, 1e30, 1.0]  # 1.0: long past
 
@@ -70,7 +70,7 @@ def test_a_bad_pause_request_is_answered_as_refused_and_the_daemon_goes_on(tmp_p
     assert "nothing was changed" in str(errors[0])
     assert daemon.pause is None and not (tmp_path / "state" / statefile.PAUSE).exists()
     daemon.tick()
-    assert daemon.status.phase != Phase.PAUSED
+    assert sole(daemon).status.phase != Phase.PAUSED
 
 
 def test_over_the_socket_a_refused_pause_is_heard_as_refused_not_as_no_daemon(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ def test_a_pause_ends_on_the_daemons_clock_not_the_wall_clock(tmp_path: Path) ->
     daemon.set_pause(Pause(by="ops", reason="", at=now, until=now + 600))
     daemon.wall = lambda: 1.7e9 + clock.t + 86400  # the wall clock stepped a day ahead
     daemon.tick()
-    assert daemon.pause is not None and daemon.status.phase == Phase.PAUSED
+    assert daemon.pause is not None and sole(daemon).status.phase == Phase.PAUSED
     clock.t += 600
     daemon.tick()
     assert daemon.pause is None

@@ -24,7 +24,7 @@ from spark_supervisor.model import (
 )
 from spark_supervisor.plan import plan
 from tests.fakes import make
-from tests.helpers import cfg, obs, phase_now, serve_running, view_of
+from tests.helpers import cfg, obs, phase_now, serve_running, sole, view_of
 from tests.unit.test_plan import serving_status
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "real_vllm" / "metrics.txt"
@@ -102,14 +102,14 @@ def test_a_wedge_is_caught_and_repaired_through_the_daemon_on_its_default_settin
     for _ in range(3):  # to SERVING
         daemon.tick()
         clock.t += 5
-    assert daemon.status.phase == Phase.SERVING
+    assert sole(daemon).status.phase == Phase.SERVING
     generated = 100.0
     for _ in range(4):  # tokens flow
         generated += 50
         be.next = dataclasses.replace(be.next, engine=reading(generated, running=3))
         daemon.tick()
         clock.t += 5
-    assert not daemon.status.heartbeat.stalled_at
+    assert not sole(daemon).status.heartbeat.stalled_at
     t0 = clock.t - 5  # the last tick that saw a token
     answer = be.run
 
@@ -121,13 +121,13 @@ def test_a_wedge_is_caught_and_repaired_through_the_daemon_on_its_default_settin
     r = daemon.reconcilers["qwen"]
     while not repaired and clock.t < t0 + 60:
         daemon.tick()
-        caught = caught or (clock.t if daemon.status.heartbeat.stalled_at else 0.0)
-        repaired = clock.t if daemon.status.why.kind == Kind.SERVE_WEDGED else 0.0
+        caught = caught or (clock.t if sole(daemon).status.heartbeat.stalled_at else 0.0)
+        repaired = clock.t if sole(daemon).status.why.kind == Kind.SERVE_WEDGED else 0.0
         # the corroborating probe's verdict is acted on at once, not a sweep later (issue 42, item 3)
         clock.t = r.due_at if caught and not repaired and r.due_at <= clock.t else clock.t + 5
     assert caught and caught - t0 <= 30, caught - t0
-    assert repaired == caught and phase_now(daemon.status) == Phase.STARTING_VLLM  # corroborated, then the serve alone
-    assert "the engine's heartbeat stopped" in daemon.status.reason and StopServe("wedged") in be.ran
+    assert repaired == caught and phase_now(sole(daemon).status) == Phase.STARTING_VLLM  # corroborated, then the serve alone
+    assert "the engine's heartbeat stopped" in sole(daemon).status.reason and StopServe("wedged") in be.ran
 
 
 def test_status_shows_the_heartbeat_in_words() -> None:

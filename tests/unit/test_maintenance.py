@@ -22,7 +22,7 @@ from spark_supervisor.report.alerts import Alerter, RateLimit, webhook_label
 from spark_supervisor.state import control, statefile
 from spark_supervisor.state.maintenance import parse_duration
 from tests.fakes import FakeBackend, make
-from tests.helpers import data, obs, serve_running
+from tests.helpers import data, obs, serve_running, sole
 
 
 class Receiver:
@@ -78,7 +78,7 @@ def to_serving(daemon: Daemon, be: FakeBackend) -> None:
     be.next = obs(c, deployed=True, serve=s, endpoint=EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",)))
     for _ in range(4):
         daemon.tick()
-    assert daemon.status.phase == Phase.SERVING
+    assert sole(daemon).status.phase == Phase.SERVING
 
 
 def test_paused_it_observes_and_reports_but_acts_on_nothing_and_spends_no_budget(tmp_path: Path) -> None:
@@ -86,7 +86,7 @@ def test_paused_it_observes_and_reports_but_acts_on_nothing_and_spends_no_budget
     to_serving(daemon, be)
     daemon.set_pause(Pause(by="ops", reason="kernel update", at=1.7e9 + clock.t, until=1.7e9 + clock.t + 600))
     daemon.tick()
-    assert daemon.status.phase == Phase.PAUSED
+    assert sole(daemon).status.phase == Phase.PAUSED
     assert notes.sent[-1].startswith("STATUS=PAUSED by ops at ") and "kernel update" in notes.sent[-1]
     doc = statefile.read(str(tmp_path / "state"))
     assert doc["phase"] == "PAUSED" and doc["pause"] is not None and doc["pause"]["by"] == "ops" and "sees SERVING" in doc["reason"]
@@ -98,15 +98,15 @@ def test_paused_it_observes_and_reports_but_acts_on_nothing_and_spends_no_budget
     for _ in range(3):
         clock.t += 5
         daemon.tick()
-    assert len(be.ran) == n and daemon.status.phase == Phase.PAUSED
-    assert "would " in daemon.status.reason and daemon.first.repairs.recent(1.7e9 + clock.t, 3600) == []
+    assert len(be.ran) == n and sole(daemon).status.phase == Phase.PAUSED
+    assert "would " in sole(daemon).status.reason and sole(daemon).repairs.recent(1.7e9 + clock.t, 3600) == []
     # A restart of the daemon keeps the pause.
     again, be2, clock2, _, _ = make(tmp_path)
     assert again.pause is not None and again.pause.reason == "kernel update"
     # The deadline passes: it resumes by itself, detects afresh and acts.
     clock.t += 600
     daemon.tick()
-    assert daemon.pause is None and daemon.status.phase != Phase.PAUSED
+    assert daemon.pause is None and sole(daemon).status.phase != Phase.PAUSED
     assert statefile.read_pause(str(tmp_path / "state")) is None
     assert any(isinstance(a, StartServe) for a in be.ran[n:]) or len(be.ran) > n
 
@@ -116,7 +116,7 @@ def test_a_daemon_started_under_a_pause_is_ready_and_paused(tmp_path: Path) -> N
     daemon, be, clock, notes, _ = make(tmp_path)
     be.next = obs(daemon.cfg)
     daemon.tick()
-    assert daemon.status.phase == Phase.PAUSED and be.ran == []
+    assert sole(daemon).status.phase == Phase.PAUSED and be.ran == []
     assert any(n.startswith("READY=1\nSTATUS=PAUSED by ops") for n in notes.sent)
 
 

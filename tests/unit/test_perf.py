@@ -32,7 +32,7 @@ from spark_supervisor.plan import plan
 from spark_supervisor.report.metrics import NoMetrics
 from spark_supervisor.world import perf
 from tests.fakes import make
-from tests.helpers import cfg, data, obs, phase_now, serve_running, view_of
+from tests.helpers import cfg, data, obs, phase_now, serve_running, sole, view_of
 from tests.unit.test_plan import serving_status
 from tests.unit.test_standin_perf import Start, standin  # noqa: F401 (the fixture)
 
@@ -150,8 +150,8 @@ def test_through_the_daemon_a_slow_start_is_degraded_and_left_serving(tmp_path: 
     for _ in range(5):
         daemon.tick()
         clock.t += 5
-    assert phase_now(daemon.status) == Phase.DEGRADED and daemon.status.why.kind == Kind.THROUGHPUT_REGRESSION
-    assert daemon.status.reason.startswith("ThroughputRegression: 13.1 tok/s, best 27.4 for this spec")
+    assert phase_now(sole(daemon).status) == Phase.DEGRADED and sole(daemon).status.why.kind == Kind.THROUGHPUT_REGRESSION
+    assert sole(daemon).status.reason.startswith("ThroughputRegression: 13.1 tok/s, best 27.4 for this spec")
     assert [type(a) for a in be.ran].count(Measure) == 1 and not [a for a in be.ran if isinstance(a, StopServe)]
     assert [a for a in be.ran if isinstance(a, Verify)] == [Verify(s.identity)]  # the sanity completion only
     doc = json.loads((tmp_path / "state" / "status.json").read_text())

@@ -15,7 +15,7 @@ from spark_supervisor.world import act
 from spark_supervisor.world.act import Actor
 from spark_supervisor.world.observe import World
 from tests.fakes import make
-from tests.helpers import cfg, obs, serve_running, view_of
+from tests.helpers import cfg, obs, serve_running, sole, view_of
 
 ID = {"spark-1": "sha256:" + "1" * 64, "spark-2": "sha256:" + "2" * 64}
 
@@ -30,10 +30,10 @@ def test_reaching_serving_pins_the_image_each_member_runs(tmp_path: Path) -> Non
     be.next = dataclasses.replace(o, nodes=nodes)
     for _ in range(6):
         daemon.tick()
-        if daemon.status.phase == Phase.SERVING:
+        if sole(daemon).status.phase == Phase.SERVING:
             break
-    assert daemon.status.phase == Phase.SERVING
-    assert be.pinned == ID and daemon.status.pinned == ID
+    assert sole(daemon).status.phase == Phase.SERVING
+    assert be.pinned == ID and sole(daemon).status.pinned == ID
     doc = json.loads((tmp_path / "state" / "status.json").read_text())
     assert {n: x["pinned_image"] for n, x in doc["nodes"].items()} == ID
 

@@ -34,7 +34,7 @@ from spark_supervisor.report.record import build
 from spark_supervisor.state import records, statefile
 from spark_supervisor.world import perf
 from tests.fakes import FakeBackend, make
-from tests.helpers import cfg, counted, data, obs, phase_now, serve_running
+from tests.helpers import cfg, counted, data, obs, phase_now, serve_running, sole
 from tests.unit.test_record import KERNEL, A, B, checked, host, sources
 
 UP = EndpointObservation(EndpointState.UP, health=200, models=("Qwen3.5",))
@@ -60,9 +60,9 @@ def until(daemon: Daemon, phase: Phase, clock: Any, ticks: int = 8) -> None:
     for _ in range(ticks):
         daemon.tick()
         clock.t += 5
-        if daemon.status.phase == phase:
+        if sole(daemon).status.phase == phase:
             return
-    raise AssertionError(f"{phase.value} not reached: {daemon.status.phase.value} {daemon.status.reason}")
+    raise AssertionError(f"{phase.value} not reached: {sole(daemon).status.phase.value} {sole(daemon).status.reason}")
 
 
 def recorded(tmp_path: Path) -> list[dict[str, Any]]:
@@ -71,13 +71,13 @@ def recorded(tmp_path: Path) -> list[dict[str, Any]]:
 
 def started(tmp_path: Path, d: dict[str, Any] | None = None) -> tuple[Daemon, FakeBackend, Any, Path]:
     daemon, be, clock, _, path = make(tmp_path, d)
-    be.reports = daemon.status.images = checked(daemon.cfg)
+    be.reports = sole(daemon).status.images = checked(daemon.cfg)
     return daemon, be, clock, path
 
 
 def test_a_new_serve_that_reaches_serving_is_recorded_once(tmp_path: Path) -> None:
     daemon, be, clock, _ = started(tmp_path)
-    r = daemon.stack.first
+    r = sole(daemon.stack)
     r.repairs.add(1.7e9 + clock.t, "serve", "ServeExited: exit code 137")  # a decision before this record
     be.next = seen(daemon)
     until(daemon, Phase.SERVING, clock)
@@ -96,7 +96,7 @@ def test_a_new_serve_that_reaches_serving_is_recorded_once(tmp_path: Path) -> No
 def test_going_bad_says_what_changed_in_the_status_the_alert_and_record_diff(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     daemon, be, clock, path = started(tmp_path)
-    r = daemon.stack.first
+    r = sole(daemon.stack)
     sent: list[dict[str, Any]] = []
     r.alert = lambda _name, event, **kw: sent.append({"event": event, **kw})
     be.next = seen(daemon)
@@ -104,7 +104,7 @@ def test_going_bad_says_what_changed_in_the_status_the_alert_and_record_diff(
     be.next = seen(daemon, kernels={"spark-2": NEW_KERNEL}, gpu_lost="Failed to initialize NVML: Unknown Error")
     until(daemon, Phase.DEGRADED, clock)
     said = f"since the last good serve: kernel {KERNEL} → {NEW_KERNEL} on spark-2"
-    assert daemon.status.why.kind == Kind.GPU_ACCESS_LOST and daemon.status.changed == said
+    assert sole(daemon).status.why.kind == Kind.GPU_ACCESS_LOST and sole(daemon).status.changed == said
     assert sent[-1]["event"] == "degraded" and sent[-1]["changed"] == said
     doc = json.loads((tmp_path / "state" / "status.json").read_text())
     assert doc["changed"] == said
@@ -121,7 +121,7 @@ def test_going_bad_says_what_changed_in_the_status_the_alert_and_record_diff(
         in got["changes"]
     be.next = seen(daemon, kernels={"spark-2": NEW_KERNEL})
     until(daemon, Phase.SERVING, clock)
-    assert daemon.status.changed == "" and sent[-1]["event"] == "recovered"
+    assert sole(daemon).status.changed == "" and sent[-1]["event"] == "recovered"
 
 
 def test_going_bad_compares_with_the_good_record_kept_without_reading_the_history_again(
@@ -129,21 +129,21 @@ def test_going_bad_compares_with_the_good_record_kept_without_reading_the_histor
     """Every entry into FAILED or DEGRADED compares with the last good record: kept by the recorder as it wrote
     it, the history file (up to 2 MiB) read only by a recorder that kept nothing of it yet, and once."""
     daemon, be, clock, _ = started(tmp_path)
-    r = daemon.stack.first
+    r = sole(daemon.stack)
     be.next = seen(daemon)
     until(daemon, Phase.SERVING, clock)
     reads = counted(monkeypatch, records, "read")
     be.next = seen(daemon, kernels={"spark-2": NEW_KERNEL}, gpu_lost="Failed to initialize NVML: Unknown Error")
     until(daemon, Phase.DEGRADED, clock)
     said = f"since the last good serve: kernel {KERNEL} → {NEW_KERNEL} on spark-2"
-    assert daemon.status.changed == said and reads == []
+    assert sole(daemon).status.changed == said and reads == []
     for _ in range(3):  # entered again (its reason changed, FAILED and back): the same, and no read
         r.recorder.entered(r)
-        assert daemon.status.changed == said and reads == []
+        assert sole(daemon).status.changed == said and reads == []
     r.recorder = Recorder()  # a daemon restarted beside the deployment: it reads the file on its first need
     for _ in range(3):
         r.recorder.entered(r)
-        assert daemon.status.changed == said and len(reads) == 1
+        assert sole(daemon).status.changed == said and len(reads) == 1
 
 
 def test_a_start_that_fails_on_another_image_names_the_image(tmp_path: Path) -> None:
@@ -155,9 +155,9 @@ def test_a_start_that_fails_on_another_image_names_the_image(tmp_path: Path) -> 
                                  running=False, exit_code=2)
     be.next = seen(daemon, image=B, serve=failed)
     until(daemon, Phase.FAILED, clock)
-    assert daemon.status.changed.startswith("since the last good serve: image sha256:aaaaaaaaaaaa… → sha256:bbbbbbbbbbbb…")
+    assert sole(daemon).status.changed.startswith("since the last good serve: image sha256:aaaaaaaaaaaa… → sha256:bbbbbbbbbbbb…")
     bad, _ = records.read_bad(str(tmp_path / "state" / "deployments" / "qwen"), "qwen")
-    assert bad is not None and bad["verdict"] == "FAILED" and bad["changed"] == daemon.status.changed
+    assert bad is not None and bad["verdict"] == "FAILED" and bad["changed"] == sole(daemon).status.changed
     assert bad["reason"].startswith("ServeFailed: BadArguments") and bad["good"] is False
 
 
@@ -178,19 +178,19 @@ def test_a_throughput_regression_is_held_to_the_serve_before_it(tmp_path: Path) 
     until(daemon, Phase.SERVING, clock)
     daemon.tick()  # its verdict
     be.next = seen(daemon, image=B, pid=78)
-    be.reports = daemon.status.images = checked(daemon.cfg, B)
+    be.reports = sole(daemon).status.images = checked(daemon.cfg, B)
     until(daemon, Phase.VERIFYING, clock)
     until(daemon, Phase.DEGRADED, clock)
-    assert phase_now(daemon.status) == Phase.DEGRADED and daemon.status.why.kind == Kind.THROUGHPUT_REGRESSION
+    assert phase_now(sole(daemon).status) == Phase.DEGRADED and sole(daemon).status.why.kind == Kind.THROUGHPUT_REGRESSION
     first, second = recorded(tmp_path)
     assert first["good"] is True and first["results"]["performance"]["verdict"] == "ok"
     assert second["good"] is False and second["results"]["performance"]["verdict"] == "regression"
-    assert daemon.status.changed.startswith("since the last good serve: image sha256:aaaaaaaaaaaa… → sha256:bbbb")
+    assert sole(daemon).status.changed.startswith("since the last good serve: image sha256:aaaaaaaaaaaa… → sha256:bbbb")
 
 
 def test_page_cache_drops_and_rollbacks_between_two_records_are_its_decisions(tmp_path: Path) -> None:
     daemon, be, clock, _ = started(tmp_path)
-    r = daemon.stack.first
+    r = sole(daemon.stack)
     be.next = seen(daemon)
     until(daemon, Phase.SERVING, clock)
     r.status.page_cache_dropped = frozenset({"spark-2"})
@@ -304,7 +304,7 @@ def test_the_perf_key_is_unchanged_by_the_record(tmp_path: Path) -> None:
 def test_a_record_that_cannot_be_made_or_written_never_stops_the_tick_or_its_alert(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     daemon, be, clock, _ = started(tmp_path)
-    r = daemon.stack.first
+    r = sole(daemon.stack)
     sent: list[str] = []
     r.alert = lambda _name, event, **_kw: sent.append(event)
     def full(*_: object, **__: object) -> None:
@@ -316,14 +316,14 @@ def test_a_record_that_cannot_be_made_or_written_never_stops_the_tick_or_its_ale
     monkeypatch.setattr("spark_supervisor.reconcile.recording.build", lambda _src: 1 / 0)  # a bug
     be.next = seen(daemon, gpu_lost="Failed to initialize NVML: Unknown Error")
     until(daemon, Phase.DEGRADED, clock)
-    assert sent == ["degraded"] and daemon.status.changed == ""
+    assert sent == ["degraded"] and sole(daemon).status.changed == ""
 
 
 def test_a_deployment_adopted_after_a_restart_of_the_daemon_is_recorded_with_the_check_kept_of_its_image(
         tmp_path: Path) -> None:
     daemon, be, clock, _, _ = make(tmp_path)
     c = daemon.cfg
-    daemon.status.images = be.reports = {}  # this run has checked nothing: it found the deployment serving
+    sole(daemon).status.images = be.reports = {}  # this run has checked nothing: it found the deployment serving
     kept = dataclasses.replace(checked(c)["spark-2"], model=None)  # as the image check keeps it
     statefile.write_json(str(tmp_path / "state" / "deployments" / "qwen"), "images.json", {
         "spark-2": {"image_id": A, "key": kept.key, "report": dataclasses.asdict(kept)},

@@ -14,7 +14,6 @@ import structlog
 import tomli_w
 
 from spark_supervisor import config
-from spark_supervisor.change import proof
 from spark_supervisor.config.view import DeploymentView
 from spark_supervisor.loop.daemon import Daemon
 from spark_supervisor.model import (
@@ -30,7 +29,7 @@ from spark_supervisor.model import (
     StopServe,
 )
 from spark_supervisor.plan import Facts, hygiene
-from tests.fakes import Clock, FakeBackend, Notes
+from tests.fakes import Clock, FakeBackend, Notes, prove_inline
 from tests.helpers import cfg, data, images, node_obs, obs, phase_now, serve_running
 
 EMBED: dict[str, Any] = {"name": "embed", "nodes": ["spark-2"], "after": ["qwen"],
@@ -112,7 +111,7 @@ def make(tmp_path: Path, d: dict[str, Any]) -> tuple[Daemon, dict[str, FakeBacke
         be.reports = images(view.cfg)
         return be
     daemon = Daemon(str(path), cfg(d), log=structlog.get_logger(), backend_factory=factory, notifier=notes,
-                    clock=clock, wall=lambda: 1.7e9 + clock.t, rng=lambda: 1.0, prove=proof.start_inline)
+                    clock=clock, wall=lambda: 1.7e9 + clock.t, rng=lambda: 1.0, prove=prove_inline)
     for r in daemon.reconcilers.values():
         r.status.images = images(r.view.cfg)
     return daemon, backends, clock, notes, path
@@ -177,7 +176,7 @@ def test_a_repair_of_one_deployment_acts_on_nothing_of_the_other(tmp_path: Path)
     assert daemon.reconcilers["qwen"].status.phase != Phase.SERVING and be["qwen"].ran
     assert be["embed"].ran == [] and daemon.reconcilers["embed"].status.phase == Phase.SERVING
     assert daemon.status_line().startswith("1/2 serving; qwen ")
-    assert daemon.first.repairs.entries and not daemon.reconcilers["embed"].repairs.entries
+    assert daemon.reconcilers["qwen"].repairs.entries and not daemon.reconcilers["embed"].repairs.entries
 
 
 def test_a_reload_tears_down_only_the_deployment_removed_and_starts_the_one_added(tmp_path: Path) -> None:
