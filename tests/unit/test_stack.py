@@ -5,6 +5,7 @@ only their own deployment."""
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,8 @@ def test_a_repair_of_one_deployment_acts_on_nothing_of_the_other(tmp_path: Path)
     assert daemon.reconcilers["qwen"].status.phase != Phase.SERVING and be["qwen"].ran
     assert be["embed"].ran == [] and daemon.reconcilers["embed"].status.phase == Phase.SERVING
     assert daemon.status_line().startswith("1/2 serving; qwen ")
+    # ping answers for the stack, not for whichever deployment comes first in the file
+    assert daemon._on_request("ping") == f"spark-supervisor {os.getpid()}: {daemon.status_line()}"
     assert daemon.reconcilers["qwen"].repairs.entries and not daemon.reconcilers["embed"].repairs.entries
 
 
