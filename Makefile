@@ -96,8 +96,8 @@ demo-down:
 chaos: testbed  ## random faults for CHAOS_SECONDS (default 600) against the stack (3 deployments, 3 nodes), then a table
 	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.chaos --seconds $${CHAOS_SECONDS:-600}
 
-bench: testbed  ## the supervisor's overhead, detection times, idle CPU and memory; writes bench/results.md
-	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.bench
+bench: testbed real-vllm  ## the supervisor's overhead, detection times, idle CPU and memory; writes bench/results.md (BENCH_ARGS: one step alone, e.g. --only-real)
+	$(TESTBED_ENV) && $(BIN)/python -m spark_testbed.bench $(BENCH_ARGS)
 
 # BESIDE_TAG: the release to measure beside (default: the last tag before HEAD); BENCH_ARGS, e.g. --runs 5.
 BESIDE_TAG ?=
