@@ -1,6 +1,9 @@
 """How the loop sleeps between ticks: until the next tick is due, a signal or control request, or a change seen by
 a deployment's quick check. The quick checks run at their interval, and at once on a cue (a process in one of our
-containers ended: a serve's wrapper, perhaps); a cue makes the loop tick only if they saw a change."""
+containers ended: a serve's wrapper, perhaps); a cue makes the loop tick only if they saw a change.
+
+Heavy but earned: it is how a dead serve's repair starts within 1 s and a lost node's within 1 s of Ray's
+notice (docs/benchmarks.md), at the idle cost of a quick check a second. Measure before you simplify it."""
 
 from __future__ import annotations
 

@@ -71,7 +71,10 @@ def serve(app: WSGIApplication, host: str, port: int) -> tuple[WSGIServer, threa
 
 class CappedServer(socketserver.ThreadingMixIn, WSGIServer):
     """At most MAX_CONNECTIONS at once, PER_PEER of them from one address (one user's idle connections cannot
-    take every slot from a scraper elsewhere), each with HEADER_DEADLINE_S for its request's headers."""
+    take every slot from a scraper elsewhere), each with HEADER_DEADLINE_S for its request's headers.
+
+    Heavy but earned: no request from outside can hold the daemon's threads or memory (a slow or hostile
+    scraper costs it a slot, not the loop). Test before you simplify it."""
 
     MAX_CONNECTIONS = 16
     PER_PEER = 4
