@@ -282,7 +282,10 @@ class Serve(_Strict):
 class Readiness(_Strict):
     endpoint: Annotated[str, AfterValidator(_endpoint)] = ""
     poll_interval: Sec600 = 5
-    deadline: SecWeek = 1200
+    # The cold budget: a load that has shown no progress by then is stopped. Past it, a load that moves is
+    # left to stall_timeout (a first load on GB10 pays torch.compile and CUDA-graph capture on top of the
+    # weights: 20-36 min reported). Learned deadlines never exceed it.
+    deadline: SecWeek = 3600
     stall_timeout: SecWeek = 900  # no load progress (shard, milestone) this long: a stall, repaired
     # Deadlines learned from history (reconcile.loadtimes): after learn_after good loads of the same key (images,
     # driver, nodes, model, serve spec), a load's deadline is max(deadline_floor, p95 of their durations x

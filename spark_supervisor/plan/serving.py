@@ -148,10 +148,15 @@ def readiness(f: Facts) -> Decision | None:
         if st.phase == Phase.LOADING and st.load_progress_at and f.now - st.load_progress_at > stall:
             return f.repair("serve", Reason(Kind.LOAD_STALLED, f"no progress for {stall:.0f}s{stall_why} at "
                             f"{f.progress.summary()}"), (StopServe("load stalled"),))
-        if st.phase == Phase.LOADING and st.in_phase(f.now) > deadline:
-            return f.repair("serve", Reason(Kind.LOAD_TIMEOUT, f"not ready after {deadline:.0f}s "
-                            f"({deadline_why}{f.progress.summary()})"), (StopServe("load timeout"),))
         why = Reason()  # progress is reported apart from the reason, so history keeps only real changes
+        if st.phase == Phase.LOADING and st.in_phase(f.now) > deadline:
+            # The cold budget cannot know a first load's compile and CUDA-graph steps (20-36 min on GB10): past it
+            # a load that has moved is left to the stall limit above, which catches a hang. A learned deadline is
+            # evidence of this key's own loads: a load far slower than those is stopped even while it moves.
+            if (lim is not None and lim.learned) or not st.load_progress_at:
+                return f.repair("serve", Reason(Kind.LOAD_TIMEOUT, f"not ready after {deadline:.0f}s "
+                                f"({deadline_why}{f.progress.summary()})"), (StopServe("load timeout"),))
+            why = Reason(detail=f"past the cold budget of {deadline:.0f}s, still moving: left to the stall limit")
         if ep is not None and ep.state == EndpointState.ERROR:
             why = Reason(Kind.ENDPOINT_ERROR, ep.detail)
         elif ep is not None and ep.state == EndpointState.UP:

@@ -103,7 +103,7 @@ def test_learning_applies_after_the_configured_number_of_good_loads(tmp_path: Pa
     daemon, *_ = launch(tmp_path, pid=72)
     lim = sole(daemon).status.load_limits
     assert lim is not None and not lim.learned and not lim.cold  # the same key, too little history: said, not cold
-    assert (lim.deadline, lim.deadline_why) == (1200, "configured cold budget: 2 of 3 good loads recorded for this key")
+    assert (lim.deadline, lim.deadline_why) == (3600, "configured cold budget: 2 of 3 good loads recorded for this key")
     good_load(tmp_path, 100, pid=73)
     daemon, *_ = launch(tmp_path, pid=74)
     lim = sole(daemon).status.load_limits
@@ -147,14 +147,14 @@ def test_a_first_start_after_an_image_change_gets_the_cold_budget_and_says_so(
         daemon.tick()
     said = "cold start expected: image changed since the last load"
     lim = sole(daemon).status.load_limits
-    assert lim == LoadLimits(1200, 900, "configured cold budget", "configured cold budget", said)
+    assert lim == LoadLimits(3600, 900, "configured cold budget", "configured cold budget", said)
     assert phase_now(sole(daemon).status) == Phase.LOADING
     assert [x["cold"] for x in logs if x["event"] == "load.limits"] == [said]  # logged once
     doc = json.loads((tmp_path / "state" / "status.json").read_text())
     assert doc["load_limits"]["cold"] == said
     status._print_status(doc)
     out = capsys.readouterr().out
-    assert f"  {said}\n  deadline 1200s (configured cold budget), stall limit 900s" in out
+    assert f"  {said}\n  deadline 3600s (configured cold budget), stall limit 900s" in out
     # Made good, the new image's load is the last: its next start is no longer cold (and has its own history).
     be.next = deployed(daemon.cfg, serve=s, endpoint=UP, image=new)
     daemon.tick()
@@ -242,10 +242,10 @@ def test_the_history_stays_bounded(tmp_path: Path) -> None:
 
 def test_limits_are_never_above_the_configured_budget_and_learning_can_be_turned_off() -> None:
     r = cfg(learning()).deployment.readiness
-    doc = {"last": "k", "keys": {"k": {"loads": [{"load_s": 1000, "gap_s": 10}] * 3}}}
+    doc = {"last": "k", "keys": {"k": {"loads": [{"load_s": 2000, "gap_s": 10}] * 3}}}
     lim = loadtimes.limits(r, doc, "k", {})
-    assert lim.deadline == 1200 and lim.deadline_why == "configured cold budget (learned p95 1000s x 2 of 3 good loads is not below it)"
+    assert lim.deadline == 3600 and lim.deadline_why == "configured cold budget (learned p95 2000s x 2 of 3 good loads is not below it)"
     assert lim.stall == 60
     off = loadtimes.limits(r.model_copy(update={"learn_deadlines": False}), doc, "k", {})
-    assert (off.deadline, off.stall, off.learned, off.cold) == (1200, 900, False, "")
+    assert (off.deadline, off.stall, off.learned, off.cold) == (3600, 900, False, "")
     assert loadtimes.p95([float(x) for x in range(1, 21)]) == 19 and loadtimes.p95([3.0]) == 3

@@ -194,8 +194,23 @@ def test_loading_is_refused_connections_with_progress_and_a_deadline() -> None:
     d = plan(o, status(Phase.LOADING, since=0), view_of(C), 60)
     assert (d.phase, d.failure, d.actions) == (Phase.LOADING, False, ())
     d = plan(o, status(Phase.LOADING, since=0), view_of(C), C.deployment.readiness.deadline + 1)
-    assert d.repair == "serve" and d.reason == "LoadTimeout: not ready after 1200s (12/39 shards)"
+    assert d.repair == "serve" and d.reason == "LoadTimeout: not ready after 3600s (12/39 shards)"
     assert d.actions == (StopServe("load timeout"),)
+
+
+def test_a_load_that_moves_is_left_past_the_cold_budget_to_the_stall_limit() -> None:
+    """A first load on GB10 pays compile and CUDA-graph capture after the weights: the cold deadline stops only a
+    load that never moved; one that moved goes on until it falls silent for the stall limit."""
+    s = serve_running(C, log="Loading safetensors checkpoint shards:  30% Completed | 12/39 [00:40<01:30]\r")
+    o = obs(C, deployed=True, serve=s, endpoint=EndpointObservation(EndpointState.REFUSED))
+    r = C.deployment.readiness
+    past = r.deadline + 100
+    moved = replace(status(Phase.LOADING, since=0), load_progress_at=past - r.stall_timeout)
+    d = plan(o, moved, view_of(C), past)
+    assert (d.phase, d.repair, d.actions) == (Phase.LOADING, "", ())
+    assert d.reason == "past the cold budget of 3600s, still moving: left to the stall limit"
+    d = plan(o, moved, view_of(C), past + 1)  # silent one second longer than the stall limit
+    assert d.repair == "serve" and d.reason.startswith("LoadStalled: no progress for 900s")
 
 
 def test_serve_exit_is_read_from_its_log() -> None:
