@@ -16,6 +16,7 @@ _NET = re.compile(r"sys/class/net/([^/]+)/(operstate|mtu|speed)$")
 _DEV = re.compile(r"sys/class/infiniband/([^/]+)/fw_ver$")
 _PORT = re.compile(r"sys/class/infiniband/([^/]+)/ports/(\d{1,4})/(state|rate|gids/(\d{1,4})|gid_attrs/types/(\d{1,4})|"
                    r"gid_attrs/ndevs/(\d{1,4}))$")
+_COMM = re.compile(r"proc/\d{1,10}/comm$")  # the script's OOM-killer lines (only those names are printed)
 _RATE = re.compile(r"(\d{1,7}(?:\.\d{1,3})?)\s*Gb/sec")  # bounded: a crafted tree is no crash
 # The identity lines (not sysfs): the script's own, and the release files' KEY=value lines it picked.
 _SAID = {"uname_r": "kernel", "hostname": "hostname", "proc/sys/kernel/random/boot_id": "boot_id",
@@ -49,6 +50,7 @@ def parse_host_facts(out: str) -> HostFacts:
     gids: dict[tuple[str, int], dict[int, dict[str, str]]] = defaultdict(lambda: defaultdict(dict))
     release: dict[str, str] = {}
     absent: set[str] = set()
+    oom_killers: set[str] = set()
     for line in body.splitlines():
         path, sep, value = line.partition(":")
         if not sep:
@@ -61,6 +63,8 @@ def parse_host_facts(out: str) -> HostFacts:
         elif path in _RELEASE:
             name, _, said = value.partition("=")
             release.setdefault(name, said.strip().strip("'\""))
+        elif _COMM.fullmatch(path):
+            oom_killers.add(value[:64])
         elif m := _NET.fullmatch(path):
             links[m.group(1)][m.group(2)] = value
         elif m := _DEV.fullmatch(path):
@@ -81,6 +85,7 @@ def parse_host_facts(out: str) -> HostFacts:
         os=NONE if "etc/os-release" in absent else release.get("PRETTY_NAME", ""),
         os_version=NONE if "etc/os-release" in absent else release.get("VERSION_ID", ""),
         dgx=NONE if "etc/dgx-release" in absent else _dgx(release),
+        oom_killers=tuple(sorted(oom_killers)),
         links=tuple(Link(name, v.get("operstate", ""), _int(v.get("mtu", "")),
                          s if (s := _int(v.get("speed", ""))) is not None and s >= 0 else None)
                     for name, v in sorted(links.items())),

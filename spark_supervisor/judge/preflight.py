@@ -1,4 +1,5 @@
-"""Fabric checks before spending 15 minutes on a load. Pure: config + what `ip -o addr` showed per node."""
+"""Fabric checks before spending 15 minutes on a load, and the day-one qualification (judge.qualify). Pure: config
++ what `ip -o addr` and the host facts showed per node."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ..model import ImageReport, Kind, Observation
 from ..specs import modelprobe
 from ..specs.commands import node_env
 from . import modelcheck
+from .qualify import qualification
 
 _IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 
@@ -61,7 +63,7 @@ def preflight(view: DeploymentView, obs: Observation) -> list[str]:
     world = dep.serve.tensor_parallel_size * dep.serve.pipeline_parallel_size
     if world > per_node and dep.serve.placement_strategy != "SPREAD":
         problems.append(f"TP x PP = {world} spans nodes with {per_node} GPU each: set placement_strategy = \"SPREAD\"")
-    return problems
+    return problems + qualification(view, obs)
 
 
 def parse_image_probe(node: str, image: str, key: str, out: str) -> ImageReport:

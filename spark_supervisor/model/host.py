@@ -73,6 +73,7 @@ class HostFacts:
     os: str = ""  # /etc/os-release's PRETTY_NAME (NONE: no os-release; "": not read)
     os_version: str = ""  # its VERSION_ID
     dgx: str = ""  # /etc/dgx-release: its name and version (NONE: not DGX OS; "": not read)
+    oom_killers: tuple[str, ...] = ()  # user-space OOM killers running (earlyoom, systemd-oomd): their names
 
     def link(self, name: str) -> Link | None:
         return next((x for x in self.links if x.name == name), None)

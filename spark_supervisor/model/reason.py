@@ -86,6 +86,10 @@ class Kind(StrEnum):
     PAUSED = "Paused"
     PREFETCHING_MODEL = "PrefetchingModel"
     PREFLIGHT_FAILED = "PreflightFailed"
+    # Day-one qualification (judge.qualify): each names one PreflightFailed problem.
+    NCCL_HCA_UNMATCHED = "NcclHcaUnmatched"
+    PER_NODE_ENV_OVERWRITTEN = "PerNodeEnvOverwritten"
+    OOM_KILLER_ACTIVE = "OomKillerActive"
     RANKS_WITHOUT_HEAD = "RanksWithoutHead"
     # What Ray's answer was not (a RayObservation's error, "Kind: detail"; an unknown, never a reason alone).
     RAY_HEAD_NOT_RUNNING = "RayHeadNotRunning"  # no head container to ask

@@ -6,7 +6,8 @@
 # (-m1; a sysfs attribute is at most a page), skips devices, FIFOs and sockets (-D skip) and directories
 # (-d skip), and leaves out what cannot be read (-s: an empty GID slot's type, the carrier of a link that is
 # down); the empty GID slots (all zeros) are left out of the answer, and every line of it is cut at 512
-# characters (a file without a newline under the root still reaches the daemon bounded).
+# characters (a file without a newline under the root still reaches the daemon bounded). Last, the user-space
+# OOM killers that run, by their processes' names.
 cd "$1" || exit 3
 echo host-facts
 echo "uname_r:$(uname -r)"
@@ -23,4 +24,6 @@ set -- proc/sys/kernel/random/boot_id etc/machine-id \
   sys/class/infiniband/*/ports/*/gids/* sys/class/infiniband/*/ports/*/gid_attrs/types/* \
   sys/class/infiniband/*/ports/*/gid_attrs/ndevs/*
 grep -D skip -d skip -s -m1 -H '' "$@" | cut -c -512 | grep -v ':0000:0000:0000:0000:0000:0000:0000:0000$'
+# User-space OOM killers that run (a process's comm, whole-line match): "proc/<pid>/comm:<name>".
+grep -D skip -d skip -s -x -H -E 'earlyoom|systemd-oomd' proc/[0-9]*/comm | cut -c -512
 exit 0
