@@ -34,6 +34,8 @@ The switches (each rewrites the whole tree from the state, atomically: see write
     rate(node, gbps)       the port's rate ("100 Gb/sec (4X EDR)") and the interface's speed (gbps x 1000)
     move_gid(node, index)  the RoCE v2 IPv4 GID to `index`, the v1 one to index - 1 (as after a peer's reboot
                            or a netplan change): its old slots are empty, what was at the new ones is replaced
+    write(node, processes=["earlyoom"])
+                           host processes by name, each a proc/<pid>/comm (an OOM killer that runs)
     reboot(node)           a new boot ID
     machine_id(node, v)    the machine-id (e.g. one shared by two nodes flashed from one image)
     reset(node)            back to the defaults, the boot ID kept (reset(node, reboot=True): a new one)
@@ -71,7 +73,7 @@ GID_INDEX = 3  # where the RoCE v2 IPv4 GID is (etc/testbed.toml's NCCL_IB_GID_I
 # The state's keys, each with its type; the defaults are defaults(node).
 STATE_KEYS: dict[str, type | tuple[type, ...]] = {
     "interface": str, "ip": str, "up": bool, "mtu": int, "rate_gbps": (int, float), "gid_index": int,
-    "boot_id": str, "machine_id": str}
+    "boot_id": str, "machine_id": str, "processes": list}
 # The lane speeds the kernel names in a port's rate (ib_sysfs rate_show: "<rate> Gb/sec (<width>X <name>)").
 _LANES = (("SDR", 2.5), ("DDR", 5.0), ("QDR", 10.0), ("FDR", 14.0625), ("EDR", 25.0), ("HDR", 50.0), ("NDR", 100.0))
 
@@ -89,7 +91,8 @@ def defaults(node: str) -> dict[str, Any]:
     """A healthy Spark's fabric for the node; its machine-id is derived from its name (distinct, stable)."""
     return {"interface": INTERFACE, "ip": testbed.ALL_NODES[node], "up": True, "mtu": MTU, "rate_gbps": RATE_GBPS,
             "gid_index": GID_INDEX, "boot_id": str(uuid.uuid4()),
-            "machine_id": hashlib.sha256(f"spark-testbed machine-id {node}".encode()).hexdigest()[:32]}
+            "machine_id": hashlib.sha256(f"spark-testbed machine-id {node}".encode()).hexdigest()[:32],
+            "processes": []}
 
 
 def read(node: str) -> dict[str, Any]:
@@ -121,6 +124,8 @@ def _check(state: dict[str, Any]) -> None:
         uuid.UUID(state["boot_id"])
     if "ip" in state and ipaddress.ip_address(state["ip"]).version != 4:
         raise ValueError(f"ip {state['ip']}: not an IPv4 address")
+    if not all(isinstance(x, str) and re.fullmatch(r"[\w.-]{1,15}", x) for x in state.get("processes", [])):
+        raise ValueError(f"processes {state['processes']!r}: not a list of process names (comm: 1-15 characters)")
     if "mtu" in state and not 68 <= state["mtu"] <= 65536:
         raise ValueError(f"mtu {state['mtu']}: out of 68..65536")
 
@@ -167,6 +172,8 @@ def files(node: str, state: dict[str, Any]) -> dict[str, str]:
     if up:  # a link set down: reading its speed or carrier fails (EINVAL)
         out[f"{net}/speed"] = str(round(state["rate_gbps"] * 1000))
         out[f"{net}/carrier"] = "1"
+    for i, name in enumerate(state.get("processes", [])):  # what runs on the host besides (e.g. an OOM killer)
+        out[f"proc/{4000 + i}/comm"] = name
     table = gid_table(node, state)
     for i in range(GID_SLOTS):
         gid, kind = table.get(i, (EMPTY_GID, ""))
