@@ -37,8 +37,11 @@ BASE: dict[str, Any] = {
          "ssh": "root@spark-2", "docker": "ssh://root@spark-2"},
     ],
     "stale": {"units": ["vllm-proxy", "vllm-cluster"], "disable": True},
-    "deployments": [{"name": "qwen", "serve": {"model": "Qwen/Qwen3.5-122B-A10B-FP8",
-                                              "served_model_name": "Qwen3.5", "tensor_parallel_size": 2}}],
+    # The image named, not the schema's default: what the tests say of an image (a vLLM image without Ray, its
+    # name in a reason or a record) stays theirs when the shipped default changes.
+    "deployments": [{"name": "qwen", "ray": {"image": "vllm/vllm-openai:latest"},
+                     "serve": {"model": "Qwen/Qwen3.5-122B-A10B-FP8", "served_model_name": "Qwen3.5",
+                               "tensor_parallel_size": 2}}],
 }
 
 

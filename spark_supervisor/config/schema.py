@@ -101,7 +101,9 @@ RAY_CLIENT_PORT = 10001  # `ray start --head` serves Ray Client here unless --ra
 
 
 class Ray(_Strict):
-    image: Annotated[str, AfterValidator(_image)] = "vllm/vllm-openai:latest"
+    # What etc/vllm-ray.Dockerfile builds: the Ray backend needs Ray in the image, and vLLM's own images after
+    # 0.19.1 (and NVIDIA's NGC one) have none.
+    image: Annotated[str, AfterValidator(_image)] = "spark-vllm-ray:latest"
     port: Port = 6379
     dashboard_port: Port = 8265
     command: Argv = ["ray", "start"]

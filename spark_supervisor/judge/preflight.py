@@ -96,9 +96,11 @@ def image_problem(cfg: Config, dep: Deployment, reports: dict[str, ImageReport])
     if dep.uses_ray:
         lacking = [r.node for r in got if not r.ray_path]
         if lacking:
-            return (Kind.IMAGE_LACKS_RAY, f"{', '.join(lacking)}: no `{dep.ray.command[0]}` in {image} (vLLM images "
-                    "after 0.19.1 ship without Ray): use an image built with Ray (e.g. the Spark community "
-                    "images), or set deployments.serve.distributed_executor_backend = \"mp\"")
+            return (Kind.IMAGE_LACKS_RAY, f"{', '.join(lacking)}: no `{dep.ray.command[0]}` in {image} (vLLM's own "
+                    "images after 0.19.1 and NVIDIA's NGC vLLM image ship without Ray): build one with "
+                    "etc/vllm-ray.Dockerfile (`docker build -t spark-vllm-ray:latest - < vllm-ray.Dockerfile`, then "
+                    "`docker save spark-vllm-ray:latest | ssh <worker> docker load`) and name it in deployments.ray.image, "
+                    "or set deployments.serve.distributed_executor_backend = \"mp\"")
     lacking = [r.node for r in got if not r.vllm_path]
     if lacking:
         return (Kind.IMAGE_LACKS_VLLM, f"{', '.join(lacking)}: no `{dep.serve.command[0]}` in {image}: set "

@@ -310,7 +310,8 @@ def ensure_image(actor: Actor, a: NodeAdapters, image: str) -> None:
                            "pulls it first, then proves it)", deterministic=True)
     if policy == "never":
         raise ActionFailed(Kind.IMAGE_MISSING, f"{image} is not on {a.node.name} and image_pull = \"never\" "
-                           f"(load it with `docker load` or set image_pull = \"if-missing\")")
+                           "(build it from etc/vllm-ray.Dockerfile on one node, then `docker save "
+                           f"{image} | ssh <node> docker load`; or set image_pull = \"if-missing\")")
     room_to_pull(actor.world.cfg.deployment.ray.pull_min_free_gib, a, image, actor.log)
     timeout = actor.world.view.dep.ray.pull_timeout
     actor.log.warning("image.pulling", node=a.node.name, image=image, timeout_s=timeout)

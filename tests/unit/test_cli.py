@@ -249,7 +249,7 @@ def test_the_example_configs_are_valid_under_the_schema(capsys: pytest.CaptureFi
     import jsonschema
     cli.main(["schema"])
     validator = jsonschema.Draft202012Validator(json.loads(capsys.readouterr().out))
-    for name in ("spark-supervisor.toml", "testbed.toml"):
+    for name in ("spark-supervisor.toml", "examples/stack.toml", "testbed.toml"):
         example = tomllib.loads((ROOT / "etc" / name).read_text())
         assert not [e.message for e in validator.iter_errors(example)], name
     assert [e.message for e in validator.iter_errors({**example, "bogus": 1})] == \

@@ -21,8 +21,48 @@ def test_story_config_is_valid_and_describes_the_two_sparks() -> None:
     c = config.load(ROOT / "etc" / "spark-supervisor.toml")
     assert c.head.fabric_ip == "192.168.200.12"
     assert c.deployment.serve.tensor_parallel_size == 2
-    assert c.deployment.serve.model == "Qwen/Qwen3.5-122B-A10B-FP8"
     assert [n.name for n in c.members(c.deployment)] == ["spark-1", "spark-2"]
+    # The seed's deployment alone, as it serves on real Sparks: its model under the /models mount on both nodes,
+    # an image with Ray (the recipe's), no HCA filter that matches no Spark device, Ray's own health checks.
+    (dep,) = c.deployments
+    assert dep.uses_ray and dep.serve.model == "/models/Qwen3.5-122B-A10B-FP8"
+    assert dep.ray.volumes == ["/models:/models:ro"]
+    assert dep.ray.image == "spark-vllm-ray:latest" and dep.ray.image_pull == "never"
+    assert not any(k.startswith("NCCL_IB_HCA") for k in {**dep.ray.env, **dep.serve.env})
+    assert not any(k.startswith("RAY_health_check") for k in {**dep.ray.env, **dep.ray.head_env})
+    assert dep.ray.privileged and dep.ray.ulimits == {"memlock": -1, "nofile": 1048576}
+    assert dep.ray.env["RAY_memory_monitor_refresh_ms"] == "0" and dep.serve.gpu_memory_utilization == 0.85
+    assert c.stale.units == ["vllm-proxy", "vllm-embeddings", "vllm-reranker", "vllm-cluster"] and c.stale.disable
+    assert c.stale.containers == ["vllm_node", "reranker", "vllm_embeddings"]
+    assert not c.warnings
+
+
+def test_the_stack_example_leaves_room_beside_its_shares_on_each_spark() -> None:
+    """The auxiliary servers share a Spark with the LLM: the shares on a node leave at least the ~15 GiB the node
+    uses outside them (desktop, Ray, the API server and engine processes) of its ~121 GiB of unified memory."""
+    c = config.load(ROOT / "etc" / "examples" / "stack.toml")
+    assert [d.name for d in c.deployments] == ["qwen", "embeddings", "reranker"]
+    seed = config.load(ROOT / "etc" / "spark-supervisor.toml").deployment
+    llm = c.deployments[0]
+    assert (llm.ray, llm.serve.model) == (seed.ray, seed.serve.model)  # the same LLM, only its share lower
+    assert llm.serve.gpu_memory_utilization < seed.serve.gpu_memory_utilization
+    for node in c.nodes:
+        shares = sum(d.serve.gpu_memory_utilization for d in c.deployments if node in c.members(d))
+        assert (1 - shares) * 121 >= 15, (node.name, shares)
+    assert all(d.ray.image == seed.ray.image for d in c.deployments) and not c.warnings
+
+
+def test_the_image_recipe_is_the_default_image_and_installs_the_testbeds_ray() -> None:
+    """etc/vllm-ray.Dockerfile builds what the schema and the shipped config name, with the Ray the testbed runs
+    (the integration test builds it offline from this venv's Ray: a different pin would find no wheel there)."""
+    import importlib.metadata
+    import re
+    recipe = (ROOT / "etc" / "vllm-ray.Dockerfile").read_text()
+    assert config.Ray().image == "spark-vllm-ray:latest"
+    assert f"docker build -t {config.Ray().image} - < etc/vllm-ray.Dockerfile" in recipe
+    pin = re.search(r"^ARG RAY_VERSION=(\S+)$", recipe, re.M)
+    assert pin and pin[1] == importlib.metadata.version("ray")
+    assert '"ray[default]==${RAY_VERSION}"' in recipe
 
 
 def test_testbed_config_expands_environment_variables() -> None:
