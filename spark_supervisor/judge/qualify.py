@@ -6,6 +6,7 @@ before each launch say the same."""
 from __future__ import annotations
 
 from ..config import Node
+from ..config.identity import is_stale, owned_by_any
 from ..config.view import DeploymentView
 from ..model import Kind, Observation
 from ..model.host import HostFacts
@@ -91,6 +92,36 @@ def oom_killer_problems(view: DeploymentView, obs: Observation) -> list[str]:
                                 "under memory pressure, leaving the other rank waiting in a collective: "
                                 f"`systemctl disable --now {name}` on {node.name} (or make it avoid python3, ray and "
                                 "vllm), then `spark-supervisor reset`")
+    return problems
+
+
+def stack_memory_problems(view: DeploymentView, obs: Observation) -> list[str]:
+    """An auxiliary deployment whose share, with those of the deployments beside it on a unified-memory node, does
+    not fit in what the node has free besides (MemAvailable less memory.share_margin, measured while nothing of
+    ours, or of the old stack, runs there): vLLM would refuse it once the others are up. A required deployment is
+    never refused for an auxiliary's sake; a node that runs something of ours or the old stack's, or was not read,
+    is no verdict. `check --preflight` only: the daemon measures on a clean slate too rarely to keep a verdict, and
+    admission names the same shortfall at the auxiliary's own start (GpuMemoryHeld)."""
+    cfg, dep = view.cfg, view.dep
+    if dep.required:
+        return []
+    problems: list[str] = []
+    for node in view.members:  # every member holds a rank, and the rank its share of the node's memory
+        beside = [d for d in cfg.deployments if any(n.name == node.name for n in cfg.members(d))]
+        o = obs.nodes.get(node.name)
+        if len(beside) < 2 or o is None or o.error or o.memory is None or o.gpu is None or o.gpu.total_mib is not None:
+            continue
+        if any(c.running and (owned_by_any(c, cfg) or is_stale(c, cfg)) for c in o.containers):
+            continue
+        m = o.memory
+        asked = sum(d.serve.gpu_memory_utilization for d in beside)
+        room = m.available_mib - int(cfg.memory.share_margin * m.total_mib)
+        if asked * m.total_mib > room:
+            shares = " + ".join(f"{d.name} {d.serve.gpu_memory_utilization:g}" for d in beside)
+            problems.append(f"{Kind.STACK_DOES_NOT_FIT}: {node.name}: {shares} = {asked:g} of MemTotal "
+                            f"{m.total_mib} MiB asks {int(asked * m.total_mib)} MiB, but the node has {m.available_mib} "
+                            f"MiB available beside what it runs now (less the share margin: {room} MiB): lower "
+                            f"{dep.name}'s gpu_memory_utilization or place it on another node")
     return problems
 
 

@@ -90,6 +90,7 @@ class Kind(StrEnum):
     NCCL_HCA_UNMATCHED = "NcclHcaUnmatched"
     PER_NODE_ENV_OVERWRITTEN = "PerNodeEnvOverwritten"
     OOM_KILLER_ACTIVE = "OomKillerActive"
+    STACK_DOES_NOT_FIT = "StackDoesNotFit"
     RANKS_WITHOUT_HEAD = "RanksWithoutHead"
     # What Ray's answer was not (a RayObservation's error, "Kind: detail"; an unknown, never a reason alone).
     RAY_HEAD_NOT_RUNNING = "RayHeadNotRunning"  # no head container to ask

@@ -7,10 +7,11 @@ from dataclasses import replace
 from typing import Any
 
 from spark_supervisor.adapters.sysfs import parse_host_facts
+from spark_supervisor.config.view import DeploymentView
 from spark_supervisor.judge.preflight import preflight
-from spark_supervisor.judge.qualify import hca_entries, qualification
-from spark_supervisor.model import HostFacts, Link, Observation, RdmaPort
-from tests.helpers import cfg, data, node_obs, obs, view_of
+from spark_supervisor.judge.qualify import hca_entries, qualification, stack_memory_problems
+from spark_supervisor.model import Container, HostFacts, Link, Memory, Observation, RdmaPort
+from tests.helpers import cfg, data, node_obs, obs, ray_container, view_of
 
 # A Spark's RDMA devices: the twin functions of each port (NVIDIA dgx-spark-playbooks, nvidia/nccl/README.md).
 SPARK = HostFacts(links=(Link("enp1s0f1np1", "up", 9000, 200000),),
@@ -94,3 +95,34 @@ def test_preflight_carries_the_qualification() -> None:
                           zip(o.nodes.items(), ("192.168.200.12", "192.168.200.13"), strict=True)})
     assert [p.split(":")[0] for p in preflight(view_of(c), o)] == ["NcclHcaUnmatched"] * 2
     assert node_obs("x").host is None
+
+
+def stack(llm: float, aux: float) -> Any:
+    d = data()
+    d["deployments"][0]["serve"]["gpu_memory_utilization"] = llm
+    d["deployments"].append({"name": "embeddings", "nodes": ["spark-1"], "after": ["qwen"], "required": False,
+                             "serve": {"model": "Qwen/Qwen3-Embedding-0.6B", "served_model_name": "embed",
+                                       "distributed_executor_backend": "mp", "gpu_memory_utilization": aux,
+                                       "port": 8001}})
+    return cfg(d)
+
+
+def test_an_auxiliary_that_cannot_fit_beside_the_llm_and_the_nodes_own_use_is_named_before_the_load() -> None:
+    c = stack(0.85, 0.08)  # passes `check`: 0.93 <= 1 - share_margin
+    aux = DeploymentView.of(c, c.deployments[1])
+    busy = Memory(122880, 105000)  # a desktop, its browser and the page cache it will not give back: 17 GiB in use
+    o = replace(obs(c), nodes={n: replace(x, memory=busy) for n, x in obs(c).nodes.items()})
+    got = stack_memory_problems(aux, o)
+    assert got == ["StackDoesNotFit: spark-1: qwen 0.85 + embeddings 0.08 = 0.93 of MemTotal 122880 MiB asks 114278 "
+                   "MiB, but the node has 105000 MiB available beside what it runs now (less the share margin: 98856 "
+                   "MiB): lower embeddings's gpu_memory_utilization or place it on another node"]
+    assert qualification(aux, o) == []  # check --preflight only
+    assert stack_memory_problems(view_of(c), o) == []  # the LLM is never refused for an auxiliary's sake
+    assert stack_memory_problems(DeploymentView.of(stack(0.7, 0.08), stack(0.7, 0.08).deployments[1]), o) == []
+    running = replace(o, nodes={**o.nodes, "spark-1": replace(o.nodes["spark-1"], containers=(ray_container(c, "spark-1"),))})
+    assert stack_memory_problems(aux, running) == []  # its own use is in MemAvailable now: no verdict
+    old = Container("id-old", "vllm_node", "vllm/vllm-openai:latest", "running")
+    stale = replace(o, nodes={**o.nodes, "spark-1": replace(o.nodes["spark-1"], containers=(old,))})
+    assert stack_memory_problems(aux, stale) == []  # the old stack's use is about to go: no verdict either
+    discrete = replace(o, nodes={n: replace(x, gpu=replace(x.gpu, total_mib=98304)) for n, x in o.nodes.items() if x.gpu})
+    assert stack_memory_problems(aux, discrete) == []  # a GPU with its own memory: vLLM's own figure, not this one
