@@ -23,7 +23,7 @@ BUILD_WHEEL = src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
 
 
 .PHONY: all deps venv testbed real-vllm test unit integration test-noisy test-mp demo demo-down chaos lint bench bench-beside \
-	clean install uninstall wheel man
+	clean install install-unit uninstall wheel man
 
 all: test
 
@@ -145,18 +145,25 @@ install:  ## on a real head node: the wheel in a venv under $(PREFIX), the unit,
 	install -d $(BASH_COMPLETION_DIR)
 	$(PREFIX)/venv/bin/spark-supervisor completion bash > $(BASH_COMPLETION_DIR)/spark-supervisor
 	install -m 0644 README.md $(PREFIX)/README.md
-	install -D -m 0644 systemd/spark-supervisor.service $(UNIT_DIR)/spark-supervisor.service
 	install -d -m 0700 $(CONFIG_DIR)
 	@if [ -e $(CONFIG_DIR)/spark-supervisor.toml ]; then echo "kept the existing $(CONFIG_DIR)/spark-supervisor.toml"; \
 	  else install -m 0600 etc/spark-supervisor.toml $(CONFIG_DIR)/spark-supervisor.toml; fi
 	install -m 0600 etc/spark-supervisor.toml $(CONFIG_DIR)/spark-supervisor.toml.example
-	-systemctl daemon-reload
-	@echo "next: edit $(CONFIG_DIR)/spark-supervisor.toml, then: systemctl enable --now spark-supervisor"
+	@$(MAKE) --no-print-directory install-unit
+	@echo "next: edit $(CONFIG_DIR)/spark-supervisor.toml, then: systemctl enable --now --no-block spark-supervisor"
+
+# A daemon-reload detaches the GPUs from running containers that are not privileged (NVIDIA/nvidia-container-
+# toolkit#48): over a serving model, systemd is reloaded only when the unit file really changed.
+install-unit:  ## the systemd unit alone, and a daemon-reload only when its file changed
+	@if cmp -s systemd/spark-supervisor.service $(UNIT_DIR)/spark-supervisor.service; then \
+	  echo "$(UNIT_DIR)/spark-supervisor.service unchanged: no systemctl daemon-reload"; \
+	else install -D -m 0644 systemd/spark-supervisor.service $(UNIT_DIR)/spark-supervisor.service && \
+	  echo "systemctl daemon-reload" && { systemctl daemon-reload || echo "(failed: reload systemd by hand)"; }; fi
 
 uninstall:  ## the unit and the venv; the config and the state directory stay
-	-systemctl disable --now spark-supervisor
-	rm -f $(UNIT_DIR)/spark-supervisor.service
-	-systemctl daemon-reload
+	-systemctl disable --now --no-reload spark-supervisor
+	@if [ -e $(UNIT_DIR)/spark-supervisor.service ]; then rm -f $(UNIT_DIR)/spark-supervisor.service && \
+	  echo "systemctl daemon-reload" && { systemctl daemon-reload || echo "(failed: reload systemd by hand)"; }; fi
 	if [ "$$(readlink $(BINDIR)/spark-supervisor)" = $(PREFIX)/venv/bin/spark-supervisor ]; then \
 	  rm -f $(BINDIR)/spark-supervisor; fi
 	rm -f $(MANDIR)/man1/spark-supervisor.1 $(BASH_COMPLETION_DIR)/spark-supervisor

@@ -66,7 +66,8 @@ class Daemon:
         self.notifier = notifier or Notifier()
         self.clock, self.wall, self.rng = clock, wall, rng
         self.stack = Stack(cfg, log=log, backend_factory=backend_factory,
-                           watchdog=lambda: self.notifier.watchdog(self.clock()), clock=clock, wall=wall, rng=rng)
+                           watchdog=lambda: self.notifier.watchdog(self.clock()), clock=clock, wall=wall, rng=rng,
+                           pull_moved=lambda: self.reporter.pull_moved(self.clock()))
         self.reloader = Reloader(config_path, config_hash, self.stack, self.notifier, log=log, clock=clock, wall=wall,
                                  prove=prove)
         self.reporter = Reporter(self.stack, self.reloader, self.notifier, log=log)

@@ -1,7 +1,11 @@
 """What the loop tells the world after every pass: systemd (STATUS=, READY=1, EXTEND_TIMEOUT_USEC while
-the start makes progress) and the status file (status.json, rewritten when it changes)."""
+the start makes progress) and the status file (status.json, rewritten when it changes). And one thing it
+tells during a pass: bytes arriving in an image pull, which blocks its pass (``PullProgress``)."""
 
 from __future__ import annotations
+
+import math
+import threading
 
 from ..base.log import Log
 from ..model import Phase
@@ -11,6 +15,30 @@ from ..report.statusdoc import DeploymentDoc, StatusDoc
 from ..state import statefile
 from .reload import Reloader
 from .stack import Stack
+
+
+class PullProgress:
+    """Bytes arriving in an image pull are start progress. A pull blocks its pass for as long as it takes (a
+    ~20 GB image on a slow link outlasts TimeoutStartSec, and the EXTEND_S that the pass before it bought),
+    so the report after the pass comes too late: the pull's heartbeat says when bytes arrived (``moved``),
+    and an extension is due at most every ``every_s``, while not READY. A pull that stops moving stops
+    asking, so a stalled pull still meets the timeout within ``extend_s`` of its last byte. The pulls of
+    one pass run in parallel threads, hence the lock."""
+
+    def __init__(self, extend_s: float):
+        self.every_s = extend_s / 6  # several chances per extension: one late heartbeat does not end the start
+        self.moved_at = -math.inf  # when bytes last arrived (the start's progress, beside the reconcilers')
+        self._sent_at = -math.inf
+        self._lock = threading.Lock()
+
+    def moved(self, now: float, ready: bool) -> bool:
+        """Bytes arrived at ``now``: whether to extend the start timeout now."""
+        with self._lock:
+            self.moved_at = max(self.moved_at, now)
+            if ready or now - self._sent_at < self.every_s:
+                return False
+            self._sent_at = now
+            return True
 
 
 class Reporter:
@@ -28,6 +56,13 @@ class Reporter:
         self._last_status = ""
         self._state_write_error = ""
         self.ready_sent = False
+        self.pulls = PullProgress(self.EXTEND_S)
+
+    def pull_moved(self, now: float) -> None:
+        """Bytes arrived in an image pull (called from the pull's heartbeat, in the pass): before READY, the
+        start timeout extended as the pass's report would (after READY, nothing: systemd has no timeout then)."""
+        if self.pulls.moved(now, self.ready_sent):
+            self.notifier.extend_timeout(self.EXTEND_S)
 
     def changed(self) -> None:
         """Something the change key may not see changed: the status file is written on the next pass."""
@@ -55,7 +90,8 @@ class Reporter:
         """While not yet READY, keep systemd's start timeout alive as long as the start makes progress."""
         if self.ready_sent:
             return
-        last = max(r.last_progress for r in self.stack.required())
+        # A pull that moved until the end of its pass counts: it may have outlasted start_stall_timeout.
+        last = max(max(r.last_progress for r in self.stack.required()), self.pulls.moved_at)
         if now - last <= self.stack.cfg.supervisor.start_stall_timeout:
             self.notifier.extend_timeout(self.EXTEND_S)
         elif not self._stall_logged:

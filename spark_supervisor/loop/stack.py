@@ -32,11 +32,12 @@ _ANSWERS = {Phase.VERIFYING, Phase.SERVING}
 class Stack:
     def __init__(self, cfg: Config, *, log: Log, backend_factory: Callable[[DeploymentView], Backend] | None,
                  watchdog: Callable[[], None], clock: Callable[[], float], wall: Callable[[], float],
-                 rng: Callable[[], float]):
+                 rng: Callable[[], float], pull_moved: Callable[[], None] | None = None):
+        """pull_moved: told (from a pull's heartbeat) when bytes of an image pull arrived: start progress."""
         self.cfg, self.log = cfg, log
-        self.backend_factory = backend_factory or (
-            lambda v: RealBackend(v, log.bind(deployment=v.name), heartbeat=watchdog))
+        self.backend_factory = backend_factory or self._real_backend
         self.watchdog, self.clock, self.wall, self.rng = watchdog, clock, wall, rng
+        self.pull_moved = pull_moved
         self.metrics = self._metrics(cfg)
         self.alerter = self._alerter(cfg)
         self.pausing = PauseState(cfg.supervisor.state_dir, log=log, clock=clock, wall=wall)
@@ -45,6 +46,11 @@ class Stack:
         for name, view in views(cfg).items():
             self.reconcilers[name] = r = self._reconciler(view)
             self.rollbacks.restore(name, r, cfg)
+
+    def _real_backend(self, view: DeploymentView) -> Backend:
+        backend = RealBackend(view, self.log.bind(deployment=view.name), heartbeat=self.watchdog)
+        backend.actor.pull_moved = self.pull_moved
+        return backend
 
     def _reconciler(self, view: DeploymentView, backend: Backend | None = None) -> Reconciler:
         name = view.name

@@ -60,6 +60,10 @@ class ActionFailed(Exception):
 
 
 class Actor:
+    # Told, from a pull's heartbeat, that bytes of an image pull arrived: the loop counts them as start progress
+    # (systemd's start timeout). Set by the loop; None elsewhere.
+    pull_moved: Callable[[], None] | None = None
+
     def __init__(self, world: World, log: Log, heartbeat: Callable[[], None] | None = None, *, dry: bool = False):
         """dry: `apply --dry-run --prove`'s actor: its checks run in probe containers of what is already on the
         nodes, and it changes nothing else anywhere -- no pull, no prefetch, no removal of a container it did not
@@ -316,14 +320,28 @@ def ensure_image(actor: Actor, a: NodeAdapters, image: str) -> None:
     timeout = actor.world.view.dep.ray.pull_timeout
     actor.log.warning("image.pulling", node=a.node.name, image=image, timeout_s=timeout)
     last = [0.0]
+    # The sizes last seen, and whether they changed since the last beat: set in the pull's own thread, read
+    # in the beat. Only a change is progress: a stalled pull must not keep the start alive.
+    seen: list[tuple[int, int] | None] = [None]
+    moved = [False]
 
     def progress(done: int, total: int) -> None:
+        if seen[0] != (done, total):
+            seen[0], moved[0] = (done, total), True
         now = time.monotonic()
         if now - last[0] >= 10:
             last[0] = now
             actor.log.info("image.pull_progress", node=a.node.name, image=image,
                           done_mib=done >> 20, total_mib=total >> 20)
-    a.docker.pull(image, timeout=timeout, heartbeat=actor.heartbeat, progress=progress)
+
+    def beat() -> None:
+        """About once a second while the pull runs: the watchdog fed, and bytes that arrived told as progress."""
+        if actor.heartbeat is not None:
+            actor.heartbeat()
+        if moved[0] and actor.pull_moved is not None:
+            moved[0] = False
+            actor.pull_moved()
+    a.docker.pull(image, timeout=timeout, heartbeat=beat, progress=progress)
     actor.log.info("image.pulled", node=a.node.name, image=image)
 
 
