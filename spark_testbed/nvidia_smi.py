@@ -17,6 +17,11 @@ file, is a node with DEFAULT_MEMINFO. The host's real /proc/meminfo is read only
 as the real nvidia-smi does (docs/wire-formats.md §8.3); ``--meminfo`` and ``--drop-caches`` read and change the
 node's /proc, not NVML, and still work.
 
+``"container_nvml_lost": true`` (testbed.gpu_access_lost(node, where="container")) is what a real host shows
+after that reload: the host's nvidia-smi still works and only ``-L`` asked inside the node's containers (where the
+daemon asks it, ray.nvidia_smi) prints NVML_LOST and exits 255. ``-L`` lists the GPU as ``GPU 0: <name> (UUID:
+GPU-...)``; ``--state`` defaults to $STANDIN_GPU_STATE (the containers' environment names their node's state).
+
 ``--meminfo`` prints the node's /proc/meminfo. ``--drop-caches`` does to the state what
 ``sync; echo 3 > /proc/sys/vm/drop_caches`` does to a node: the page cache shrinks to a small residue,
 MemFree grows by what left it, MemAvailable stays; the figures it leaves are what the next read reports.
@@ -72,6 +77,7 @@ XML_TAIL = """\t\t</processes>
 
 NVML_LOST = "Failed to initialize NVML: Unknown Error"  # nvidia-smi's words, exit NVML_LOST_EXIT
 NVML_LOST_EXIT = 255
+UUID = "5a7f3c2e-9b41-4d6e-8c0f-1e2d3c4b5a69"  # `-L`'s made-up GPU UUID
 
 
 class BadState(ValueError):
@@ -229,7 +235,10 @@ def drop_caches(path: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="nvidia-smi")
-    p.add_argument("--state", required=True)
+    # Inside a deployment's container the daemon runs `nvidia-smi -L` (ray.nvidia_smi): the node's state comes
+    # from the container's environment there (etc/testbed.toml's node env).
+    p.add_argument("--state", default=os.environ.get("STANDIN_GPU_STATE", ""))
+    p.add_argument("-L", dest="list_gpus", action="store_true")
     p.add_argument("-q", action="store_true")
     p.add_argument("-x", action="store_true")
     p.add_argument("--query-compute-apps", default="")
@@ -237,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--meminfo", action="store_true")
     p.add_argument("--drop-caches", action="store_true")
     a = p.parse_args(argv)
+    if not a.state:
+        p.error("--state (or STANDIN_GPU_STATE) is required")
     try:
         if a.drop_caches:
             print(drop_caches(a.state))
@@ -251,9 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if a.meminfo:
         sys.stdout.write(text)
-    elif state.get("nvml_lost") is True:
+    elif state.get("nvml_lost") is True or (a.list_gpus and state.get("container_nvml_lost") is True):
         print(NVML_LOST)
         return NVML_LOST_EXIT
+    elif a.list_gpus:
+        print(f"GPU 0: {state['name']} (UUID: GPU-{UUID})")
     elif a.q and a.x:
         sys.stdout.write(xml(state))
     elif a.query_compute_apps:

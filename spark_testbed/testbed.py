@@ -291,16 +291,18 @@ def write_gpu(node: str, processes: list[dict[str, object]] | None = None,
     tmp.replace(path)
 
 
-def gpu_access_lost(node: str, lost: bool = True) -> None:
-    """The node's containers lost their GPU devices (a host `systemctl daemon-reload` without NVIDIA's CDI
-    refresh): its nvidia-smi prints NVML's "Unknown Error" and exits 255 (nvidia_smi.NVML_LOST), its meminfo
-    still reads. lost=False gives the GPU back. The rest of the node's state is kept."""
+def gpu_access_lost(node: str, lost: bool = True, where: str = "host") -> None:
+    """The node lost its GPU devices: where="container" is what a host `systemctl daemon-reload` without NVIDIA's
+    CDI refresh does (the containers' `nvidia-smi -L` prints NVML's "Unknown Error" and exits 255, the host's
+    still works; NVIDIA/nvidia-container-toolkit #48); where="host" makes the host's nvidia-smi fail too
+    (nvidia_smi.NVML_LOST); meminfo still reads. lost=False gives the GPU back. The rest of the state is kept."""
     path = DIR / node / "gpu.json"
     state = nvidia_smi.read_state(str(path))
+    key = {"host": "nvml_lost", "container": "container_nvml_lost"}[where]
     if lost:
-        state["nvml_lost"] = True
+        state[key] = True
     else:
-        state.pop("nvml_lost", None)
+        state.pop(key, None)
     nvidia_smi._write_atomic(str(path), state)
 
 

@@ -167,6 +167,14 @@ class FakeEngine:
         self._call("pids")
         return [os.getpid()]
 
+    # What `nvidia-smi -L` prints inside a container (the observer's ray.nvidia_smi); NVML_LOST: the GPU lost there.
+    GPU_LIST = "GPU 0: NVIDIA GB10 (UUID: GPU-5a7f3c2e-9b41-4d6e-8c0f-1e2d3c4b5a69)\n"
+
+    def exec(self, container: str, argv: list[str], *, env: dict[str, str] | None = None,
+             detach: bool = False, what: str = "exec") -> tuple[int, str]:
+        self._call("exec")
+        return 0, self.GPU_LIST
+
     def remove(self, name: str) -> bool:
         self._call("remove")
         self.removed.append(name)
@@ -260,7 +268,7 @@ class ActorEngine(FakeEngine):
         if argv[2:3] == [commands.SERVE_STATE]:  # as the wrapper records a launch: its serve, running
             launched = any(e.container == container and e.argv[2:3] == [commands.SERVE_WRAPPER] for e in self.execs)
             return 0, "serve-state 42 spec 2026-12-07T10:00:00Z 1\n" if launched else "serve-state 0\n"
-        return 0, ""
+        return 0, self.GPU_LIST if argv[-1:] == ["-L"] else ""
 
 
 class FakeShell:

@@ -17,11 +17,19 @@ def _digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
 
 
+# The fields that do not shape the containers: how the daemon reaches and reads a node, how long it waits. A field
+# added to Node or Ray must be listed here unless it changes what runs: otherwise every deployment that serves
+# hashes differently after an upgrade and is replaced (tests/unit/test_config.py holds the hashes to a release's).
+_NOT_CONTAINERS: dict[str, set[str]] = {
+    "node": {"nvidia_smi", "meminfo", "ip", "oob", "host_root", "become", "known_hosts", "identity_file"},
+    "ray": {"join_timeout", "image_pull", "pull_timeout", "pull_min_free_gib", "nvidia_smi"},
+}
+
+
 def ray_hash(cfg: Config, dep: Deployment) -> str:
     """What shapes the Ray containers: changing it replaces the whole deployment."""
-    nodes = [n.model_dump(exclude={"nvidia_smi", "meminfo", "ip", "oob", "host_root"}) for n in cfg.members(dep)]
-    return _digest({"nodes": nodes,
-                    "ray": dep.ray.model_dump(exclude={"join_timeout", "image_pull", "pull_timeout", "pull_min_free_gib"}),
+    nodes = [n.model_dump(exclude=_NOT_CONTAINERS["node"]) for n in cfg.members(dep)]
+    return _digest({"nodes": nodes, "ray": dep.ray.model_dump(exclude=_NOT_CONTAINERS["ray"]),
                     "backend": dep.serve.distributed_executor_backend, "cache_dir": dep.serve.cache_dir,
                     "log_host_dir": dep.serve.log_host_dir})  # both are mounts
 

@@ -110,6 +110,10 @@ class Ray(_Strict):
     extra_args: list[str] = []
     shm_size: Annotated[str, AfterValidator(_docker_size)] = "10.24g"
     gpus: bool = True
+    # Asked inside each running container of the deployment on a full observation: after a host
+    # `systemctl daemon-reload` the containers lose their GPU devices while the host's nvidia-smi still works
+    # (NVIDIA/nvidia-container-toolkit #48), and NVML's "Unknown Error" is seen only in here. [] asks nothing.
+    nvidia_smi: OptionalArgv = ["nvidia-smi", "-L"]
     privileged: bool = False
     ipc_host: bool = True
     init: bool = True

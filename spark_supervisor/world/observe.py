@@ -210,6 +210,7 @@ def _observe_node(a: NodeAdapters, view: DeploymentView, full: bool, probes: cf.
     if isinstance(read, str):  # no GPU reading: its memory is unknown, and why is said
         lost = read
         errors.append(f"nvidia-smi: {Kind.GPU_ACCESS_LOST}: {lost}")
+    lost = lost or _lost_inside(a, view, containers, errors)
     owned = _owned_pids(a, cfg, containers, gpu, errors) if gpu is not None else None
     return NodeObservation(name, containers=containers, docker_version=version, units=got.get("units"),
                            gpu=gpu, memory=got.get("meminfo"), interfaces=got.get("ip"),
@@ -260,6 +261,25 @@ def _collect_probes(wanted: dict[str, Probe], batch: cf.Future[list[Result | Non
         except cf.TimeoutError:
             errors.append(f"{what}: no answer")
     return got
+
+
+def _lost_inside(a: NodeAdapters, view: DeploymentView, containers: tuple[Container, ...], errors: list[str]) -> str:
+    """NVML's "Unknown Error" as the deployment's own running containers see it (ray.nvidia_smi), "" if none says
+    so. Any other answer, or none, is no verdict: an image may well have no nvidia-smi."""
+    argv = view.dep.ray.nvidia_smi
+    if not argv or not view.dep.ray.gpus:
+        return ""
+    for c in containers:
+        if c.running and identity.owns(c, view.dep):
+            try:
+                _, said = guarded("nvidia-smi in a container", a.docker.exec, c.name, list(argv))
+            except AdapterError as e:
+                errors.append(f"nvidia-smi in {c.name}: {e}")
+                continue
+            line = next((ln.strip() for ln in said.splitlines() if NVML_LOST in ln), "")
+            if line:
+                return f"{line[:200]} (in {c.name})"
+    return ""
 
 
 def _owned_pids(a: NodeAdapters, cfg: Config, containers: tuple[Container, ...], gpu: Gpu,

@@ -171,6 +171,24 @@ def test_nvidia_smi_that_lost_nvml_is_gpu_access_lost_with_its_hint(healthy: Sup
     d.wait(lambda s: s["phase"] == "SERVING", 60, "SERVING once the GPU answers again")
 
 
+def test_nvml_lost_inside_the_containers_only_is_gpu_access_lost(healthy: Supervisor) -> None:
+    """What a host `systemctl daemon-reload` does on a real Spark: the host's nvidia-smi still works, the
+    containers' GPU is gone (NVIDIA/nvidia-container-toolkit #48). Seen by asking inside the deployment's own
+    containers; the host's reading stays whole."""
+    d = healthy
+    t = time.time()
+    testbed.gpu_access_lost("spark-2", where="container")
+    try:
+        st = d.wait(lambda s: s["reason_kind"] == "GpuAccessLost", 60, "GpuAccessLost from inside a container")
+        assert st["phase"] == "DEGRADED", st
+        lost = st["nodes"]["spark-2"]["gpu_lost"]
+        assert lost == f"Failed to initialize NVML: Unknown Error (in {OWNED['spark-2']})", lost
+        assert st["nodes"]["spark-1"]["gpu_lost"] == "" and not d.repairs(t)
+    finally:
+        testbed.gpu_access_lost("spark-2", False, where="container")
+    d.wait(lambda s: s["phase"] == "SERVING", 60, "SERVING once the containers see the GPU again")
+
+
 def test_two_nodes_with_one_machine_id_is_a_warning_in_check_and_diagnose(healthy: Supervisor) -> None:
     d = healthy
     one = "0123456789abcdef0123456789abcdef"

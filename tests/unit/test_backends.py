@@ -79,7 +79,7 @@ def _problem(c: Config, reports: dict[str, ImageReport]) -> tuple[str, str]:
 def test_a_missing_ray_is_named_with_both_ways_out() -> None:
     kind, detail = _problem(C, images(C, ray_path=""))
     assert kind == "ImageLacksRay" and detail.startswith("spark-1, spark-2: no `ray` in vllm/vllm-openai:latest")
-    assert "image built with Ray" in detail and 'distributed_executor_backend = "mp"' in detail
+    assert "build one with etc/vllm-ray.Dockerfile" in detail and 'distributed_executor_backend = "mp"' in detail
 
 
 def test_an_mp_deployment_does_not_need_ray_in_its_image() -> None:

@@ -1,3 +1,4 @@
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -176,3 +177,11 @@ def test_the_flags_read_from_extra_args_are_read_in_one_place() -> None:
     assert (dep.serve.revision, dep.serve.download_dir, dep.ray.client_port) == ("abc", "/dl", 10002)
     plain = cfg(data()).deployments[0]
     assert (plain.serve.revision, plain.serve.download_dir, plain.ray.client_port) == ("", "", 10001)
+
+
+def test_a_release_configs_spec_hashes_are_unchanged_so_an_upgrade_adopts_what_serves() -> None:
+    """bc869ac's hashes of the seed's config (computed by that release): a field added since, with its default,
+    must not change them, or every deployment that serves is replaced by the upgrade (config.hashes)."""
+    path = Path(__file__).parent.parent / "fixtures" / "upgrade" / "seed-bc869ac.toml"
+    c = config.parse(tomllib.loads(path.read_text()), str(path), env={})
+    assert (config.ray_hash(c, c.deployment), config.serve_hash(c, c.deployment)) == ("b3b5e9db4adb", "3432f4900249")

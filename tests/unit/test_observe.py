@@ -162,6 +162,42 @@ def test_a_foreign_gpu_process_asks_the_engine_which_pids_are_ours(tmp_path: Pat
     assert o.owned_pids == frozenset({os.getpid()}) and engine.calls.count("pids") == 1
 
 
+class GpuGoneInside(FakeEngine):
+    """An engine whose containers answer `nvidia-smi -L` with ``said`` (or raise ``error``)."""
+
+    def __init__(self, containers: list[Container], said: str = "", error: AdapterError | None = None) -> None:
+        super().__init__(containers)
+        self.said, self.error, self.asked = said, error, []
+
+    def exec(self, container: str, argv: list[str], *, env: dict[str, str] | None = None,
+             detach: bool = False, what: str = "exec") -> tuple[int, str]:
+        self.asked.append((container, list(argv)))
+        if self.error is not None:
+            raise self.error
+        return 255, self.said
+
+
+def test_nvml_lost_inside_a_container_is_gpu_access_lost_while_the_hosts_reading_stands(
+        tmp_path: Path, probes: cf.Executor) -> None:
+    """After a host daemon-reload only the containers lose the GPU (NVIDIA/nvidia-container-toolkit #48): the
+    deployment's own running containers are asked; any other answer, or none, is no verdict."""
+    c, node = world(tmp_path, remote=False)
+    ours = Container("a1", "ours", "img", "running", {OWNER_LABEL: c.deployment.name})
+    other = Container("b1", "other", "img", "running", {OWNER_LABEL: "someone-else"})
+    lost = GpuGoneInside([other, ours], said="Failed to initialize NVML: Unknown Error\n")
+    o = observe_node(adapters(node, lost), view_of(c), True, probes)
+    assert o.gpu is not None and o.gpu_lost == "Failed to initialize NVML: Unknown Error (in ours)"
+    assert lost.asked == [("ours", ["nvidia-smi", "-L"])]  # only its own containers
+    for engine in (GpuGoneInside([ours], said="OCI runtime exec failed: exec: \"nvidia-smi\": not found"),
+                   GpuGoneInside([ours], error=AdapterError("DockerTimeout", "exec"))):
+        o = observe_node(adapters(node, engine), view_of(c), True, probes)
+        assert o.gpu is not None and o.gpu_lost == "", o
+    d = data()
+    d["deployments"][0]["ray"] = {"nvidia_smi": []}  # asked nothing
+    quiet = GpuGoneInside([ours], said="Failed to initialize NVML: Unknown Error\n")
+    assert observe_node(adapters(node, quiet), view_of(cfg(d)), True, probes).gpu_lost == "" and not quiet.asked
+
+
 class ServingEngine(FakeEngine):
     """An engine whose container runs a serve: `state` is what the serve-state script prints there."""
 
@@ -290,7 +326,7 @@ def test_the_endpoint_is_asked_before_the_serves_log_is_read() -> None:
 
     class Logged(ServingEngine):
         def exec(self, name: str, argv: list[str], what: str = "") -> tuple[int, str]:
-            order.append("log")
+            order.append("nvidia-smi" if argv[-1:] == ["-L"] else "log")  # the GPU as the container sees it: no log
             return super().exec(name, argv, what)
 
     def answer(req: httpx.Request) -> httpx.Response:
