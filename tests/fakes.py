@@ -170,8 +170,8 @@ class FakeEngine:
     # What `nvidia-smi -L` prints inside a container (the observer's ray.nvidia_smi); NVML_LOST: the GPU lost there.
     GPU_LIST = "GPU 0: NVIDIA GB10 (UUID: GPU-5a7f3c2e-9b41-4d6e-8c0f-1e2d3c4b5a69)\n"
 
-    def exec(self, container: str, argv: list[str], *, env: dict[str, str] | None = None,
-             detach: bool = False, what: str = "exec") -> tuple[int, str]:
+    def exec(self, container: str, argv: list[str], *, env: dict[str, str] | None = None,  # noqa: ARG002
+             detach: bool = False, what: str = "exec") -> tuple[int, str]:  # noqa: ARG002  (the engine's signature)
         self._call("exec")
         return 0, self.GPU_LIST
 

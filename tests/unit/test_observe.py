@@ -167,10 +167,11 @@ class GpuGoneInside(FakeEngine):
 
     def __init__(self, containers: list[Container], said: str = "", error: AdapterError | None = None) -> None:
         super().__init__(containers)
-        self.said, self.error, self.asked = said, error, []
+        self.said, self.error = said, error
+        self.asked: list[tuple[str, list[str]]] = []
 
-    def exec(self, container: str, argv: list[str], *, env: dict[str, str] | None = None,
-             detach: bool = False, what: str = "exec") -> tuple[int, str]:
+    def exec(self, container: str, argv: list[str], *, env: dict[str, str] | None = None,  # noqa: ARG002
+             detach: bool = False, what: str = "exec") -> tuple[int, str]:  # noqa: ARG002  (the engine's signature)
         self.asked.append((container, list(argv)))
         if self.error is not None:
             raise self.error
@@ -205,7 +206,8 @@ class ServingEngine(FakeEngine):
         super().__init__([container])
         self.state = state
 
-    def exec(self, _name: str, _argv: list[str], what: str = "") -> tuple[int, str]:
+    def exec(self, _name: str, _argv: list[str], *, env: dict[str, str] | None = None,  # noqa: ARG002
+             detach: bool = False, what: str = "") -> tuple[int, str]:  # noqa: ARG002
         self._call(f"exec {what}")
         return 0, self.state
 
@@ -325,9 +327,10 @@ def test_the_endpoint_is_asked_before_the_serves_log_is_read() -> None:
     order: list[str] = []
 
     class Logged(ServingEngine):
-        def exec(self, name: str, argv: list[str], what: str = "") -> tuple[int, str]:
+        def exec(self, name: str, argv: list[str], *, env: dict[str, str] | None = None,  # noqa: ARG002
+                 detach: bool = False, what: str = "") -> tuple[int, str]:  # noqa: ARG002
             order.append("nvidia-smi" if argv[-1:] == ["-L"] else "log")  # the GPU as the container sees it: no log
-            return super().exec(name, argv, what)
+            return super().exec(name, argv, what=what)
 
     def answer(req: httpx.Request) -> httpx.Response:
         order.append(req.url.path)
