@@ -27,9 +27,9 @@ BUILD_WHEEL = src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
 
 all: test
 
-deps:  ## Debian packages: Docker engine, sshd, busybox (only what is missing)
+deps:  ## Debian packages: Docker engine, sshd, busybox, sudo (only what is missing)
 	@missing=""; for c in dockerd:docker.io runc:runc sshd:openssh-server busybox:busybox-static ssh:openssh-client \
-	  ip:iproute2 debootstrap:debootstrap pgrep:procps; do \
+	  ip:iproute2 debootstrap:debootstrap pgrep:procps sudo:sudo visudo:sudo; do \
 	  command -v $${c%%:*} >/dev/null 2>&1 || [ -x /usr/sbin/$${c%%:*} ] || missing="$$missing $${c##*:}"; done; \
 	$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && \

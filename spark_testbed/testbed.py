@@ -8,7 +8,8 @@ Node spark-1 (head, 127.0.0.2) has the engine at <dir>/spark-1/docker.sock, used
 Node spark-2 (worker, 127.0.0.3) has its own engine at <dir>/spark-2/docker.sock, reached only over
 SSH: sshd sets DOCKER_HOST for its sessions, so `ssh spark-2 docker ...` and docker-py's ssh://spark-2
 both land on it. Both engines get a fake nvidia-container-runtime-hook so `--gpus all` is accepted.
-Nothing under /etc, /var/run/docker.sock or root's ~/.ssh is touched.
+Nothing under /etc, /var/run/docker.sock or root's ~/.ssh is touched, but for the non-root operator's user
+and sudoers file while its test runs (spark_testbed/nonroot.py; `down` removes them).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ MAX_NODES = 8
 ALL_NODES = {f"spark-{i}": f"127.0.0.{i + 1}" for i in range(1, MAX_NODES + 1)}
 NODES = {n: ip for n, ip in list(ALL_NODES.items())[:2]}  # the default two-node cluster
 SSH_PORT = 2222  # spark-2's
+NONROOT_USER = "sparkop"  # the non-root operator of spark_testbed/nonroot.py
 
 
 def nodes(count: int = 2) -> dict[str, str]:
@@ -236,7 +238,13 @@ def start_sshd(node: str = "spark-2") -> None:
         f"PidFile {d / 'sshd.pid'}", "PermitRootLogin prohibit-password", "PubkeyAuthentication yes",
         "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
         f"AuthorizedKeysFile {keys / 'authorized_keys'}", "LogLevel VERBOSE", "MaxStartups 50:30:100",
-        "MaxSessions 50", f"SetEnv DOCKER_HOST=unix://{sock(node)}", ""]))
+        "MaxSessions 50",
+        # The non-root operator's sessions (spark_testbed/nonroot.py, while a test makes the user) find the
+        # node's systemctl and sysctl stand-ins first. sshd takes the first SetEnv that applies: the user's
+        # block comes first, then everyone's.
+        f"Match User {NONROOT_USER}",
+        f"  SetEnv DOCKER_HOST=unix://{sock(node)} PATH={DIR / 'nonroot' / node / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+        "Match all", f"  SetEnv DOCKER_HOST=unix://{sock(node)}", ""]))
     hostkey = (keys / "host_ed25519.pub").read_text().split()
     workers = list(ALL_NODES)[1:]
     (home / "known_hosts").write_text("".join(f"[127.0.0.1]:{ssh_port(n)} {hostkey[0]} {hostkey[1]}\n"
@@ -532,6 +540,8 @@ def clean_containers(*, infra: bool = False) -> None:
 
 
 def down() -> None:
+    from . import nonroot
+    nonroot.remove()
     clean_containers(infra=True)
     for node in list(ALL_NODES)[1:]:
         stop_sshd(node=node)

@@ -17,7 +17,8 @@ from docker.types import DeviceRequest
 
 from ..config import identity
 from ..model import Container, ContainerSpec
-from . import AdapterError, ImageMissingError, NotFoundError, TransientError, Unreachable, within
+from . import AdapterError, ImageMissingError, NotFoundError, TransientError, Unreachable, dockerssh, within
+from .shell import NO_KEYS, SshKeys
 
 # docker-py reaches an ssh:// engine through paramiko, whose transport thread wakes every 0.1 s (its
 # `_active_check_timeout`) only to see whether it was closed: ten wakes a second per SSH engine for the daemon's
@@ -33,6 +34,8 @@ T = TypeVar("T")
 def _reason(e: BaseException) -> AdapterError:
     if isinstance(e, AdapterError):
         return e
+    if (named := dockerssh.host_key_error(e)) is not None:
+        return named
     if isinstance(e, docker.errors.ImageNotFound):
         return ImageMissingError("ImageMissing", str(getattr(e, "explanation", "") or e))
     if isinstance(e, docker.errors.NotFound):
@@ -42,13 +45,16 @@ def _reason(e: BaseException) -> AdapterError:
     return Unreachable("DockerUnreachable", f"{type(e).__name__}: {e}"[:300])
 
 
-def _client(url: str, timeout: float) -> docker.DockerClient:
+def _client(url: str, timeout: float, keys: SshKeys = NO_KEYS) -> docker.DockerClient:
     """A client of the engine at ``url`` ("local": this host's socket) that reads no proxy settings: its
     requests.Session would read the environment's proxies (and ~/.netrc) on every request, a quarter of a
-    listing's CPU, for settings no Docker socket or SSH channel takes."""
+    listing's CPU, for settings no Docker socket or SSH channel takes. An ssh:// engine with the node's own
+    known_hosts or key goes through adapters.dockerssh."""
     try:
         if url == "local":
             c = docker.DockerClient(base_url="unix:///var/run/docker.sock", timeout=int(timeout))
+        elif url.startswith("ssh://") and keys != NO_KEYS:
+            c = dockerssh.client(url, timeout, keys)
         else:
             c = docker.DockerClient(base_url=url, timeout=int(timeout), max_pool_size=4)
     except Exception as e:  # docker-py raises DockerException, paramiko's, OSError...
@@ -78,8 +84,8 @@ class _Follower:
     is a cue at once (a dead serve's repair within 1 s; docs/benchmarks.md). Measure before you simplify it."""
 
     def __init__(self, node: str, url: str, timeout: float, changed: threading.Lock,
-                 exec_ended: Callable[[dict[str, Any]], None]):
-        self.node, self.url, self.timeout = node, url, timeout
+                 exec_ended: Callable[[dict[str, Any]], None], keys: SshKeys = NO_KEYS):
+        self.node, self.url, self.timeout, self.keys = node, url, timeout, keys
         self.users, self.gen, self.live = 1, 0, False
         self._changed = changed  # the listings' lock: a generation and a listing move together
         self._exec_ended = exec_ended
@@ -110,7 +116,7 @@ class _Follower:
         self._stop.wait(seconds)  # a stop ends the wait between reconnects
 
     def _follow(self) -> None:
-        self._client = client = _client(self.url, self.timeout)
+        self._client = client = _client(self.url, self.timeout, self.keys)
         try:
             if self._stop.is_set():
                 return
@@ -219,13 +225,13 @@ class _Listings:
         with self.lock:
             self.seen.pop(url, None)
 
-    def follow(self, node: str, url: str, timeout: float) -> None:
+    def follow(self, node: str, url: str, timeout: float, keys: SshKeys = NO_KEYS) -> None:
         with self.lock:
             f = self.followers.get(url)
             if f is not None:
                 f.users += 1
             else:
-                self.followers[url] = _Follower(node, url, timeout, self.lock, self._exec_ended)
+                self.followers[url] = _Follower(node, url, timeout, self.lock, self._exec_ended, keys)
 
     def unfollow(self, url: str) -> None:
         with self.lock:
@@ -256,12 +262,12 @@ def is_image_id(image: str) -> bool:
 
 
 class DockerEngine:
-    def __init__(self, node: str, url: str, *, timeout: float, follow: bool = False):
+    def __init__(self, node: str, url: str, *, timeout: float, follow: bool = False, keys: SshKeys = NO_KEYS):
         """follow: follow the engine's container events from its first steady sweep until close(), so that a
         steady sweep need not list its containers (the daemon's; a one-shot command lists every time). Not
         before: a start has no steady sweep, and its stream's connection (an SSH handshake) would only compete
         with the start."""
-        self.node, self.url, self.timeout = node, url, timeout
+        self.node, self.url, self.timeout, self.keys = node, url, timeout, keys  # keys: an ssh:// engine's
         self._events: bool | None = False if follow else None  # None: never followed; False: not yet; True: followed
         self._client: docker.DockerClient | None = None
         self._lock = threading.Lock()
@@ -269,7 +275,7 @@ class DockerEngine:
     def client(self) -> docker.DockerClient:
         with self._lock:
             if self._client is None:
-                self._client = _client(self.url, self.timeout)
+                self._client = _client(self.url, self.timeout, self.keys)
             return self._client
 
     @property
@@ -326,7 +332,7 @@ class DockerEngine:
             with self._lock:  # observations of one engine may overlap: it is followed once
                 if self._events is False:
                     self._events = True
-                    LISTINGS.follow(self.node, self.url, self.timeout)
+                    LISTINGS.follow(self.node, self.url, self.timeout, self.keys)
         kept = LISTINGS.get(self.url, trusted)
         if kept is not None:
             return kept

@@ -10,15 +10,47 @@ import signal
 import socket
 import subprocess
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import AdapterError, TransientError, Unreachable
 
+if TYPE_CHECKING:
+    from ..config import Node
+
+
+@dataclass(frozen=True)
+class SshKeys:
+    """Which host keys a node's SSH trusts and which key it logs in with ([[nodes]] known_hosts and
+    identity_file), for both ways a node is reached over SSH: ssh(1) (``ssh_argv``) and the Docker engine's
+    ssh:// (adapters.dockerssh). "": the running user's own (ssh: its config and ~/.ssh/known_hosts;
+    docker-py: $HOME/.ssh/known_hosts)."""
+
+    known_hosts: str = ""
+    identity_file: str = ""
+
+    @classmethod
+    def of(cls, node: Node) -> SshKeys:
+        return cls(node.known_hosts, node.identity_file)
+
+    def options(self) -> list[str]:
+        """ssh(1)'s options for them (none for the defaults)."""
+        opts = ["-o", f"UserKnownHostsFile={self.known_hosts}"] if self.known_hosts else []
+        # IdentitiesOnly: the key given, not whatever an agent offers first (sshd's MaxAuthTries counts them).
+        return opts + (["-i", self.identity_file, "-o", "IdentitiesOnly=yes"] if self.identity_file else [])
+
+
+NO_KEYS = SshKeys()
+
 
 def ssh_argv(target: str, argv: list[str], *, connect_timeout: float, control_dir: str = "",
-             config_file: str = "") -> list[str]:
-    """ssh runs the remote command through the remote shell, so quote each argument exactly once."""
+             config_file: str = "", keys: SshKeys = NO_KEYS, strict: bool = False) -> list[str]:
+    """ssh runs the remote command through the remote shell, so quote each argument exactly once.
+    strict: an unknown host key fails whatever the user's ssh config says (StrictHostKeyChecking=yes), as
+    docker-py's ssh:// always does; the access check (world.access) asks so."""
     opts = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(connect_timeout))}",
             "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=2"]
+    opts += ["-o", "StrictHostKeyChecking=yes"] if strict else []
+    opts += keys.options()
     if config_file:
         opts = ["-F", config_file, *opts]
     if control_dir:
@@ -93,16 +125,17 @@ def run_local(argv: list[str], timeout: float) -> Result:
 
 class NodeShell:
     def __init__(self, node_name: str, ssh_target: str, *, timeout: float, connect_timeout: float,
-                 control_dir: str = ""):
+                 control_dir: str = "", keys: SshKeys = NO_KEYS, strict: bool = False):
         self.node, self.target = node_name, ssh_target
         self.timeout, self.connect_timeout, self.control_dir = timeout, connect_timeout, control_dir
+        self.keys, self.strict = keys, strict
         self._addr: tuple[str, int] | None = None
 
     def argv(self, argv: list[str]) -> list[str]:
         if not self.target:
             return argv
-        return ssh_argv(self.target, argv, connect_timeout=self.connect_timeout,
-                        control_dir=self.control_dir, config_file=ssh_config_file())
+        return ssh_argv(self.target, argv, connect_timeout=self.connect_timeout, control_dir=self.control_dir,
+                        config_file=ssh_config_file(), keys=self.keys, strict=self.strict)
 
     def run(self, argv: list[str], timeout: float | None = None) -> Result:
         r = run_local(self.argv(argv), timeout or self.timeout)

@@ -45,14 +45,16 @@ def _preflight(view: DeploymentView, prefix: str) -> int:
     """One deployment's preflight, printed; returns the number of problems."""
     from ..judge import fabric
     from ..judge.preflight import preflight
+    from ..judge.qualify import stack_memory_problems
     from ..world.observe import Observer, World
+    problems = _access(view, prefix)  # first: an unknown host key also shows as unreachable below
     world = World(view)
     try:
         obs = Observer(world).observe(full=True)
     finally:
         world.close()
-    problems = [f"{o.name}: unreachable: {o.error}" for o in obs.nodes.values() if o.error]
-    problems += preflight(view, obs)
+    problems += [f"{o.name}: unreachable: {o.error}" for o in obs.nodes.values() if o.error]
+    problems += preflight(view, obs) + stack_memory_problems(view, obs)
     hosts = {o.name: o.host for o in obs.nodes.values() if o.host is not None}
     found = fabric.findings(view, hosts, {o.name: o.gpu_lost for o in obs.nodes.values() if o.gpu_lost})
     for w in found.warnings:  # a warning: serving works, other tools confuse the nodes
@@ -66,6 +68,18 @@ def _preflight(view: DeploymentView, prefix: str) -> int:
     for p in problems:
         print(f"preflight: {prefix}{p}")
     return len(problems)
+
+
+def _access(view: DeploymentView, prefix: str) -> list[str]:
+    """Host keys on both SSH paths and the privilege for what needs root, on every member (world.access):
+    the problems returned, each check that could not be judged shown as unknown (not counted)."""
+    from ..world import access
+    sup = view.cfg.supervisor
+    found = access.check_access(view.cfg, view.members, timeout=sup.io_timeout, connect_timeout=sup.ssh_connect_timeout)
+    for f in found:
+        if f.unknown:
+            print(f"preflight: {prefix}{access.shown(f)} (not counted)")
+    return [access.shown(f) for f in access.problems(found)]
 
 
 def _check_images(view: DeploymentView, nodes: list[Node]) -> list[str]:

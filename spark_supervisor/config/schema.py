@@ -73,6 +73,46 @@ class Node(_Strict):
     # Where this node's /sys, /proc and /etc are read for its fabric and identity facts (scripts/host-facts.sh):
     # "/" on a real host; a tree of its own per node where the hardware is a stand-in (the testbed).
     host_root: AbsPath = "/"
+    # A node reached as a normal user (docs/privileges.md): the argument list put before exactly the commands
+    # that need root there, `systemctl stop|disable|mask` of [stale] units and the built-in page-cache drop,
+    # e.g. ["sudo", "-n"]. Nothing else goes through it: Docker is reached through the docker group.
+    become: list[str] = []
+    # The host keys this node's SSH trusts and the key it logs in with, used by ssh and by an ssh:// Docker
+    # engine alike. "": the running user's own (~/.ssh/known_hosts; ssh's config or its default keys).
+    known_hosts: OptionalAbsPath = ""
+    identity_file: OptionalAbsPath = ""
+
+    @field_validator("become")
+    @classmethod
+    def _become(cls, v: list[str]) -> list[str]:
+        if not v:
+            return v
+        if any(not a.strip() for a in v):
+            raise ValueError(f"{v!r} has an empty argument: give the program and its options, e.g. [\"sudo\", \"-n\"]")
+        if not _no_space(v[0]):
+            raise ValueError(f"{_q(v[0])} is one argument with spaces: give each as its own element, "
+                             "e.g. [\"sudo\", \"-n\"]")
+        if os.path.basename(v[0]) == "sudo" and not any(a in ("-n", "--non-interactive") for a in v[1:]):
+            raise ValueError(f"{v!r}: sudo without -n asks for a password, which no one is there to type (the "
+                             "command fails or hangs until its timeout): add \"-n\" and a NOPASSWD rule "
+                             "(docs/privileges.md)")
+        return v
+
+    @field_validator("known_hosts", "identity_file")
+    @classmethod
+    def _ssh_file(cls, v: str) -> str:
+        if not _no_space(v):
+            raise ValueError(f"{_q(v)} contains whitespace (ssh reads a known_hosts option as a list of files): "
+                             "use a path without spaces")
+        return v
+
+    @model_validator(mode="after")
+    def _ssh_files_need_ssh(self) -> Node:
+        if (self.known_hosts or self.identity_file) and not (self.ssh or self.docker.startswith("ssh://")):
+            key = ".known_hosts" if self.known_hosts else ".identity_file"
+            _raise([(key, "is used only to reach a node over SSH, and this node has no ssh and no ssh:// "
+                     "docker: remove it, or set ssh")])
+        return self
 
     @property
     def remote(self) -> bool:

@@ -62,6 +62,11 @@ class Kind(StrEnum):
     GID_INDEX_MOVED = "GidIndexMoved"
     PEER_REBOOTED = "PeerRebooted"  # a member's boot ID changed under the deployment: a gang repair
 
+    # Access to the nodes, qualified before a load (world.access; docs/privileges.md).
+    HOST_KEY_UNKNOWN = "HostKeyUnknown", True  # the node's host key is not in the known_hosts read (ssh or ssh://)
+    HOST_KEY_CHANGED = "HostKeyChanged", True  # the node's host key is not the one recorded there
+    NO_PRIVILEGE = "NoPrivilege", True  # the node's user cannot run a command that needs root (become)
+
     # What the planner and the loop decide.
     CHANGE_REFUSED = "ChangeRefused"  # a reload's new spec failed its proof: the old one serves on
     ROLLED_BACK = "RolledBack"  # a reload's new spec failed once switched to: the last that served again

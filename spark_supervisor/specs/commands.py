@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -99,6 +100,18 @@ def node_container(cfg: Config, dep: Deployment, node: Node, *, dashboard: bool 
 
 
 DROP_CACHES = ["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"]
+SYNC = ["sync"]
+DROP_CACHES_SYSCTL = ["sysctl", "-w", "vm.drop_caches=3"]
+
+
+def drop_caches(become: Sequence[str] = ()) -> list[list[str]]:
+    """A worker's built-in page-cache drop, the commands in order. As root, one shell line. Through a
+    privilege prefix ([[nodes]] become): `sync` as the user (sync(2) needs no privilege) and then only the
+    write that does, as a program with fixed arguments, so that the sudoers rule names no shell
+    (docs/privileges.md)."""
+    if not become:
+        return [DROP_CACHES]
+    return [SYNC, [*become, *DROP_CACHES_SYSCTL]]
 
 
 def drop_caches_container(image: str) -> ContainerSpec:
@@ -293,8 +306,13 @@ def systemctl_show(units: list[str]) -> list[str]:
             *[u if "." in u else f"{u}.service" for u in units]]
 
 
-def systemctl(verb: str, units: list[str]) -> list[str]:
-    return ["systemctl", verb, *[u if "." in u else f"{u}.service" for u in units]]
+def systemctl(verb: str, units: list[str], become: Sequence[str] = ()) -> list[str]:
+    """`systemctl <verb>` of [stale] units, behind the node's privilege prefix ([[nodes]] become). disable and
+    mask with --no-reload: each unit is stopped first, and the daemon-reload they would otherwise do detaches
+    the GPUs from running non-privileged containers (NVIDIA/nvidia-container-toolkit#48); the change takes
+    effect at the next boot or reload, which is what it is for."""
+    flags = ["--no-reload"] if verb in ("disable", "mask") else []
+    return [*become, "systemctl", verb, *flags, *[u if "." in u else f"{u}.service" for u in units]]
 
 
 # What an image holds, run in a short-lived container of it with the node container's environment and

@@ -287,10 +287,13 @@ class Actor:
         a worker over SSH; the head in a short-lived container through its Docker engine (cap SYS_ADMIN,
         /proc/sys/vm bound in), so the unit itself keeps ProtectKernelTunables and no capability."""
         if a.node.drop_caches or a.node.remote:
-            r = a.shell.run(list(a.node.drop_caches) or commands.DROP_CACHES)
-            if r.rc != 0:  # not allowed or not there: the same again on retry
-                raise ActionFailed(Kind.PAGE_CACHE_DROP_FAILED, f"{a.node.name}: {(r.err.strip() or f'exit {r.rc}')[-200:]} "
-                                   "(set nodes.drop_caches, or [memory] page_cache = \"never\")")
+            # The node's own command as given; the built-in one behind the node's privilege prefix (become).
+            for argv in [list(a.node.drop_caches)] if a.node.drop_caches else commands.drop_caches(a.node.become):
+                r = a.shell.run(argv)
+                if r.rc != 0:  # not allowed or not there: the same again on retry
+                    raise ActionFailed(Kind.PAGE_CACHE_DROP_FAILED, f"{a.node.name}: {argv[0]}: "
+                                       f"{(r.err.strip() or f'exit {r.rc}')[-200:]} (set nodes.become, nodes.drop_caches "
+                                       "or [memory] page_cache = \"never\": docs/privileges.md)")
             return
         ensure_image(self, a, image)
         code, out = a.docker.run_once(commands.drop_caches_container(image))
@@ -351,7 +354,8 @@ def prefetch_container(a: NodeAdapters, dep: Deployment) -> Container | None:
 
 
 def systemctl(a: NodeAdapters, verb: str, unit: str) -> None:
-    r = a.shell.run(commands.systemctl(verb, [unit]))
+    """A stale unit stopped, disabled or masked on the node, behind its privilege prefix ([[nodes]] become)."""
+    r = a.shell.run(commands.systemctl(verb, [unit], a.node.become))
     if r.rc != 0:
         raise ActionFailed(Kind.SYSTEMCTL_FAILED, f"systemctl {verb} {unit} on {a.node.name}: "
                            f"{(r.err.strip() or f'exit {r.rc}')[-200:]}")

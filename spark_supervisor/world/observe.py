@@ -16,7 +16,7 @@ from ..adapters.docker import DockerEngine
 from ..adapters.listening import LISTENING, read_listening
 from ..adapters.nvidia import parse_meminfo, parse_smi_xml
 from ..adapters.ray import RayDashboard, read_nodes
-from ..adapters.shell import NodeShell, Result
+from ..adapters.shell import NodeShell, Result, SshKeys
 from ..adapters.sysfs import host_facts_of
 from ..adapters.vllm import VllmApi
 from ..base import redaction
@@ -60,9 +60,10 @@ class World:
         self.cfg = cfg = view.cfg
         dep, sup, docker_timeout = view.dep, cfg.supervisor, view.deadlines.docker.seconds
         self.nodes = {
-            n.name: NodeAdapters(n, NodeShell(n.name, n.ssh, timeout=sup.io_timeout,
+            n.name: NodeAdapters(n, NodeShell(n.name, n.ssh, timeout=sup.io_timeout, keys=SshKeys.of(n),
                                               connect_timeout=sup.ssh_connect_timeout, control_dir=control_dir),
-                                 DockerEngine(n.name, n.docker, timeout=docker_timeout, follow=follow_events))
+                                 DockerEngine(n.name, n.docker, timeout=docker_timeout, follow=follow_events,
+                                              keys=SshKeys.of(n)))
             for n in cfg.nodes
         }
         # Let go of a kept connection before vLLM's uvicorn closes it (5 s): a request then would fail a probe.

@@ -263,9 +263,10 @@ def _lines(dirfd: int, name: str) -> Iterator[bytes]:
 
 
 def _shell(cfg: Config, node: Node) -> NodeShell:
-    from ..adapters.shell import NodeShell
+    from ..adapters.shell import NodeShell, SshKeys
     sup = cfg.supervisor
-    return NodeShell(node.name, node.ssh, timeout=sup.io_timeout, connect_timeout=sup.ssh_connect_timeout)
+    return NodeShell(node.name, node.ssh, timeout=sup.io_timeout, connect_timeout=sup.ssh_connect_timeout,
+                     keys=SshKeys.of(node))
 
 
 def _list(shell: NodeShell, directory: str, node: str) -> list[str]:
