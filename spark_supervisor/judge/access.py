@@ -4,6 +4,7 @@ is an unknown, shown as such, never a verdict."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -129,3 +130,20 @@ def privilege(node: str, user: str, uid: int | None, become: list[str], needed: 
                        f"allow exactly these commands to {user} on {node} (/etc/sudoers.d/spark-supervisor, "
                        f"`visudo -cf` it):\n{rule}")
     return Finding(node, check)
+
+
+# What a command that needs root says when the node's user may not run it: polkit's answer to systemctl, sudo's
+# own refusals, the kernel's to a write under /proc/sys. Seen in an action's stderr, it is NoPrivilege (the same
+# on every retry), not a transient failure.
+_DENIED = re.compile(r"Access denied|Interactive authentication required|a password is required|"
+                     r"is not allowed to execute|a terminal is required|not in the sudoers file|"
+                     r"Permission denied|permission denied on key|Operation not permitted")
+
+
+def denied(err: str) -> bool:
+    return bool(_DENIED.search(err[-2000:]))
+
+
+PRIVILEGE_HINT = ("the node's user may not run it: set nodes.become = [\"sudo\", \"-n\"] and the sudoers rule "
+                  "`spark-supervisor check --preflight` prints (docs/privileges.md), then `spark-supervisor reset`")
+

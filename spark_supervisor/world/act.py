@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,7 @@ from ..adapters import retry as retry_mod
 from ..base import redaction
 from ..base.log import Log
 from ..config import Deployment, Node, identity
-from ..judge import completion, modelcheck
+from ..judge import access, completion, modelcheck
 from ..judge.preflight import parse_image_probe
 from ..model import (
     Action,
@@ -290,6 +291,9 @@ class Actor:
             # The node's own command as given; the built-in one behind the node's privilege prefix (become).
             for argv in [list(a.node.drop_caches)] if a.node.drop_caches else commands.drop_caches(a.node.become):
                 r = a.shell.run(argv)
+                if r.rc != 0 and access.denied(r.err) and not a.node.drop_caches:
+                    raise ActionFailed(Kind.NO_PRIVILEGE, f"{a.node.name}: {shlex.join(argv)}: "
+                                       f"{r.err.strip()[-200:]}: {access.PRIVILEGE_HINT}")
                 if r.rc != 0:  # not allowed or not there: the same again on retry
                     raise ActionFailed(Kind.PAGE_CACHE_DROP_FAILED, f"{a.node.name}: {argv[0]}: "
                                        f"{(r.err.strip() or f'exit {r.rc}')[-200:]} (set nodes.become, nodes.drop_caches "
@@ -357,8 +361,10 @@ def systemctl(a: NodeAdapters, verb: str, unit: str) -> None:
     """A stale unit stopped, disabled or masked on the node, behind its privilege prefix ([[nodes]] become)."""
     r = a.shell.run(commands.systemctl(verb, [unit], a.node.become))
     if r.rc != 0:
-        raise ActionFailed(Kind.SYSTEMCTL_FAILED, f"systemctl {verb} {unit} on {a.node.name}: "
-                           f"{(r.err.strip() or f'exit {r.rc}')[-200:]}")
+        said = f"systemctl {verb} {unit} on {a.node.name}: {(r.err.strip() or f'exit {r.rc}')[-200:]}"
+        if access.denied(r.err):
+            raise ActionFailed(Kind.NO_PRIVILEGE, f"{said}: {access.PRIVILEGE_HINT}")
+        raise ActionFailed(Kind.SYSTEMCTL_FAILED, said)
 
 
 def kept_report(kept: object, image_id: str, digests: tuple[str, ...] | None = None) -> ImageReport | None:

@@ -16,6 +16,7 @@ from spark_supervisor.config import HASH_LABEL, HELPER_LABEL, NODE_LABEL, OWNER_
 from spark_supervisor.config.identity import PREFETCH_ROLE, node_container_name
 from spark_supervisor.model import (
     Container,
+    DropPageCache,
     Kind,
     Phase,
     RemoveContainers,
@@ -252,14 +253,25 @@ def test_a_missing_image_with_pulls_off_is_the_deterministic_image_missing(rig: 
 
 
 def test_a_unit_that_will_not_stop_is_systemctl_failed_with_its_stderr_and_is_not_disabled(rig: Rig) -> None:
-    rig.shells["spark-2"].answers = [(["systemctl", "stop"], Result(1, "", "Failed to stop vllm-proxy.service: "
-                                                                        "Access denied\n"))]
+    rig.shells["spark-2"].answers = [(["systemctl", "stop"], Result(1, "", "Job for vllm-proxy.service canceled.\n"))]
     with pytest.raises(ActionFailed) as e:
         rig.actor.run(StopUnits("spark-2", ("vllm-proxy", "vllm-cluster"), disable=True))
-    assert e.value.why.kind == Kind.SYSTEMCTL_FAILED
-    assert e.value.reason.endswith("systemctl stop vllm-proxy on spark-2: Failed to stop vllm-proxy.service: "
-                                   "Access denied")
+    assert e.value.why.kind == Kind.SYSTEMCTL_FAILED and not e.value.deterministic
+    assert e.value.reason.endswith("systemctl stop vllm-proxy on spark-2: Job for vllm-proxy.service canceled.")
     assert rig.shells["spark-2"].ran == [["systemctl", "stop", "vllm-proxy.service"]]  # it stops at the first
+
+
+@pytest.mark.parametrize("err", ["Failed to stop vllm-proxy.service: Access denied",
+                                 "Failed to stop vllm-proxy.service: Interactive authentication required.",
+                                 "sudo: a password is required"])
+def test_a_user_that_may_not_stop_a_unit_is_no_privilege_with_the_way_to_allow_it(rig: Rig, err: str) -> None:
+    """The same on every retry: FAILED before any load, with the fix (become and the sudoers rule)."""
+    rig.shells["spark-2"].answers = [(["systemctl", "stop"], Result(1, "", err + "\n"))]
+    with pytest.raises(ActionFailed) as e:
+        rig.actor.run(StopUnits("spark-2", ("vllm-proxy",), disable=True))
+    assert e.value.why.kind == Kind.NO_PRIVILEGE and e.value.deterministic
+    assert e.value.reason.startswith(f"NoPrivilege: systemctl stop vllm-proxy on spark-2: {err}: the node's user may "
+                                     "not run it: set nodes.become = [\"sudo\", \"-n\"]")
 
 
 def test_a_node_unreachable_over_ssh_is_action_failed_not_an_exception_of_its_own(rig: Rig) -> None:
@@ -300,3 +312,16 @@ def test_a_dry_actor_pulls_nothing_removes_nothing_and_writes_no_state(rig: Rig)
         pass  # what the fake's empty probe output is judged to be does not matter here
     assert spark1.removed == [] and spark1.started == []
     assert not (Path(rig.cfg.supervisor.state_dir) / "images.json").exists()
+
+
+def test_a_page_cache_drop_the_user_may_not_make_is_no_privilege(rig: Rig) -> None:
+    rig.shells["spark-2"].answers = [(commands.DROP_CACHES[:1], Result(
+        2, "", "sh: 1: cannot create /proc/sys/vm/drop_caches: Permission denied\n"))]
+    with pytest.raises(ActionFailed) as e:
+        rig.actor.run(DropPageCache("spark-2"))
+    assert e.value.why.kind == Kind.NO_PRIVILEGE and e.value.deterministic
+    assert "Permission denied: the node's user may not run it: set nodes.become" in e.value.reason
+    rig.shells["spark-2"].answers = [(commands.DROP_CACHES[:1], Result(1, "", "sync: I/O error\n"))]
+    with pytest.raises(ActionFailed) as e:
+        rig.actor.run(DropPageCache("spark-2"))
+    assert e.value.why.kind == Kind.PAGE_CACHE_DROP_FAILED  # not a privilege: tried again later
