@@ -72,6 +72,9 @@ def parser() -> argparse.ArgumentParser:
     add("run", ops.cmd_run, "run the supervisor in the foreground (what the systemd unit runs)")
     add("check", ops.cmd_check, "validate the config: exit 0, or 2 with one line per problem").add_argument(
         "--preflight", action="store_true", help="also check the fabric on every node (exit 1 on a problem)")
+    from . import discover  # standard library only at import, as every command module here
+    discover.add_arguments(add("discover", discover.cmd_discover, "read the nodes, write the config they can serve "
+                               "(each value annotated), qualify it and say what is left to do; change nothing", config=False))
     add("diagnose", ops.cmd_diagnose, "per node, the deepest layer that answers and the first that does not")
     add("plan", ops.cmd_plan, "observe once and print what would be done; change nothing", json=True)
     ap = add("apply", ops.cmd_apply, "what a reload to FILE would do to each deployment (unchanged, settings only, "
