@@ -110,6 +110,7 @@ def parser() -> argparse.ArgumentParser:
         "--out", "-o", default="", metavar="FILE",
         help="where to write it: a new or regular file, or - for standard output (default: "
              "<state_dir>/reports/spark-supervisor-report-<UTC time>.tar.gz)")
+    record.add_capture(sub.choices["report"])
     ls = add("logscan", tools.cmd_logscan, "read a vLLM serve log: phase reached, timings, failure and hint",
              config=False, json=True)
     ls.add_argument("file", help="the log file, or - for standard input")

@@ -62,7 +62,34 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_capture(p: argparse.ArgumentParser) -> None:
+    """`report --capture`: the formats our parsers read, from every node (docs/operator-guide.md)."""
+    p.add_argument("--capture", action="store_true",
+                   help="instead: capture exactly what the supervisor's parsers read on every node (nvidia-smi -q -x, "
+                        "the host facts, ip -o addr, /proc/meminfo, the serve log's start and NCCL lines, Ray's node "
+                        "list), redacted with the format kept, with a manifest (default: "
+                        "<state_dir>/reports/spark-supervisor-capture-<UTC time>.tar.gz)")
+
+
+def _capture(args: argparse.Namespace) -> int:
+    from ..report.record import capture
+    cfg = _load(args.config)
+    try:
+        path, members, size, problems = capture.write(cfg, args.out, time.time())
+    except OSError as e:
+        print(f"spark-supervisor report: cannot write {args.out or 'the capture'}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    for p in problems:
+        print(f"not captured: {p}", file=sys.stderr)
+    print(f"wrote {'the capture to standard output' if args.out == '-' else path} ({len(members)} files, "
+          f"{size / 1024:.0f} KiB; addresses, names and serials replaced, the formats kept): send it to have "
+          "each file become a test fixture", file=sys.stderr if args.out == "-" else sys.stdout)
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
+    if getattr(args, "capture", False):
+        return _capture(args)
     from ..report.record import bundle
     cfg = _load(args.config)
     try:
