@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from ..base.log import Log
 from ..config.identity import node_container_name
 from ..config.view import DeploymentView
-from ..judge import logscan
+from ..judge import loadrate, logscan
 from ..model import ImageReport, Observation, Phase, Status
 from ..report import statusdoc
 from ..report.record import UNKNOWN, Decided, Sources, build, what_changed
@@ -153,6 +153,7 @@ class Recorder:
             hosts=dict(st.hosts), gpus={n: o.gpu for n, o in (full.nodes.items() if full else ()) if o.gpu},
             running=(ids := running(view, obs)), images=checks(view, st, ids), bringup=statusdoc.bringup(st),
             steps=tuple(logscan.timeline(serve.log_tail)) if serve is not None else (),
+            load_read=loadrate.loaded(serve.log_tail) if serve is not None else None,
             kv_tokens=st.kv_cache.tokens if st.kv_cache is not None and st.kv_cache.serve == serve_id else 0,
             perf=st.perf, transports=st.transports if st.transports_of == serve_id else (),
             decisions=tuple(repairs + [d for d in self.notes if d.at > since]))

@@ -25,3 +25,13 @@ def test_a_load_near_its_disk_or_any_figure_unknown_says_nothing() -> None:
     assert loaded("Model loading took 1.2.3 GiB and 4 seconds") is None
     assert loaded("Model loading took 0 GiB memory and 0.0 seconds") is None
     assert loaded("") is None
+
+
+def test_the_record_keeps_the_read_rate_beside_the_disk_and_the_verdict_when_far_below() -> None:
+    from spark_supervisor.report.record.build import load_read
+    read = LoadRead(59.6123, 712.402113)
+    assert load_read(None, 3.2) == "unknown"
+    assert load_read(read, None) == {"gib": 59.61, "seconds": 712.4, "gb_s": 0.09, "disk_gb_s": "unknown"}
+    got = load_read(read, 3.2)
+    assert isinstance(got, dict) and got["disk_gb_s"] == 3.2 and str(got["verdict"]).startswith(
+        "the load read 0.09 GB/s, 3% of the 3.20 GB/s the disk reads: far below it")

@@ -18,7 +18,8 @@ from typing import Any
 from ...base import redaction
 from ...config import Node
 from ...config.view import DeploymentView
-from ...judge import fabric
+from ...judge import fabric, loadrate
+from ...judge.loadrate import LoadRead
 from ...judge.logscan import Step
 from ...model import Gpu, HostFacts, ImageReport, ModelReport, PerfVerdict, Transport
 from ...model.host import NONE
@@ -60,6 +61,8 @@ class Sources:
     perf: PerfVerdict | None = None
     transports: tuple[Transport, ...] = ()
     decisions: tuple[Decided, ...] = ()
+    load_read: LoadRead | None = None  # judge.loadrate.loaded of the serve's log (rank 0's own weights)
+    disk_gb_s: float | None = None  # the serve node's disk, read sequentially (None: not measured)
 
 
 def build(src: Sources) -> dict[str, Any]:
@@ -182,7 +185,17 @@ def results(src: Sources, perf: PerfVerdict | None) -> dict[str, Any]:
         # none seen (NCCL's INFO lines off, not logged yet) is not "no transport": unknown
         "transports": {(str(t.rank) if t.rank is not None else f"? {t.ip}"): f"{t.net} on {_on(src.view, t)}"
                        for t in src.transports} or UNKNOWN,
+        "load_read": load_read(src.load_read, src.disk_gb_s),
     }
+
+
+def load_read(read: LoadRead | None, disk_gb_s: float | None) -> dict[str, Any] | str:
+    """How fast rank 0 read its weights, beside its disk, and what to do when far below (judge.loadrate)."""
+    if read is None:
+        return UNKNOWN
+    said = loadrate.verdict(read, disk_gb_s)
+    return {"gib": round(read.gib, 2), "seconds": round(read.seconds, 1), "gb_s": round(read.gb_s, 3),
+            "disk_gb_s": round(disk_gb_s, 2) if disk_gb_s else UNKNOWN, **({"verdict": said} if said else {})}
 
 
 def performance(v: PerfVerdict | None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from .build import UNKNOWN
 
 # Not compared: the record's own bookkeeping, the decisions that led to it, the timings and measured figures.
 _NOT_COMPARED = ("schema", "deployment", "at", "wall", "verdict", "good", "reason", "changed", "serve_id",
-                 "decisions", "results.bringup_s", "results.load_s", "results.performance")
+                 "decisions", "results.bringup_s", "results.load_s", "results.load_read", "results.performance")
 _COMPARED = ("results.performance.verdict",)  # but for the verdict itself (ok, regression)
 # What a bad verdict names first, in this order, by the path under a member (or at the top): label, pattern.
 HINTED = (("kernel", "host.kernel"), ("driver", "gpu.driver"), ("firmware", "fabric.rdma.*.firmware"),
