@@ -110,7 +110,8 @@ bench-beside: testbed real-vllm  ## HEAD and the previous release (each its whee
 # variables and functions of another). Its settings: spark_supervisor/specs/scripts/.shellcheckrc.
 RUN_SCRIPTS := specs.commands.SERVE_WRAPPER specs.commands.SERVE_STATE specs.commands.SERVE_STOP specs.commands.PROBES \
 	specs.commands.HOST_FACTS specs.commands.IMAGE_PROBE specs.commands.RAY_NODES specs.modelprobe.RUN_PY \
-	world.servelogs.LIST world.servelogs.READ world.servelogs.FOLLOW world.discover.MODELS_LIST world.capture.CAPTURE_LOG
+	world.servelogs.LIST world.servelogs.READ world.servelogs.FOLLOW world.discover.MODELS_LIST world.capture.CAPTURE_LOG \
+	specs.modelcopy.LIST specs.modelcopy.SINK specs.modelcopy.HASH specs.modelcopy.FINISH
 
 lint: venv
 	$(BIN)/ruff check spark_supervisor spark_testbed tests man

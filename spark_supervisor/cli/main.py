@@ -111,6 +111,8 @@ def parser() -> argparse.ArgumentParser:
         help="where to write it: a new or regular file, or - for standard output (default: "
              "<state_dir>/reports/spark-supervisor-report-<UTC time>.tar.gz)")
     record.add_capture(sub.choices["report"])
+    from . import copy as model_copy  # standard library only, as the modules above
+    model_copy.add_arguments(add("copy-model", model_copy.cmd_copy_model, "copy the deployment's model from the head to a member, verified; refused while it serves", json=True))
     ls = add("logscan", tools.cmd_logscan, "read a vLLM serve log: phase reached, timings, failure and hint",
              config=False, json=True)
     ls.add_argument("file", help="the log file, or - for standard input")

@@ -85,6 +85,7 @@ def judge(node: str, model: str, check_key: str, facts: dict[str, Any]) -> Model
     source, path = facts["source"], str(facts.get("dir") or "")
     missing: list[str] = []
     files = nbytes = 0
+    sizes: dict[str, int] = {}
     if source == "hub" and not path:
         return _not_in_cache(node, model, check_key, facts)
     kind = facts.get("kind")
@@ -105,6 +106,7 @@ def judge(node: str, model: str, check_key: str, facts: dict[str, Any]) -> Model
             if index.get("error") or not index.get("shards"):
                 missing.append(f"{index.get('name')} (unreadable: {index.get('error') or 'no weight_map'})")
             else:
+                sizes = {str(k): v for k, v in index["shards"].items() if isinstance(v, int)}
                 for shard, size in index["shards"].items():
                     p = _size_problem(shard, size)
                     if p:
@@ -118,6 +120,7 @@ def judge(node: str, model: str, check_key: str, facts: dict[str, Any]) -> Model
                                    "(truncated)")
         else:
             weights = {n: s for n, s in listed.items() if n.endswith(_WEIGHTS)}
+            sizes = {n: s for n, s in weights.items() if isinstance(s, int)}
             good = {n: s for n, s in weights.items() if isinstance(s, int) and s > 0}
             if "model.safetensors" in weights and "model.safetensors" not in good:
                 missing.append(_size_problem("model.safetensors", weights["model.safetensors"]))
@@ -128,7 +131,8 @@ def judge(node: str, model: str, check_key: str, facts: dict[str, Any]) -> Model
     revision = posixpath.basename(path) if source == "hub" and "/snapshots/" in path else ""
     return ModelReport(node, model, check_key, path=path, source=source, cache=str(facts.get("cache", "")),
                        missing=tuple(m for m in missing if m), files=files, bytes=nbytes, revision=revision,
-                       config_sha256=str(facts.get("config_sha256") or ""))
+                       config_sha256=str(facts.get("config_sha256") or ""), sizes=tuple(sorted(sizes.items())),
+                       blobs=tuple(sorted((str(k), str(v)) for k, v in (facts.get("blobs") or {}).items())))
 
 
 def parse_progress(out: str) -> dict[str, Any]:
@@ -187,18 +191,74 @@ def hint(dep: Deployment, bad: list[ModelReport], good: list[ModelReport]) -> st
         where = (f" --cache-dir {on_host}" if on_host else
                  f" --cache-dir {cache} inside {dep.ray.image} (it is on no volume: mount it in deployments.ray.volumes)"
                  if cache else "")
-        return f"on {nodes} run `hf download {dep.serve.model}{rev}{where}` (huggingface-cli download on older huggingface_hub){later}"
+        copy = f", or on {good[0].node} {_copy_model(dep, bad)}" if good else ""
+        return (f"on {nodes} run `hf download {dep.serve.model}{rev}{where}` (huggingface-cli download on older "
+                f"huggingface_hub){copy}{later}")
     path = bad[0].path if bad else dep.serve.model
     on_host = host_path(dep, path) or path
     if good:
         src = good[0]
         src_host = host_path(dep, src.path) or src.path
-        return f"copy it from {src.node}: on {nodes} run `rsync -a {src.node}:{src_host}/ {on_host}/`{later}"
+        return (f"copy it from {src.node}: on {nodes} run `rsync -a {src.node}:{src_host}/ {on_host}/` (or on "
+                f"{src.node} {_copy_model(dep, bad)}, which follows links){later}")
     return f"put the model at {on_host} on {nodes}{later}"
 
 
+def _copy_model(dep: Deployment, bad: list[ModelReport]) -> str:
+    return " and ".join(f"`spark-supervisor copy-model {dep.name} --to {m.node}`" for m in bad)
+
+
 def problem(cfg: Config, dep: Deployment, reports: dict[str, ModelReport]) -> tuple[str, str] | None:
-    """(reason kind, detail) when a node lacks the model, else None."""
+    """(reason kind, detail) when a node lacks the model, or a member's copy is not the head's, else None."""
     if any(m.missing for m in reports.values()):
         return (Kind.MODEL_MISSING, describe(cfg, dep, reports))
-    return None
+    members = [n.name for n in cfg.members(dep)]
+    head = reports.get(members[0]) if members else None
+    if head is None:
+        return None
+    found = {n: d for n in members[1:] if (r := reports.get(n)) is not None and (d := differences(head, r))}
+    if not found:
+        return None
+    parts = [f"{n}: {_listed(tuple(d))}" for n, d in found.items()]
+    copy = _copy_model(dep, [r for n, r in reports.items() if n in found])
+    return (Kind.MODEL_COPY_DIFFERS, f"{'; '.join(parts)} ({dep.serve.model}, as {head.node} has it in {head.path}). "
+            f"Hint: on {head.node} run {copy} (it sends only the files that differ and checks each one's size "
+            "and sha256), then `spark-supervisor reset`")
+
+
+def size_text(n: int) -> str:
+    """A size as an operator reads it (binary units, one decimal)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _two_sizes(got: int, want: int) -> tuple[str, str]:
+    """Both sizes, exact when rounding would show them equal (a shard a few bytes short)."""
+    a, b = size_text(got), size_text(want)
+    return (a, b) if a != b else (f"{got:,} B", f"{want:,} B")
+
+
+def differences(head: ModelReport, other: ModelReport) -> list[str]:
+    """How a member's model differs from the head's, each "name what, head what": a weight file of another size (a truncated copy), absent or extra, a file whose hub blob (an LFS file's sha256) is
+    another. Only between two complete reports: a missing file is ModelMissing's to name. Sizes and blob names
+    only, as the check reads them on every start: the content is hashed by `copy-model`, not here."""
+    if not (head.found and other.found) or head.missing or other.missing or head.unchecked or other.unchecked:
+        return []
+    # Another snapshot name alone is not a difference: a prefetch from a plain directory names its own.
+    out: list[str] = []
+    mine, theirs = dict(other.sizes), dict(head.sizes)
+    for name, want in theirs.items():
+        got = mine.get(name)
+        if got is None:
+            out.append(f"{name} absent, head {size_text(want)}")
+        elif got != want:
+            a, b = _two_sizes(got, want)
+            out.append(f"{name} {a}, head {b}")
+    out += [f"{name} {size_text(got)}, not on the head" for name, got in mine.items() if name not in theirs]
+    blobs = dict(head.blobs)
+    out += [f"{name} blob {blob[:12]}…, head {blobs[name][:12]}… (another content, same size)"
+            for name, blob in other.blobs if name in blobs and blob != blobs[name]
+            and mine.get(name) == theirs.get(name)]
+    return out

@@ -149,6 +149,8 @@ class ModelDoc(TypedDict):  # model.ModelReport, and its summary
     bytes_total: int
     revision: str
     config_sha256: str
+    sizes: Sequence[Sequence[str | int]]  # [file, bytes]: each weight file (what copy-model and ModelCopyDiffers compare)
+    blobs: Sequence[Sequence[str]]  # [file, blob name]: the hub cache's blob each links to (an LFS file's sha256)
     summary: str
 
 

@@ -83,6 +83,7 @@ class Kind(StrEnum):
     LOAD_STALLED = "LoadStalled"
     LOAD_TIMEOUT = "LoadTimeout"
     MODEL_MISSING = "ModelMissing"
+    MODEL_COPY_DIFFERS = "ModelCopyDiffers", True  # a member's model files are not the head's (judge.modelcheck)
     NODE_LOST = "NodeLost"
     NODE_UNREACHABLE = "NodeUnreachable"
     OBSERVATION_UNKNOWN = "ObservationUnknown"

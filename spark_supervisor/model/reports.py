@@ -29,6 +29,11 @@ class ModelReport:
     bytes_total: int = 0
     revision: str = ""  # the hub snapshot it resolved to (a commit), or "" (a local directory, or not found)
     config_sha256: str = ""  # of its config.json (or params.json) ("": not read)
+    # What a copy between nodes is compared by (judge.modelcheck.differences; judge.modelcopy): each weight file
+    # (the index's shards, else the weight files) and its size; each file that is a link into the hub cache's
+    # blobs/ and the blob's name (for a file kept in Git LFS, the sha256 of its content).
+    sizes: tuple[tuple[str, int], ...] = ()
+    blobs: tuple[tuple[str, str], ...] = ()
 
     @property
     def found(self) -> bool:

@@ -6,6 +6,14 @@ def size(p):
         return -2 if os.path.islink(p) else -1
     return -3 if os.path.isdir(p) else st.st_size
 
+def blob(p):
+    # A link into the hub cache's blobs/: the blob's name, which for a Git LFS file is its content's sha256.
+    try:
+        parent, name = os.path.split(os.readlink(p))
+    except OSError:
+        return ""
+    return name if os.path.basename(parent) == "blobs" else ""
+
 f = resolve(*sys.argv[1:4])
 d = f["dir"]
 f["kind"] = "none" if not d else "file" if os.path.isfile(d) else "dir" if os.path.isdir(d) else "none"
@@ -17,6 +25,11 @@ elif f["kind"] == "dir":
     except OSError as e:
         names, f["list_error"] = [], str(e)[:200]
     f["files"] = {n: size(os.path.join(d, n)) for n in names[:MAX]}
+    f["blobs"] = {}
+    for n in names[:MAX]:
+        b = blob(os.path.join(d, n))
+        if b:
+            f["blobs"][n] = b
     for name in INDEXES:
         p = os.path.join(d, name)
         if not os.path.lexists(p):
