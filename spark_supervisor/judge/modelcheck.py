@@ -132,7 +132,13 @@ def judge(node: str, model: str, check_key: str, facts: dict[str, Any]) -> Model
     return ModelReport(node, model, check_key, path=path, source=source, cache=str(facts.get("cache", "")),
                        missing=tuple(m for m in missing if m), files=files, bytes=nbytes, revision=revision,
                        config_sha256=str(facts.get("config_sha256") or ""), sizes=tuple(sorted(sizes.items())),
-                       blobs=tuple(sorted((str(k), str(v)) for k, v in (facts.get("blobs") or {}).items())))
+                       blobs=tuple(sorted((str(k), str(v)) for k, v in (facts.get("blobs") or {}).items())),
+                       disk_gb_s=_rate(facts.get("disk_gb_s")))
+
+
+def _rate(v: object) -> float | None:
+    """A GB/s figure the probe printed: a positive, plausible number, else not measured."""
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < 1000 else None
 
 
 def parse_progress(out: str) -> dict[str, Any]:

@@ -151,6 +151,7 @@ class ModelDoc(TypedDict):  # model.ModelReport, and its summary
     config_sha256: str
     sizes: Sequence[Sequence[str | int]]  # [file, bytes]: each weight file (what copy-model and ModelCopyDiffers compare)
     blobs: Sequence[Sequence[str]]  # [file, blob name]: the hub cache's blob each links to (an LFS file's sha256)
+    disk_gb_s: float | None  # the disk's sequential read rate there, GB/s (null: not measured)
     summary: str
 
 

@@ -34,6 +34,7 @@ class ModelReport:
     # blobs/ and the blob's name (for a file kept in Git LFS, the sha256 of its content).
     sizes: tuple[tuple[str, int], ...] = ()
     blobs: tuple[tuple[str, str], ...] = ()
+    disk_gb_s: float | None = None  # the disk's sequential read under the largest weight file (None: not measured)
 
     @property
     def found(self) -> bool:

@@ -154,6 +154,7 @@ class Recorder:
             running=(ids := running(view, obs)), images=checks(view, st, ids), bringup=statusdoc.bringup(st),
             steps=tuple(logscan.timeline(serve.log_tail)) if serve is not None else (),
             load_read=loadrate.loaded(serve.log_tail) if serve is not None else None,
+            disk_gb_s=disk_rate(st, view.serve_node.name),
             kv_tokens=st.kv_cache.tokens if st.kv_cache is not None and st.kv_cache.serve == serve_id else 0,
             perf=st.perf, transports=st.transports if st.transports_of == serve_id else (),
             decisions=tuple(repairs + [d for d in self.notes if d.at > since]))
@@ -205,3 +206,10 @@ def running(view: DeploymentView, obs: Observation | None) -> dict[str, str]:
     return {n.name: c.image_id for n in view.members if n.name in obs.nodes and not obs.nodes[n.name].error
             for c in obs.nodes[n.name].containers
             if c.name == node_container_name(dep, n) and c.image_id and c.running}
+
+
+def disk_rate(st: Status, node: str) -> float | None:
+    """The disk's sequential read rate under the model on ``node``, as its model check measured it (kept with the
+    check, so measured once per node and model key)."""
+    r = st.images.get(node)
+    return r.model.disk_gb_s if r is not None and r.model is not None else None
