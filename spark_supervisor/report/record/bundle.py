@@ -144,8 +144,15 @@ def write(cfg: Config, config_path: str, out: str, now: float) -> tuple[Path, li
     secrets = known_secrets(cfg, os.environ)
     clean = [(name, redaction.scrub(data.decode(errors="replace"), secrets).encode()[:MAX_MEMBER])
              for name, data in members]
-    data = _tar(f"spark-supervisor-report-{stamp}", clean, now)
-    names = [name for name, _ in clean]
+    return deliver(cfg, out, f"spark-supervisor-report-{stamp}", clean, now)
+
+
+def deliver(cfg: Config, out: str, name: str, members: list[tuple[str, bytes]], now: float
+            ) -> tuple[Path, list[str], int]:
+    """``members`` as the tar.gz ``name`` (its top folder too): to standard output ("-"), to ``out``, or under
+    <state_dir>/reports/. Where it went, its member names and its size."""
+    data = _tar(name, members, now)
+    names = [n for n, _ in members]
     if out == "-":
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
@@ -153,7 +160,7 @@ def write(cfg: Config, config_path: str, out: str, now: float) -> tuple[Path, li
     if out:
         target = Path(out)
     else:
-        target = Path(cfg.supervisor.state_dir) / REPORTS / f"spark-supervisor-report-{stamp}.tar.gz"
+        target = Path(cfg.supervisor.state_dir) / REPORTS / f"{name}.tar.gz"
         statefile.make_dirs(target.parent, 0o700)
     _replace(target, data)
     return target, names, len(data)

@@ -17,10 +17,8 @@ from pathlib import Path
 from ... import version
 from ...base import redaction
 from ...config import Config, known_secrets
-from ...state import statefile
-from ...state.names import REPORTS
 from ...world import capture
-from .bundle import _replace, _tar
+from .bundle import deliver
 from .pseudonyms import Pseudonyms
 
 MANIFEST = "manifest.json"
@@ -99,21 +97,8 @@ replaced by pseudonyms, the same value by the same pseudonym throughout this bun
 def write(cfg: Config, out: str, now: float, key: bytes | None = None) -> tuple[Path, list[str], int, list[str]]:
     """Capture and write the bundle (at ``out``, or in <state_dir>/reports/); its path, members, size and what
     could not be captured."""
-    import sys
     stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%SZ")
     members, problems = collect(cfg, capture.capture(cfg), key or tokens.token_bytes(32))
     members.insert(0, ("README.txt", (README.format(stamp=stamp) + "".join(f"not captured: {x}\n" for x in problems))
                        .encode()))
-    data = _tar(f"spark-supervisor-capture-{stamp}", members, now)
-    names = [name for name, _ in members]
-    if out == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-        return Path("-"), names, len(data), problems
-    if out:
-        target = Path(out)
-    else:
-        target = Path(cfg.supervisor.state_dir) / REPORTS / f"spark-supervisor-capture-{stamp}.tar.gz"
-        statefile.make_dirs(target.parent, 0o700)
-    _replace(target, data)
-    return target, names, len(data), problems
+    return (*deliver(cfg, out, f"spark-supervisor-capture-{stamp}", members, now), problems)
