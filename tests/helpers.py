@@ -48,11 +48,25 @@ BASE: dict[str, Any] = {
 def data(**patch: Any) -> dict[str, Any]:
     d = copy.deepcopy(BASE)
     d.update(patch)
+    return with_image(d)
+
+
+TEST_IMAGE = "vllm/vllm-openai:latest"  # what a test's deployment runs unless it names its image (required)
+
+
+def with_image(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` with TEST_IMAGE for each deployment that names none (a real config must: config.schema.Ray.image)."""
+    d = copy.deepcopy(d)
+    for dep in d.get("deployments") or ():
+        if isinstance(dep, dict):
+            ray = dep.setdefault("ray", {})
+            if isinstance(ray, dict):
+                ray.setdefault("image", TEST_IMAGE)
     return d
 
 
 def cfg(d: dict[str, Any] | None = None) -> config.Config:
-    return config.parse(d or data(), "test.toml", env={})
+    return config.parse(with_image(d or data()), "test.toml", env={})
 
 
 def view_of(c: config.Config) -> DeploymentView:
@@ -118,10 +132,11 @@ CONFIG_SRC = "/etc/spark-supervisor/x.toml"
 
 
 def config_problems(d: dict[str, Any], env: dict[str, str] | None = None) -> list[str]:
-    """What config.parse refuses in ``d`` (read as if from CONFIG_SRC)."""
+    """What config.parse refuses in ``d`` (read as if from CONFIG_SRC; each deployment without an image given
+    TEST_IMAGE, so that the problem asked about is the one found)."""
     import pytest
     with pytest.raises(config.ConfigError) as e:
-        config.parse(d, CONFIG_SRC, env=env or {})
+        config.parse(with_image(d), CONFIG_SRC, env=env or {})
     return e.value.problems
 
 

@@ -94,7 +94,8 @@ def _check_images(view: DeploymentView, nodes: list[Node]) -> list[str]:
     world = World(view)
     problems, reports = [], {}
     try:
-        actor = Actor(world, structlog.get_logger())
+        # dry: an operator's check (and discover's) changes nothing anywhere: no pull, no state written
+        actor = Actor(world, structlog.get_logger(), dry=True)
         for node in nodes:
             try:
                 r = actor.run(CheckImage(node.name))

@@ -141,9 +141,11 @@ RAY_CLIENT_PORT = 10001  # `ray start --head` serves Ray Client here unless --ra
 
 
 class Ray(_Strict):
-    # What etc/vllm-ray.Dockerfile builds: the Ray backend needs Ray in the image, and vLLM's own images after
-    # 0.19.1 (and NVIDIA's NGC one) have none.
-    image: Annotated[str, AfterValidator(_image)] = "spark-vllm-ray:latest"
+    # Required (Deployment._image_given): no image is right for every owner. The Ray backend needs Ray in it and
+    # vLLM's own images after 0.19.1 (and NVIDIA's NGC one) have none; etc/vllm-ray.Dockerfile builds one. A default
+    # would also be an upgrade hazard: a config that relied on it would name another image after an upgrade, and
+    # the deployment serving on the old one would be replaced.
+    image: Annotated[str, AfterValidator(_image)] = ""
     port: Port = 6379
     dashboard_port: Port = 8265
     command: Argv = ["ray", "start"]
@@ -328,9 +330,9 @@ class Serve(_Strict):
 class Readiness(_Strict):
     endpoint: Annotated[str, AfterValidator(_endpoint)] = ""
     poll_interval: Sec600 = 5
-    # The cold budget: a load that has shown no progress by then is stopped. Past it, a load that moves is
-    # left to stall_timeout (a first load on GB10 pays torch.compile and CUDA-graph capture on top of the
-    # weights: 20-36 min reported). Learned deadlines never exceed it.
+    # The cold budget: a load that has not moved since it was first seen is stopped then. Past it, a load that
+    # moves is left to stall_timeout, up to three budgets (a first load on GB10 pays torch.compile and CUDA-graph
+    # capture on top of the weights: 20-36 min reported). Learned deadlines never exceed it.
     deadline: SecWeek = 3600
     stall_timeout: SecWeek = 900  # no load progress (shard, milestone) this long: a stall, repaired
     # Deadlines learned from history (reconcile.loadtimes): after learn_after good loads of the same key (images,
@@ -426,6 +428,14 @@ class Deployment(_Strict):
     model: ModelFiles = Field(default_factory=ModelFiles)
     performance: Performance = Field(default_factory=Performance)
     fabric: Fabric = Field(default_factory=Fabric)
+
+    @model_validator(mode="after")
+    def _image_given(self) -> Deployment:
+        if not self.ray.image:
+            _raise([(".ray.image", "required: the image every node runs, e.g. \"spark-vllm-ray:latest\" built with "
+                     "etc/vllm-ray.Dockerfile (vLLM's own images after 0.19.1 have no Ray; for the mp backend a vLLM "
+                     "image such as \"vllm/vllm-openai:v0.19.1\" will do)")])
+        return self
 
     @model_validator(mode="after")
     def _model_source(self) -> Deployment:

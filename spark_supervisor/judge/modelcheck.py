@@ -247,8 +247,8 @@ def _two_sizes(got: int, want: int) -> tuple[str, str]:
 
 
 def differences(head: ModelReport, other: ModelReport) -> list[str]:
-    """How a member's model differs from the head's, each "name what, head what": a weight file of another size (a truncated copy), absent or extra, a file whose hub blob (an LFS file's sha256) is
-    another. Only between two complete reports: a missing file is ModelMissing's to name. Sizes and blob names
+    """How a member's model differs from the head's, each "name what, head what": a weight file of another size (a
+    truncated copy) or absent, a file whose hub blob (an LFS file's sha256) is another. Only between two complete reports: a missing file is ModelMissing's to name. Sizes and blob names
     only, as the check reads them on every start: the content is hashed by `copy-model`, not here."""
     if not (head.found and other.found) or head.missing or other.missing or head.unchecked or other.unchecked:
         return []
@@ -262,7 +262,8 @@ def differences(head: ModelReport, other: ModelReport) -> list[str]:
         elif got != want:
             a, b = _two_sizes(got, want)
             out.append(f"{name} {a}, head {b}")
-    out += [f"{name} {size_text(got)}, not on the head" for name, got in mine.items() if name not in theirs]
+    # A weight file only the member has (a training_args.bin, an older shard) is not what vLLM loads when the head's
+    # index does not name it, and copy-model leaves it in place: not a difference, or the fix would never clear it.
     blobs = dict(head.blobs)
     out += [f"{name} blob {blob[:12]}…, head {blobs[name][:12]}… (another content, same size)"
             for name, blob in other.blobs if name in blobs and blob != blobs[name]

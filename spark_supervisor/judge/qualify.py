@@ -10,7 +10,7 @@ from ..config.identity import is_stale, owned_by_any
 from ..config.view import DeploymentView
 from ..model import Kind, Observation
 from ..model.host import HostFacts
-from ..specs.commands import node_env
+from ..specs import commands
 
 # vLLM's Ray executor copies the driver's (the head's) variables with these prefixes to every worker rank
 # (vllm/ray/ray_env.py, since vLLM PR #34383): a worker's own value for them is overwritten.
@@ -22,9 +22,22 @@ CARRIED_PREFIXES = ("NCCL_", "UCX_")
 OOM_KILLERS = ("earlyoom",)
 
 
-def node_env_of(view: DeploymentView, node: Node) -> dict[str, str]:
-    """The environment a member's container gets from the config (the node's own values win)."""
-    return {**view.dep.ray.env, **node_env(node), **node.env}
+def launched_env(view: DeploymentView, node: Node) -> dict[str, str]:
+    """What a process launched on ``node`` runs with: its container's environment (on the head with head_env),
+    and where a serve runs there, the serve's own (serve.env last), as the command builders make them."""
+    env = dict(commands.node_container(view.cfg, view.dep, node).environment)
+    if any(n.name == node.name for n in view.serve_nodes):
+        env.update(commands.serve_env(view.cfg, view.dep, view.serve_hash, node))
+    return env
+
+
+def rank_env(view: DeploymentView, node: Node) -> dict[str, str]:
+    """What the rank on ``node`` runs with: under Ray, a worker's rank gets the driver's (the head's) NCCL_*/UCX_*."""
+    env = launched_env(view, node)
+    head = view.members[0]
+    if view.dep.uses_ray and node.name != head.name:
+        env.update({k: v for k, v in launched_env(view, head).items() if k.startswith(CARRIED_PREFIXES)})
+    return env
 
 
 def hca_entries(value: str) -> list[str]:
@@ -44,7 +57,7 @@ def hca_problems(view: DeploymentView, obs: Observation) -> list[str]:
     roceP2p1s0f1, ...). With none matching, NCCL falls back to sockets: the model serves at half speed."""
     problems: list[str] = []
     for node in view.members:
-        env = node_env_of(view, node)
+        env = rank_env(view, node)
         if env.get("NCCL_IB_DISABLE", "0").strip() == "1":
             continue
         facts = _facts(obs, node.name)
@@ -68,14 +81,14 @@ def carry_over_problems(view: DeploymentView) -> list[str]:
     if not view.dep.uses_ray or len(view.members) < 2:
         return []
     head, *workers = view.members
-    head_env = node_env_of(view, head)
+    head_env = launched_env(view, head)
     problems: list[str] = []
     for node in workers:
-        env = node_env_of(view, node)
-        keys = sorted(k for k in set(env) | set(head_env) if k.startswith(CARRIED_PREFIXES)
-                      and env.get(k) != head_env.get(k))
+        env = launched_env(view, node)
+        # A key only the head sets is carried (what it is for); one only the worker sets is left alone.
+        keys = sorted(k for k in set(env) & set(head_env) if k.startswith(CARRIED_PREFIXES) and env[k] != head_env[k])
         if keys:
-            said = ", ".join(f"{k}={env.get(k, '(unset)')} (head: {head_env.get(k, '(unset)')})" for k in keys)
+            said = ", ".join(f"{k}={env[k]} (head: {head_env[k]})" for k in keys)
             problems.append(f"{Kind.PER_NODE_ENV_OVERWRITTEN}: {node.name}: {said}: vLLM's Ray executor gives every "
                             "rank the head's NCCL_*/UCX_* values; cable and name the same port on every node, or use "
                             "distributed_executor_backend = \"mp\" (each rank keeps its own environment)")

@@ -130,6 +130,9 @@ def _verified(f: Facts) -> bool:
     return v is not None and s is not None and v.passed and v.serve == s.identity
 
 
+COLD_CEILING = 3  # cold budgets a load that keeps moving may take (serving.readiness)
+
+
 def readiness(f: Facts) -> Decision | None:
     """8. Loading until the model is listed, then one real completion judged before SERVING. Once judged
     sane, liveness decides: one /health that failed or could not be read is no reason to leave SERVING."""
@@ -149,13 +152,20 @@ def readiness(f: Facts) -> Decision | None:
             return f.repair("serve", Reason(Kind.LOAD_STALLED, f"no progress for {stall:.0f}s{stall_why} at "
                             f"{f.progress.summary()}"), (StopServe("load stalled"),))
         why = Reason()  # progress is reported apart from the reason, so history keeps only real changes
-        if st.phase == Phase.LOADING and st.in_phase(f.now) > deadline:
+        loading = st.in_phase(f.now) if st.phase == Phase.LOADING else 0.0
+        if loading > deadline:
             # The cold budget cannot know a first load's compile and CUDA-graph steps (20-36 min on GB10): past it
-            # a load that has moved is left to the stall limit above, which catches a hang. A learned deadline is
+            # a load that has moved since it was first seen is left to the stall limit above, which catches a hang,
+            # up to COLD_CEILING budgets (a load that moves for hours is a loop, not a load). A learned deadline is
             # evidence of this key's own loads: a load far slower than those is stopped even while it moves.
-            if (lim is not None and lim.learned) or not st.load_progress_at:
+            moved = st.load_progress_at > st.since
+            if (lim is not None and lim.learned) or not moved:
                 return f.repair("serve", Reason(Kind.LOAD_TIMEOUT, f"not ready after {deadline:.0f}s "
                                 f"({deadline_why}{f.progress.summary()})"), (StopServe("load timeout"),))
+            if loading > COLD_CEILING * deadline:
+                return f.repair("serve", Reason(Kind.LOAD_TIMEOUT, f"not ready after {COLD_CEILING * deadline:.0f}s, "
+                                f"{COLD_CEILING} x the cold budget, though still moving ({f.progress.summary()})"),
+                                (StopServe("load timeout"),))
             why = Reason(detail=f"past the cold budget of {deadline:.0f}s, still moving: left to the stall limit")
         if ep is not None and ep.state == EndpointState.ERROR:
             why = Reason(Kind.ENDPOINT_ERROR, ep.detail)

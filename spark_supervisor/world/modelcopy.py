@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..adapters import AdapterError
 from ..adapters.shell import NodeShell, SshKeys, run_local, ssh_config_file
 from ..config import Config, Deployment, Node
-from ..config.identity import is_helper, is_stale, owned_by_any
+from ..config.identity import is_helper, is_stale, owned_by_any, prefetch_name
 from ..config.view import views
 from ..judge import modelcopy
 from ..judge.modelcheck import differences, host_path, problem, size_text
@@ -83,7 +83,9 @@ def serving(cfg: Config, dep: Deployment, world: World, node: Node) -> str:
         found = world.nodes[node.name].docker.containers()
     except AdapterError as e:
         return f"cannot tell whether {node.name} serves: its Docker engine: {e}"
-    busy = sorted(c.name for c in found if c.running and not is_helper(c) and (owned_by_any(c, cfg) or is_stale(c, cfg)))
+    # A prefetch (a helper) of this deployment writes into the same model directory: busy too.
+    busy = sorted(c.name for c in found if c.running and (c.name == prefetch_name(dep, node) or (
+        not is_helper(c) and (owned_by_any(c, cfg) or is_stale(c, cfg)))))
     if busy:
         return (f"{node.name} runs {', '.join(busy)}: a copy there fills the page cache, which on unified memory is "
                 "the GPU's memory. Stop it first (`systemctl stop spark-supervisor` and `spark-supervisor teardown`, "
@@ -92,8 +94,9 @@ def serving(cfg: Config, dep: Deployment, world: World, node: Node) -> str:
     state_dir = cfg.supervisor.state_dir
     try:
         running = control.daemon_holds_lock(state_dir)
-    except OSError:
-        running = False  # cannot tell: the containers above are what a copy would hurt
+    except OSError as e:  # unknown is not "not running": the daemon may start a load there while the copy runs
+        return (f"cannot tell whether the daemon runs ({state_dir}: {e.strerror or e}): run copy-model as the "
+                "daemon's user (root)")
     if not running:
         return ""
     try:
@@ -152,6 +155,15 @@ def _shell(cfg: Config, node: Node, via: str) -> Callable[[list[str]], list[str]
     r = run_local(["ssh", *conf, "-G", node.ssh], sup.io_timeout)
     alias = spec.key_alias(r.out, node.ssh)
     return lambda argv: spec.over_fabric(shell.argv(argv), node.fabric_ip, alias)
+
+
+def _real(on: Callable[[list[str]], list[str]], path: str, timeout: float, node: str) -> str:
+    """``path`` with its links resolved on the node (`realpath -m`: what does not exist yet stays as given): the
+    partial directory then lands on the filesystem the model lives on, and the final renames stay renames (a
+    /models/X linked to another disk would otherwise make them a slow copy)."""
+    r = _run(on(["realpath", "-m", "--", path]), timeout, f"{node}: realpath {path}")
+    got = r.stdout.strip()
+    return got if r.returncode == 0 and got.startswith("/") and "\n" not in got else path
 
 
 def _run(argv: list[str], timeout: float, what: str) -> subprocess.CompletedProcess[str]:
@@ -310,7 +322,7 @@ def copy(cfg: Config, dep: Deployment, to: str, opts: Options, say: Say) -> dict
             say(f"  dry run: nothing sent (its deadline would be {modelcopy.duration_text(deadline)}: "
                 f"{modelcopy.FIXED_S:g}s + the bytes at {opts.min_rate / 1e6:g} MB/s)")
             return {**result, "dry_run": True}
-        partial = spec.partial_dir(w.dest)
+        partial = spec.partial_dir(_real(on_target, w.dest, timeout, to))
         moved, seconds = 0, 0.0
         if p.send:
             say(f"  deadline {modelcopy.duration_text(deadline)} ({modelcopy.FIXED_S:g}s + the bytes at "

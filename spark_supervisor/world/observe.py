@@ -275,7 +275,7 @@ def _lost_inside(a: NodeAdapters, view: DeploymentView, containers: tuple[Contai
             try:
                 _, said = guarded("nvidia-smi in a container", a.docker.exec, c.name, list(argv))
             except AdapterError as e:
-                errors.append(f"nvidia-smi in {c.name}: {e}")
+                errors.append(f"in-container nvidia-smi: {c.name}: {e}")  # not "nvidia-smi": not the host's GPU
                 continue
             line = next((ln.strip() for ln in said.splitlines() if NVML_LOST in ln), "")
             if line:

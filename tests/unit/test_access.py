@@ -19,6 +19,7 @@ from spark_supervisor.judge import access
 from spark_supervisor.judge.access import Answer
 from spark_supervisor.model import Kind
 from spark_supervisor.specs import commands, privilege
+from tests.helpers import TEST_IMAGE
 
 NEEDED = [["systemctl", "stop", "vllm-proxy.service"], ["systemctl", "disable", "--no-reload", "vllm-proxy.service"],
           ["sysctl", "-w", "vm.drop_caches=3"]]
@@ -29,7 +30,7 @@ def config(**worker: Any) -> dict[str, Any]:
                       {"name": "spark-2", "role": "worker", "fabric_ip": "10.0.0.2", "ssh": "spark@spark-2",
                        "docker": "ssh://spark@spark-2", **worker}],
             "stale": {"units": ["vllm-proxy"], "disable": True},
-            "deployments": [{"serve": {"model": "m/m", "tensor_parallel_size": 2}}]}
+            "deployments": [{"ray": {"image": TEST_IMAGE}, "serve": {"model": "m/m", "tensor_parallel_size": 2}}]}
 
 
 # ------------------------------------------------------------------------------------------- commands

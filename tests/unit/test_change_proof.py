@@ -15,6 +15,7 @@ import tomli_w
 
 from spark_supervisor.model import Phase, Reason, RemoveContainers
 from tests.fakes import FakeBackend
+from tests.helpers import with_image
 from tests.unit.test_stack import EMBED, make, serving, stack, ticks_until
 
 NEW_IMAGE = "spark/vllm:0.34-typo"
@@ -56,7 +57,7 @@ def recording(daemon: Any) -> list[FakeBackend]:
 
 def reload_to(daemon: Any, clock: Any, path: Path, d: dict[str, Any]) -> None:
     """The operator's edit and SIGHUP, read the same again after the settle time, then the proof's verdict."""
-    path.write_text(tomli_w.dumps(d))
+    path.write_text(tomli_w.dumps(with_image(d)))
     daemon.reload()
     clock.t += daemon.SETTLE_S
     daemon.tick()  # settled: the proof starts (inline here: its verdict is in)
@@ -107,7 +108,7 @@ def test_a_change_that_is_proven_is_applied_and_the_other_deployment_untouched(t
     embed, embed_backend = daemon.reconcilers["embed"], be["embed"]
     d2 = copy.deepcopy(d)
     d2["deployments"][0].setdefault("ray", {})["image"] = NEW_IMAGE
-    path.write_text(tomli_w.dumps(d2))
+    path.write_text(tomli_w.dumps(with_image(d2)))
     daemon.reload()
     clock.t += daemon.SETTLE_S
     daemon.tick()
@@ -124,7 +125,7 @@ def test_a_change_of_a_deployment_that_does_not_serve_needs_no_proof(tmp_path: P
     made = recording(daemon)
     d2 = copy.deepcopy(d)
     d2["deployments"][0].setdefault("ray", {})["image"] = NEW_IMAGE
-    path.write_text(tomli_w.dumps(d2))
+    path.write_text(tomli_w.dumps(with_image(d2)))
     daemon.reload()
     clock.t += daemon.SETTLE_S
     daemon.reload()
@@ -137,7 +138,7 @@ def test_a_settings_only_change_applies_in_place_without_a_proof(tmp_path: Path)
     made = recording(daemon)
     d2 = copy.deepcopy(d)
     d2["healing"] = {**d2.get("healing", {}), "deep_probe_interval": 120}
-    path.write_text(tomli_w.dumps(d2))
+    path.write_text(tomli_w.dumps(with_image(d2)))
     daemon.reload()
     assert daemon.cfg.healing.deep_probe_interval == 120 and not any(b.proofs for b in made)
     assert daemon.reloader.proving is None

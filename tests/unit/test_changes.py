@@ -15,7 +15,7 @@ import tomli_w
 from spark_supervisor.change import classify
 from spark_supervisor.change.classify import Change
 from spark_supervisor.cli.main import main
-from tests.helpers import cfg
+from tests.helpers import cfg, with_image
 from tests.unit.test_stack import EMBED, stack
 
 
@@ -73,14 +73,14 @@ def test_apply_dry_run_shows_each_change_and_changes_nothing(tmp_path: Path, cap
     monkeypatch.setattr(observe, "World", _Engines)
     d = both()
     old, new = tmp_path / "old.toml", tmp_path / "new.toml"
-    old.write_text(tomli_w.dumps(d))
+    old.write_text(tomli_w.dumps(with_image(d)))
     d2 = copy.deepcopy(d)
     d2["deployments"][0].setdefault("ray", {}).update(image="x/vllm:typo")  # image_pull "never": refused
-    new.write_text(tomli_w.dumps(d2))
+    new.write_text(tomli_w.dumps(with_image(d2)))
     assert main(["apply", "--dry-run", str(new), "-c", str(old)]) == 1
     assert ': REFUSED: ImageMissing: x/vllm:typo is not on spark-2 and image_pull = "never"' in capsys.readouterr().out
     d2["deployments"][0]["ray"]["image_pull"] = "if-missing"
-    new.write_text(tomli_w.dumps(d2))
+    new.write_text(tomli_w.dumps(with_image(d2)))
     before = (old.read_text(), new.read_text())
     assert main(["apply", "--dry-run", str(new), "-c", str(old)]) == 0
     out = capsys.readouterr().out

@@ -53,14 +53,23 @@ def test_the_stack_example_leaves_room_beside_its_shares_on_each_spark() -> None
     assert all(d.ray.image == seed.ray.image for d in c.deployments) and not c.warnings
 
 
-def test_the_image_recipe_is_the_default_image_and_installs_the_testbeds_ray() -> None:
-    """etc/vllm-ray.Dockerfile builds what the schema and the shipped config name, with the Ray the testbed runs
-    (the integration test builds it offline from this venv's Ray: a different pin would find no wheel there)."""
+def test_the_image_recipe_builds_what_the_shipped_config_names_and_installs_the_testbeds_ray() -> None:
+    """etc/vllm-ray.Dockerfile builds what the shipped config names, with the Ray the testbed runs (the integration
+    test builds it offline from this venv's Ray: a different pin would find no wheel there). The schema has no
+    default image: one left out is refused, naming the recipe (a default would change under an upgrade)."""
     import importlib.metadata
     import re
     recipe = (ROOT / "etc" / "vllm-ray.Dockerfile").read_text()
-    assert config.Ray().image == "spark-vllm-ray:latest"
-    assert f"docker build -t {config.Ray().image} - < etc/vllm-ray.Dockerfile" in recipe
+    image = config.load(ROOT / "etc" / "spark-supervisor.toml", env={}).deployment.ray.image
+    assert image == "spark-vllm-ray:latest"
+    assert f"docker build -t {image} - < etc/vllm-ray.Dockerfile" in recipe
+    d = {**BASE, "deployments": [{"serve": {"model": "m/m", "tensor_parallel_size": 2}}]}
+    with pytest.raises(config.ConfigError) as e:
+        config.parse(d, "/etc/spark-supervisor/x.toml", env={})
+    assert e.value.problems == ["/etc/spark-supervisor/x.toml: deployments[0].ray.image: required: the image every "
+                                "node runs, e.g. \"spark-vllm-ray:latest\" built with etc/vllm-ray.Dockerfile (vLLM's "
+                                "own images after 0.19.1 have no Ray; for the mp backend a vLLM image such as "
+                                "\"vllm/vllm-openai:v0.19.1\" will do)"]
     pin = re.search(r"^ARG RAY_VERSION=(\S+)$", recipe, re.M)
     assert pin and pin[1] == importlib.metadata.version("ray")
     assert '"ray[default]==${RAY_VERSION}"' in recipe

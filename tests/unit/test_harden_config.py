@@ -15,7 +15,7 @@ import pytest
 from spark_supervisor import config
 from tests.helpers import CONFIG_SRC as SRC
 from tests.helpers import config_problems as problems
-from tests.helpers import data
+from tests.helpers import data, with_image
 
 S = "deployments[0].serve"
 R = "deployments[0].ray"
@@ -87,10 +87,10 @@ def test_a_cache_dir_holding_the_state_dir_is_refused() -> None:
 def test_the_default_cache_beside_the_default_state_and_a_private_cache_are_fine() -> None:
     d = data()
     d["supervisor"]["state_dir"] = "/var/lib/spark-supervisor"
-    config.parse(d, SRC, env={})
+    config.parse(with_image(d), SRC, env={})
     d = with_(serve, cache_dir="/srv/vllm-cache")
     ray(d)["volumes"] = ["/srv/models:/models:ro"]
-    config.parse(d, SRC, env={})
+    config.parse(with_image(d), SRC, env={})
 
 
 @pytest.mark.parametrize("key, table", [("state_dir", "supervisor"), ("log_host_dir", "serve")])
@@ -172,7 +172,7 @@ def test_an_api_key_file_others_can_read_is_refused(tmp_path: Path, mode: int) -
     refused(d, f"{Q}.api_key_file", f"has mode {mode:04o}: anyone but its owner could read or change the key; "
                                     "chmod 600 it")
     f.chmod(0o600)
-    c = config.parse(d, SRC, env={})
+    c = config.parse(with_image(d), SRC, env={})
     assert not c.warnings and c.deployment.api_key.get_secret_value() == "k3y-value"
 
 
@@ -180,13 +180,13 @@ def test_trust_remote_code_and_a_password_in_the_webhook_are_warned_of() -> None
     d = data()
     serve(d)["extra_args"] = ["--max-model-len", "8192", "--trust-remote-code"]
     d["alerts"] = {"webhook": "https://alice:s3cret@hooks.example.com/x"}
-    warnings = config.parse(d, SRC, env={}).warnings
+    warnings = config.parse(with_image(d), SRC, env={}).warnings
     assert any(f"{SRC}: deployments[0].serve.extra_args[2]: --trust-remote-code runs the model repository's own "
                "Python" in w for w in warnings), warnings
     assert any(f"{SRC}: alerts.webhook: a user and password in the URL" in w for w in warnings), warnings
     d["alerts"] = {"webhook": "${HOOK}"}
     serve(d)["extra_args"] = []
-    assert not config.parse(d, SRC, env={"HOOK": "https://alice:s3cret@hooks.example.com/x"}).warnings
+    assert not config.parse(with_image(d), SRC, env={"HOOK": "https://alice:s3cret@hooks.example.com/x"}).warnings
 
 
 # ------------------------------------------------------------------------------ 7. flags vLLM reads
@@ -209,7 +209,7 @@ def test_serve_extra_args_are_judged_the_way_vllms_argparse_reads_them(args: str
                                   "--api-server-count 2", "--hf-config-path /x", "--port-range x",
                                   "--data-parallel-size 2", "-q fp8", "-O3", "--tokenizer-mode auto"])
 def test_other_serve_flags_stay_allowed(args: str) -> None:
-    config.parse(with_(serve, extra_args=args), SRC, env={})
+    config.parse(with_image(with_(serve, extra_args=args)), SRC, env={})
 
 
 @pytest.mark.parametrize("args, ok", [("--disable-usage-stats", False), ("--port=7000", False),
@@ -219,7 +219,7 @@ def test_ray_extra_args_stay_exact(args: str, ok: bool) -> None:
     d = data()
     ray(d)["extra_args"] = args
     if ok:
-        config.parse(d, SRC, env={})
+        config.parse(with_image(d), SRC, env={})
     else:
         refused(d, f"{R}.extra_args[0]", "is set by the supervisor")
 
@@ -258,7 +258,7 @@ def test_image_patterns_that_match_ids_or_whole_registries_are_refused(pattern: 
 def test_narrow_cleanup_rules_stay_allowed(rule: dict[str, Any]) -> None:
     d = data()
     d["stale"].update(rule)
-    config.parse(d, SRC, env={})
+    config.parse(with_image(d), SRC, env={})
 
 
 # ------------------------------------------------------------------------------ 10. a worker that is the head
@@ -295,7 +295,7 @@ def test_the_testbed_shape_is_not_one_machine() -> None:
     d = data()
     d["nodes"][0].update(fabric_ip="127.0.0.2", docker="unix:///var/lib/tb/spark-1/docker.sock")
     d["nodes"][1].update(fabric_ip="127.0.0.3", ssh="spark-2", docker="ssh://spark-2:2222")
-    config.parse(d, SRC, env={})
+    config.parse(with_image(d), SRC, env={})
 
 
 # ------------------------------------------------------------------------------ LOW: observation programs
@@ -317,14 +317,14 @@ def test_an_observation_program_that_is_not_executable_is_refused(tmp_path: Path
     d = data()
     d["nodes"][0]["nvidia_smi"] = [str(prog)]
     d["nodes"][1]["nvidia_smi"] = ["/opt/only/on/the/worker"]  # run over SSH there
-    config.parse(d, SRC, env={})
+    config.parse(with_image(d), SRC, env={})
 
 
 def test_the_alert_command_is_an_absolute_executable() -> None:
     for command, fragment in ((["page-oncall"], "is not an absolute path"), (["./page"], "is not an absolute path"),
                               (["/nonexistent/page"], "No such file or directory"), (["/etc"], "not a regular file")):
         refused(data(alerts={"command": command}), "alerts.command[0]", fragment)
-    config.parse(data(alerts={"command": ["/bin/true"]}), SRC, env={})
+    config.parse(with_image(data(alerts={"command": ["/bin/true"]})), SRC, env={})
 
 
 # ------------------------------------------------------------------------------ the config classes
@@ -389,19 +389,19 @@ def test_an_endpoint_on_another_deployments_port_is_refused() -> None:
     d["deployments"][0]["readiness"] = {"endpoint": "http://192.168.200.12:8001"}
     refused(d, f"{Q}.endpoint", "is deployments[1] (emb)'s serve")
     d["deployments"][0]["readiness"] = {"endpoint": "http://192.168.200.12:8000"}
-    config.parse(d, SRC, env={})
+    config.parse(with_image(d), SRC, env={})
 
 
 @pytest.mark.parametrize("model", ["Qwen/Qwen3.5-122B-A10B-FP8", "BAAI/bge-reranker-v2-m3", "gpt2", "/models/qwen",
                                    "facebook/opt-125m", "Qwen/Qwen3-0.6B"])
 def test_hub_ids_and_absolute_paths_are_models(model: str) -> None:
-    config.parse(with_(serve, model=model), SRC, env={})
+    config.parse(with_image(with_(serve, model=model)), SRC, env={})
 
 
 def test_a_read_only_host_root_and_a_media_directory_are_fine() -> None:
     d = with_(serve, extra_args="--allowed-local-media-path /srv/media")
     ray(d)["volumes"] = ["/:/host:ro"]
-    config.parse(d, SRC, env={})
+    config.parse(with_image(d), SRC, env={})
 
 
 # ------------------------------------------------------------------------------ warnings
@@ -410,7 +410,7 @@ def test_literal_secrets_and_search_paths_are_warnings_expanded_ones_are_not() -
     serve(d)["env"] = {"HF_TOKEN": "hf_abc", "PYTHONPATH": "/opt/plugins", "TOKENIZERS_PARALLELISM": "false"}
     d["nodes"][1]["env"] = {"WANDB_API_KEY": "${KEY}"}
     serve(d)["extra_args"] = "--hf-token hf_abc"
-    c = config.parse(d, SRC, env={"KEY": "from-the-environment"})
+    c = config.parse(with_image(d), SRC, env={"KEY": "from-the-environment"})
     assert len(c.warnings) == 3, c.warnings
     assert any(w.startswith(f"{SRC}: {S}.env.HF_TOKEN: ") and "EnvironmentFile=" in w and "${HF_TOKEN}" in w
                for w in c.warnings)
@@ -423,7 +423,7 @@ def test_literal_secrets_and_search_paths_are_warnings_expanded_ones_are_not() -
 def test_warnings_do_not_change_what_the_config_is() -> None:
     d = data()
     serve(d)["env"] = {"HF_TOKEN": "hf_abc"}
-    a = config.parse(d, SRC, env={})
+    a = config.parse(with_image(d), SRC, env={})
     assert a.warnings and a.view(a.deployment).deployment == a.deployment
     assert stat.S_IMODE(0o600) == 0o600
 
@@ -436,5 +436,5 @@ def test_an_api_key_file_owned_by_someone_else_is_a_warning(tmp_path: Path) -> N
     os.chown(f, 65534, 65534)
     d = data()
     d["deployments"][0]["readiness"] = {"api_key_file": str(f)}
-    (w,) = config.parse(d, SRC, env={}).warnings
+    (w,) = config.parse(with_image(d), SRC, env={}).warnings
     assert w.startswith(f"{SRC}: {Q}.api_key_file: ") and "is owned by uid 65534" in w

@@ -211,6 +211,13 @@ def test_a_load_that_moves_is_left_past_the_cold_budget_to_the_stall_limit() -> 
     assert d.reason == "past the cold budget of 3600s, still moving: left to the stall limit"
     d = plan(o, moved, view_of(C), past + 1)  # silent one second longer than the stall limit
     assert d.repair == "serve" and d.reason.startswith("LoadStalled: no progress for 900s")
+    seen_once = replace(status(Phase.LOADING, since=0), load_progress_at=0.0)  # first seen as it entered LOADING
+    d = plan(o, seen_once, view_of(C), r.deadline + 1)
+    assert d.repair == "serve" and d.reason == "LoadTimeout: not ready after 3600s (12/39 shards)"
+    late = 3 * r.deadline + 1
+    d = plan(o, replace(moved, load_progress_at=late - 10), view_of(C), late)  # moving, for three budgets
+    assert d.repair == "serve" and d.reason == ("LoadTimeout: not ready after 10800s, 3 x the cold budget, though "
+                                                "still moving (12/39 shards)")
 
 
 def test_serve_exit_is_read_from_its_log() -> None:

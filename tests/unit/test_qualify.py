@@ -66,8 +66,21 @@ def test_per_node_nccl_values_under_ray_are_refused_as_vllm_would_overwrite_them
     c = config(env={"NCCL_IB_GID_INDEX": "3"}, fabric_interface="enp1s0f1np1")
     c2 = cfg({**data(), "nodes": [data()["nodes"][0], {**data()["nodes"][1], "env": {"NCCL_IB_GID_INDEX": "5"}}]})
     assert qualification(view_of(c), with_facts(c)) == []  # the same everywhere
-    assert [p[:66] for p in qualification(view_of(c2), with_facts(c2))] == [
-        "PerNodeEnvOverwritten: spark-2: NCCL_IB_GID_INDEX=5 (head: (unset)"]
+    assert qualification(view_of(c2), with_facts(c2)) == []  # the head sets none: nothing carried over it
+    c3 = cfg({**data(), "nodes": [data()["nodes"][0], {**data()["nodes"][1], "env": {"NCCL_IB_GID_INDEX": "5"}}],
+              "deployments": [{**data()["deployments"][0], "ray": {"image": "i:1", "env": {"NCCL_IB_GID_INDEX": "3"}}}]})
+    assert [p[:61] for p in qualification(view_of(c3), with_facts(c3))] == [
+        "PerNodeEnvOverwritten: spark-2: NCCL_IB_GID_INDEX=5 (head: 3)"]
+
+
+def test_the_serves_own_environment_is_what_vllm_carries_to_every_rank() -> None:
+    """Under Ray the driver's environment (the head's container and the serve's env) reaches every rank: an
+    HCA filter set in serve.env is judged on every member."""
+    d = data()
+    d["deployments"][0]["serve"]["env"] = {"NCCL_IB_HCA": "mlx5"}
+    c = cfg(d)
+    assert [p.split(":")[:2] for p in qualification(view_of(c), with_facts(c))] == [
+        ["NcclHcaUnmatched", " spark-1"], ["NcclHcaUnmatched", " spark-2"]]
     d = data()
     d["nodes"][1]["fabric_interface"] = "enP2p1s0f1np1"
     d["deployments"][0]["serve"]["distributed_executor_backend"] = "mp"  # each rank keeps its own env

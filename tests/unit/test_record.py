@@ -29,7 +29,7 @@ from spark_supervisor.model.host import NONE
 from spark_supervisor.report.record import Decided, Sources, build, diff, what_changed
 from spark_supervisor.report.record.text import render, render_diff
 from spark_supervisor.state import records
-from tests.helpers import cfg, data, images, view_of
+from tests.helpers import cfg, data, images, view_of, with_image
 
 IF = "enp1s0f1np1"
 IPS = {"spark-1": "192.168.200.12", "spark-2": "192.168.200.13"}
@@ -111,7 +111,7 @@ def secret_config() -> config.Config:
     dep["serve"]["env"] = {"HF_TOKEN": "hf_PLANTEDtoken123", "VLLM_LOGGING_LEVEL": "INFO"}
     dep["ray"] = {"env": {"NCCL_IB_GID_INDEX": "3", "RAY_REDIS_PASSWORD": "ray-PLANTED-pw"}}
     dep["readiness"] = {"api_key_env": "KEY"}
-    return config.parse(d, "t.toml", env={"KEY": "sk-PLANTED-api-key"})
+    return config.parse(with_image(d), "t.toml", env={"KEY": "sk-PLANTED-api-key"})
 
 
 def test_the_serve_is_kept_by_its_argv_and_env_names_and_only_the_fabrics_values_redacted() -> None:

@@ -31,7 +31,7 @@ from spark_supervisor.model import (
 )
 from spark_supervisor.plan import Facts, hygiene
 from tests.fakes import Clock, FakeBackend, Notes, prove_inline
-from tests.helpers import cfg, data, images, node_obs, obs, phase_now, serve_running
+from tests.helpers import cfg, data, images, node_obs, obs, phase_now, serve_running, with_image
 
 EMBED: dict[str, Any] = {"name": "embed", "nodes": ["spark-2"], "after": ["qwen"],
          "serve": {"model": "BAAI/bge-m3", "distributed_executor_backend": "mp", "tensor_parallel_size": 1,
@@ -48,7 +48,7 @@ def stack(*more: dict[str, Any], **patch: Any) -> dict[str, Any]:
 
 def problems(d: dict[str, Any]) -> list[str]:
     with pytest.raises(config.ConfigError) as e:
-        config.parse(d, "/etc/spark-supervisor/x.toml", env={})
+        config.parse(with_image(d), "/etc/spark-supervisor/x.toml", env={})
     return e.value.problems
 
 
@@ -103,7 +103,7 @@ def test_hygiene_never_takes_another_configured_deployments_container_for_an_orp
 def make(tmp_path: Path, d: dict[str, Any]) -> tuple[Daemon, dict[str, FakeBackend], Clock, Notes, Path]:
     d["supervisor"]["state_dir"] = str(tmp_path / "state")
     path = tmp_path / "c.toml"
-    path.write_text(tomli_w.dumps(d))
+    path.write_text(tomli_w.dumps(with_image(d)))
     backends: dict[str, FakeBackend] = {}
     clock, notes = Clock(), Notes()
 
@@ -196,7 +196,7 @@ def test_a_reload_tears_down_only_the_deployment_removed_and_starts_the_one_adde
     be["embed"].teardown = teardown  # type: ignore[method-assign]  # a fake's method replaced for one test
     d2 = copy.deepcopy(d)
     d2["deployments"][1] = {**EMBED, "name": "rerank", "after": [], "serve": {**EMBED["serve"], "port": 8002}}
-    path.write_text(tomli_w.dumps(d2))
+    path.write_text(tomli_w.dumps(with_image(d2)))
     daemon.reload()
     assert torn == [] and daemon.reloader.staged is not None  # a removal waits for the file to read the same again
     clock.t += daemon.SETTLE_S
