@@ -143,7 +143,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
         from .ops import cmd_check
         print(f"\n== qualification (spark-supervisor check --preflight --config {args.out})")
         try:
-            code = cmd_check(argparse.Namespace(config=args.out, preflight=True))
+            code = cmd_check(argparse.Namespace(config=args.out, preflight=True, dry=True))
         except SystemExit as e:  # the config does not load: its problems are printed
             code = int(e.code) if isinstance(e.code, int) else EXIT_CONFIG
     steps = dc.todo(found, ray)

@@ -36,12 +36,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     for p in unfit:
         print(f"preflight: supervisor.state_dir: {p}")
     several = len(whole.deployments) > 1
-    found = len(unfit) + sum(_preflight(v, f"{name}: " if several else "") for name, v in views(whole).items())
+    dry = bool(getattr(args, "dry", False))  # discover's: no pull, nothing written
+    found = len(unfit) + sum(_preflight(v, f"{name}: " if several else "", dry=dry) for name, v in views(whole).items())
     print("preflight: OK" if not found else f"preflight: {found} problem(s)")
     return 1 if found else 0
 
 
-def _preflight(view: DeploymentView, prefix: str) -> int:
+def _preflight(view: DeploymentView, prefix: str, *, dry: bool = False) -> int:
     """One deployment's preflight, printed; returns the number of problems."""
     from ..judge import fabric
     from ..judge.preflight import preflight
@@ -60,7 +61,7 @@ def _preflight(view: DeploymentView, prefix: str) -> int:
     for w in found.warnings:  # a warning: serving works, other tools confuse the nodes
         print(f"warning: {prefix}{w}", file=sys.stderr)
     problems += [found.held] if found.held else []  # as the daemon would hold its start: one reason
-    problems += _check_images(view, [n for n in view.members if not obs.nodes[n.name].error])
+    problems += _check_images(view, [n for n in view.members if not obs.nodes[n.name].error], dry=dry)
     if obs.ray is not None and obs.ray.reachable:
         ips = {n.fabric_ip for n in view.members}
         problems += [f"Ray node {n.node_id[:12]} registered with {n.ip}, not a fabric IP"
@@ -82,7 +83,7 @@ def _access(view: DeploymentView, prefix: str) -> list[str]:
     return [access.shown(f) for f in access.problems(found)]
 
 
-def _check_images(view: DeploymentView, nodes: list[Node]) -> list[str]:
+def _check_images(view: DeploymentView, nodes: list[Node], *, dry: bool = False) -> list[str]:
     """The image check the daemon runs before a first start, on every reachable node; prints what each holds."""
     import structlog
 
@@ -94,8 +95,9 @@ def _check_images(view: DeploymentView, nodes: list[Node]) -> list[str]:
     world = World(view)
     problems, reports = [], {}
     try:
-        # dry: an operator's check (and discover's) changes nothing anywhere: no pull, no state written
-        actor = Actor(world, structlog.get_logger(), dry=True)
+        # The operator's check keeps what it found for the daemon's next start (images.json); discover's (dry)
+        # changes nothing anywhere: no pull, no state written.
+        actor = Actor(world, structlog.get_logger(), dry=dry)
         for node in nodes:
             try:
                 r = actor.run(CheckImage(node.name))

@@ -307,12 +307,13 @@ def systemctl_show(units: list[str]) -> list[str]:
 
 
 def systemctl(verb: str, units: list[str], become: Sequence[str] = ()) -> list[str]:
-    """`systemctl <verb>` of [stale] units, behind the node's privilege prefix ([[nodes]] become). disable and
-    mask with --no-reload: each unit is stopped first, and the daemon-reload they would otherwise do detaches
-    the GPUs from running non-privileged containers (NVIDIA/nvidia-container-toolkit#48); the change takes
-    effect at the next boot or reload, which is what it is for."""
-    flags = ["--no-reload"] if verb in ("disable", "mask") else []
-    return [*become, "systemctl", verb, *flags, *[u if "." in u else f"{u}.service" for u in units]]
+    """`systemctl <verb>` of [stale] units, behind the node's privilege prefix ([[nodes]] become). disable and mask
+    reload systemd as they do: with --no-reload, systemd's own answer (`systemctl show`'s UnitFileState, what the
+    stale check reads) stays "enabled" until a reload, and the unit is found stale again on every tick (seen under
+    the real systemd test unit). They run before the deployment's containers exist on a start; the reload's cost
+    to running non-privileged containers (NVIDIA/nvidia-container-toolkit#48) is met only by a unit re-enabled
+    while serving."""
+    return [*become, "systemctl", verb, *[u if "." in u else f"{u}.service" for u in units]]
 
 
 # What an image holds, run in a short-lived container of it with the node container's environment and

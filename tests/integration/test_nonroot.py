@@ -107,7 +107,7 @@ def test_a_worker_reached_as_a_normal_user_serves_with_its_stale_unit_stopped_th
     d.wait_phase("SERVING", 240)
     assert nonroot.unit("spark-2", UNIT) == ("inactive", "disabled")
     # Through sudo (uid 0), and disabled without the daemon-reload that detaches running containers' GPUs.
-    assert nonroot.calls("spark-2")[:2] == [f"uid=0 systemctl stop {UNIT}", f"uid=0 systemctl disable --no-reload {UNIT}"]
+    assert nonroot.calls("spark-2")[:2] == [f"uid=0 systemctl stop {UNIT}", f"uid=0 systemctl disable {UNIT}"]
     assert "uid=0 sysctl -w vm.drop_caches=3" in nonroot.calls("spark-2")
     assert "spark-2" in [e["node"] for e in d.events("memory.page_cache_dropped")]
     assert not set(testbed.STALE) & set(containers("spark-2"))  # removed through the docker group
@@ -121,7 +121,7 @@ def test_the_access_checks_fire_on_planted_causes_before_any_start_and_clear_whe
     out = preflight(path)
     assert out.returncode == 1, out.stdout + out.stderr
     assert f"spark-2: privilege: NoPrivilege: {nonroot.USER} may not run `sudo -n systemctl stop {UNIT}`" in out.stdout
-    assert "NOPASSWD: SPARK_SUPERVISOR" in out.stdout and "disable --no-reload vllm-proxy.service" in out.stdout
+    assert "NOPASSWD: SPARK_SUPERVISOR" in out.stdout and "disable vllm-proxy.service" in out.stdout
     # No become at all: a user that is not root.
     out = preflight(config(tmp_path, become=False))
     assert out.returncode == 1 and "is not root and nodes.become is not set" in out.stdout, out.stdout

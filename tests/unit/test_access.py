@@ -21,7 +21,7 @@ from spark_supervisor.model import Kind
 from spark_supervisor.specs import commands, privilege
 from tests.helpers import TEST_IMAGE
 
-NEEDED = [["systemctl", "stop", "vllm-proxy.service"], ["systemctl", "disable", "--no-reload", "vllm-proxy.service"],
+NEEDED = [["systemctl", "stop", "vllm-proxy.service"], ["systemctl", "disable", "vllm-proxy.service"],
           ["sysctl", "-w", "vm.drop_caches=3"]]
 
 
@@ -34,11 +34,11 @@ def config(**worker: Any) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------- commands
-def test_disable_and_mask_never_reload_and_only_root_commands_take_the_prefix() -> None:
+def test_only_root_commands_take_the_prefix() -> None:
     sudo = ["sudo", "-n"]
     assert commands.systemctl("stop", ["vllm-proxy"], sudo) == ["sudo", "-n", "systemctl", "stop", "vllm-proxy.service"]
-    assert commands.systemctl("disable", ["a"]) == ["systemctl", "disable", "--no-reload", "a.service"]
-    assert commands.systemctl("mask", ["a.socket"], sudo) == ["sudo", "-n", "systemctl", "mask", "--no-reload", "a.socket"]
+    assert commands.systemctl("disable", ["a"]) == ["systemctl", "disable", "a.service"]
+    assert commands.systemctl("mask", ["a.socket"], sudo) == ["sudo", "-n", "systemctl", "mask", "a.socket"]
     assert commands.drop_caches() == [commands.DROP_CACHES]  # as root: unchanged
     # Through the prefix: sync as the user, then only the write, with no shell for the sudoers rule to name.
     assert commands.drop_caches(sudo) == [["sync"], ["sudo", "-n", "sysctl", "-w", "vm.drop_caches=3"]]
@@ -52,13 +52,13 @@ def test_the_root_commands_follow_the_config() -> None:
     assert privilege.root_commands(own, own.nodes[1]) == NEEDED[:2]  # the operator's own command, as written
     masked = parse({**config(), "stale": {"units": ["a", "b"], "mask": True}, "memory": {"page_cache": "never"}}, "t")
     assert privilege.root_commands(masked, masked.nodes[1]) == [
-        ["systemctl", "stop", "a.service"], ["systemctl", "mask", "--no-reload", "a.service"],
-        ["systemctl", "stop", "b.service"], ["systemctl", "mask", "--no-reload", "b.service"]]
+        ["systemctl", "stop", "a.service"], ["systemctl", "mask", "a.service"],
+        ["systemctl", "stop", "b.service"], ["systemctl", "mask", "b.service"]]
 
 
 def test_the_sudoers_rule_names_each_command_whole_and_visudo_takes_it(tmp_path: Path) -> None:
     rule = privilege.sudoers_rule("spark", NEEDED)
-    assert "/usr/bin/systemctl disable --no-reload vllm-proxy.service" in rule
+    assert "/usr/bin/systemctl disable vllm-proxy.service" in rule
     assert "/usr/sbin/sysctl -w vm.drop_caches\\=3" in rule  # '=' escaped, as sudoers(5) asks
     assert rule.endswith("spark ALL=(root) NOPASSWD: SPARK_SUPERVISOR\n")
     if not shutil.which("visudo"):
@@ -153,7 +153,7 @@ def test_privilege_answers() -> None:
     assert rule in f.hint
     assert judge(1000, sudo, [Answer(0)] * 3).ok
     f = judge(1000, sudo, [Answer(0), Answer(1, "Sorry, user spark may not run sudo on spark-2."), Answer(0)])
-    assert f.reason is not None and "`sudo -n systemctl disable --no-reload vllm-proxy.service`" in f.reason.detail
+    assert f.reason is not None and "`sudo -n systemctl disable vllm-proxy.service`" in f.reason.detail
     assert rule in f.hint
     f = judge(1000, sudo, [Answer(127, "sh: 1: sudo: not found")] * 3)
     assert f.reason is not None and "sudo is not installed" in f.reason.detail

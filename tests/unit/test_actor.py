@@ -213,8 +213,8 @@ def test_stop_serve_stops_it_on_the_head_and_a_container_already_gone_is_no_fail
 def test_stop_units_stops_then_disables_each_unit_in_order_on_its_node(rig: Rig) -> None:
     rig.actor.run(StopUnits("spark-2", ("vllm-proxy", "vllm-cluster"), disable=True))
     assert rig.shells["spark-2"].ran == [
-        ["systemctl", "stop", "vllm-proxy.service"], ["systemctl", "disable", "--no-reload", "vllm-proxy.service"],
-        ["systemctl", "stop", "vllm-cluster.service"], ["systemctl", "disable", "--no-reload", "vllm-cluster.service"]]
+        ["systemctl", "stop", "vllm-proxy.service"], ["systemctl", "disable", "vllm-proxy.service"],
+        ["systemctl", "stop", "vllm-cluster.service"], ["systemctl", "disable", "vllm-cluster.service"]]
     assert rig.shells["spark-1"].ran == []
 
 

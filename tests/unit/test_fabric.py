@@ -253,7 +253,7 @@ def test_check_and_diagnose_say_what_the_daemon_judges(monkeypatch: pytest.Monke
     monkeypatch.setattr(observe, "World", lambda _view: SimpleNamespace(close=lambda: None))
     monkeypatch.setattr(observe, "Observer", lambda _world: SimpleNamespace(observe=lambda **_: obs(C, nodes=nodes)))
     monkeypatch.setattr(preflight, "preflight", lambda *_: [])  # the preflight of the config: its own tests
-    monkeypatch.setattr(ops, "_check_images", lambda *_: [])
+    monkeypatch.setattr(ops, "_check_images", lambda *_, **__: [])
     monkeypatch.setattr(ops, "_access", lambda *_: [])  # host keys and privileges: tests/unit/test_access.py
     assert ops._preflight(VIEW, "") == 1
     out, err = capsys.readouterr()
