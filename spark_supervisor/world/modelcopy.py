@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..adapters import AdapterError
-from ..adapters.shell import NodeShell, SshKeys, run_local, ssh_config_file
+from ..adapters.shell import NodeShell, Result, SshKeys, run_local, ssh_config_file
 from ..config import Config, Deployment, Node
 from ..config.identity import is_helper, is_stale, owned_by_any, prefetch_name
 from ..config.view import views
@@ -162,21 +162,20 @@ def _real(on: Callable[[list[str]], list[str]], path: str, timeout: float, node:
     partial directory then lands on the filesystem the model lives on, and the final renames stay renames (a
     /models/X linked to another disk would otherwise make them a slow copy)."""
     r = _run(on(["realpath", "-m", "--", path]), timeout, f"{node}: realpath {path}")
-    got = r.stdout.strip()
-    return got if r.returncode == 0 and got.startswith("/") and "\n" not in got else path
+    got = r.out.strip()
+    return got if r.rc == 0 and got.startswith("/") and "\n" not in got else path
 
 
-def _run(argv: list[str], timeout: float, what: str) -> subprocess.CompletedProcess[str]:
+def _run(argv: list[str], timeout: float, what: str) -> Result:
+    """adapters.shell.run_local (its session killed past the timeout, its output decoded whatever its bytes),
+    each failure to run a CopyProblem; ssh's own failure (exit 255) named."""
     try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                           check=False, errors="backslashreplace")
-    except subprocess.TimeoutExpired:
-        raise CopyProblem(f"{what}: no answer within {timeout:g}s") from None
-    except OSError as e:
-        raise CopyProblem(f"{what}: {argv[0]}: {e.strerror or e}") from None
-    if r.returncode == 255 and argv[0] == "ssh":
+        r = run_local(argv, timeout)
+    except AdapterError as e:
+        raise CopyProblem(f"{what}: {e}") from None
+    if r.rc == 255 and argv[0] == "ssh":
         fabric = any(a.lower().startswith("hostname=") for a in argv)  # spec.over_fabric
-        raise CopyProblem(f"{what}: ssh: {r.stderr.strip()[-300:] or 'failed'}"
+        raise CopyProblem(f"{what}: ssh: {r.err.strip()[-300:] or 'failed'}"
                           + (" (over the fabric IP: does the node's sshd listen there? --via ssh takes its ssh target)"
                              if fabric else ""))
     return r
@@ -184,12 +183,12 @@ def _run(argv: list[str], timeout: float, what: str) -> subprocess.CompletedProc
 
 def listing(on: Callable[[list[str]], list[str]], directory: str, timeout: float, what: str) -> dict[str, modelcopy.Entry]:
     r = _run(on(spec.list_argv(directory)), timeout, what)
-    if r.returncode == 3:
+    if r.rc == 3:
         return {}
-    if r.returncode != 0:
-        raise CopyProblem(f"{what}: cannot list {directory}: {(r.stderr.strip() or f'exit {r.returncode}')[-300:]}")
+    if r.rc != 0:
+        raise CopyProblem(f"{what}: cannot list {directory}: {(r.err.strip() or f'exit {r.rc}')[-300:]}")
     try:
-        return modelcopy.parse_listing(r.stdout)
+        return modelcopy.parse_listing(r.out)
     except modelcopy.ListingError as e:
         raise CopyProblem(f"{what}: {e}") from None
 
@@ -338,7 +337,7 @@ def copy(cfg: Config, dep: Deployment, to: str, opts: Options, say: Say) -> dict
                 hashed_bytes = sum(src[f].size for f in p.hashed)
                 r = _run(on_target(spec.hash_argv(partial, list(p.hashed))), modelcopy.hash_deadline_s(hashed_bytes),
                          f"{to}: sha256")
-                hashes = modelcopy.parse_hashes(r.stdout)
+                hashes = modelcopy.parse_hashes(r.out)
             bad = modelcopy.verify(p, src, got, hashes)
             if bad:
                 raise CopyProblem(f"what arrived on {to} is not the head's (left in {partial}, not renamed into "
@@ -346,8 +345,8 @@ def copy(cfg: Config, dep: Deployment, to: str, opts: Options, say: Say) -> dict
         if p.send or w.ref:
             r = _run(on_target(spec.finish_argv(partial, w.dest, w.ref, w.commit, list(p.send))), timeout + len(p.send),
                      f"{to}: renaming into place")
-            if r.returncode != 0:
-                raise CopyProblem(f"{to}: renaming into place failed: {r.stderr.strip()[-300:]}")
+            if r.rc != 0:
+                raise CopyProblem(f"{to}: renaming into place failed: {r.err.strip()[-300:]}")
         hashed = list(p.hashed) if opts.sha256 else []
         checked = {"size": list(p.send), "sha256": hashed}
         say(f"{to}: {len(p.send)} files, {size_text(p.nbytes)} in {modelcopy.duration_text(seconds)} "
