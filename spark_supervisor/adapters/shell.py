@@ -99,6 +99,16 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+def ssh_g(target: str, timeout: float) -> str:
+    """ssh(1)'s own reading of ``target`` through its config (`ssh -G`): one "option value" per line."""
+    return run_local(["ssh", *(["-F", ssh_config_file()] if ssh_config_file() else []), "-G", target], timeout).out
+
+
+def ssh_options(text: str) -> dict[str, str]:
+    """`ssh -G`'s lines as option -> value (options in lower case, as it prints them)."""
+    return dict(line.split(" ", 1) for line in text.splitlines() if " " in line)
+
+
 def run_local(argv: list[str], timeout: float) -> Result:
     """``argv`` in a session of its own: past its timeout the whole session is killed, so nothing it
     started (a shell's children, say a hung `ss`) is left behind on the host, one per tick. A program that
@@ -154,9 +164,7 @@ class NodeShell:
         if not self.target:
             return
         if self._addr is None:
-            r = run_local(["ssh", *(["-F", ssh_config_file()] if ssh_config_file() else []), "-G", self.target],
-                          self.timeout)
-            conf = dict(line.split(" ", 1) for line in r.out.splitlines() if " " in line)
+            conf = ssh_options(ssh_g(self.target, self.timeout))
             self._addr = (conf.get("hostname", self.target), int(conf.get("port", "22")))
         try:
             socket.create_connection(self._addr, timeout=self.connect_timeout).close()

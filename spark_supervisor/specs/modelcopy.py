@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import posixpath
 
+from ..adapters.shell import ssh_options
 from . import script
 
 LIST = script.load("model-copy-list.sh")
@@ -56,7 +57,7 @@ def over_fabric(argv: list[str], fabric_ip: str, key_alias: str) -> list[str]:
 def key_alias(ssh_g: str, target: str) -> str:
     """The name ssh(1) files the target's host key under (its `ssh -G` output): HostKeyAlias when set, else
     the host name, with the port when not 22 ("[host]:port")."""
-    conf = dict(line.split(" ", 1) for line in ssh_g.splitlines() if " " in line)
+    conf = ssh_options(ssh_g)
     if conf.get("hostkeyalias", "none") != "none":
         return conf["hostkeyalias"]
     host, port = conf.get("hostname", target), conf.get("port", "22")

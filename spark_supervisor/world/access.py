@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from ..adapters import AdapterError
 from ..adapters.docker import DockerEngine
-from ..adapters.shell import NodeShell, SshKeys, run_local, ssh_config_file
+from ..adapters.shell import NodeShell, SshKeys, run_local, ssh_g, ssh_options
 from ..config import Config, Node
 from ..judge import access
 from ..judge.access import Answer, Finding
@@ -28,9 +28,7 @@ def _known_hosts(node: Node) -> str:
 
 def _ssh_endpoint(target: str, timeout: float) -> tuple[str, int, str]:
     """Host, port and user as ssh(1) resolves ``target`` through the ssh config (``ssh -G``)."""
-    cfg = ["-F", ssh_config_file()] if ssh_config_file() else []
-    r = run_local(["ssh", *cfg, "-G", target], timeout)
-    conf = dict(line.split(" ", 1) for line in r.out.splitlines() if " " in line)
+    conf = ssh_options(ssh_g(target, timeout))
     return conf.get("hostname", target), int(conf.get("port", "22") or 22), conf.get("user", "")
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..adapters import AdapterError
-from ..adapters.shell import NodeShell, Result, SshKeys, run_local, ssh_config_file
+from ..adapters.shell import NodeShell, Result, SshKeys, run_local, ssh_g
 from ..config import Config, Deployment, Node
 from ..config.identity import is_helper, is_stale, owned_by_any, prefetch_name
 from ..config.view import views
@@ -151,9 +151,7 @@ def _shell(cfg: Config, node: Node, via: str) -> Callable[[list[str]], list[str]
                       keys=SshKeys.of(node))
     if not node.ssh or via == "ssh":
         return shell.argv
-    conf = ["-F", ssh_config_file()] if ssh_config_file() else []
-    r = run_local(["ssh", *conf, "-G", node.ssh], sup.io_timeout)
-    alias = spec.key_alias(r.out, node.ssh)
+    alias = spec.key_alias(ssh_g(node.ssh, sup.io_timeout), node.ssh)
     return lambda argv: spec.over_fabric(shell.argv(argv), node.fabric_ip, alias)
 
 
